@@ -1,0 +1,326 @@
+"""The framework-free worker API that every plugin builds on.
+
+Arrays are numpy arrays.  ``push_pull_async`` returns an integer handle;
+``synchronize`` waits and returns the result.  Keys come from tensor
+*names* (never from declaration order), so ranks may declare in any order.
+With one worker and no ``DMLC_*`` variables, everything runs locally
+without a network (like the original BytePS).
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import itertools
+import logging
+import sys
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from byteps.core.config import Config
+from byteps.core.engine import Engine, Handle, Task
+from byteps.core.logs import setup_logging
+from byteps.core.node import BytePSError, SchedulerLink
+from byteps.transport.wire import Op, dtype_code, encode
+
+log = logging.getLogger("byteps.worker")
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "declare", "push_pull_async", "push_pull", "poll", "synchronize", "broadcast",
+           "barrier", "BytePSError", "tensor_key", "get_config"]
+
+
+def tensor_key(name: str) -> int:
+    """The 63-bit key of a tensor name (identical on every rank)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") \
+        & ((1 << 63) - 1)
+
+
+class Tensor:
+    __slots__ = ("name", "key", "dtype_code", "shape", "dtype", "parts", "round", "busy")
+
+    def __init__(self, name: str, arr: np.ndarray, partition_bytes: int, nservers: int):
+        self.name, self.key = name, tensor_key(name)
+        self.dtype = arr.dtype
+        self.dtype_code = dtype_code(arr.dtype, name)
+        self.shape = tuple(arr.shape)
+        per = max(1, partition_bytes // arr.dtype.itemsize)
+        n = max(1, arr.size)
+        self.parts = [(i, s, min(per, n - s), (self.key + i) % max(1, nservers))
+                      for i, s in enumerate(range(0, n, per))]
+        self.round = 0
+        self.busy = None
+
+
+class _State:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.ctx = None
+        self.link = None
+        self.engine: Engine | None = None
+        self.rank, self.size = 0, 1
+        self.tensors: dict[str, Tensor] = {}
+        self.handles: dict[int, Handle] = {}
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.barrier_n = itertools.count()
+        self.nservers = 1
+        self.book: dict = {}
+
+
+_STATE: _State | None = None
+_LAST_LINK: dict | None = None
+_FAILED: list = []
+_INIT_LOCK = threading.Lock()
+
+
+def init(lazy: bool = False) -> None:
+    """Join the job described by the environment (see docs/configuration.md)."""
+    global _STATE, _LAST_LINK
+    with _INIT_LOCK:
+        if _STATE is not None:
+            return
+        cfg = Config.from_env()
+        setup_logging(cfg, "worker")
+        st = _State(cfg)
+        st.rank = cfg.local_rank
+        if cfg.distributed:
+            st.ctx = zmq.Context()
+            st.link = SchedulerLink(cfg, st.ctx, "worker", _identity(cfg))
+            try:
+                book = st.link.register({}, f"worker (host {cfg.host_id}, local rank "
+                                        f"{cfg.local_rank})")
+                st.book = book
+                st.rank, st.size = book["rank"], book["size"]
+                st.nservers = len(book["servers"])
+                st.engine = Engine(cfg, st.ctx, st.link, book)
+            except BaseException:
+                st.link.close()
+                st.ctx.term()
+                raise
+            _LAST_LINK = {"cfg": cfg, "node_id": st.link.node_id, "epoch": st.link.epoch}
+            _install_exit_hooks()
+        _STATE = st
+
+
+def shutdown() -> None:
+    """Leave the job; ``init()`` may be called again afterwards."""
+    global _STATE
+    with _INIT_LOCK:
+        st, _STATE = _STATE, None
+    if st is None or st.engine is None:
+        return
+    st.engine.stop(leave=True)
+    st.link.close()
+    st.ctx.term()
+
+
+def _state() -> _State:
+    if _STATE is None:
+        raise BytePSError("BytePS is not initialized; call bps.init() first")
+    return _STATE
+
+
+def is_initialized() -> bool:
+    return _STATE is not None
+
+
+def get_config() -> Config:
+    return _state().cfg
+
+
+def rank() -> int:
+    """Global rank of this worker process."""
+    return _state().rank
+
+
+def size() -> int:
+    """Number of worker processes in the job."""
+    return _state().size
+
+
+def local_rank() -> int:
+    return _state().cfg.local_rank
+
+
+def local_size() -> int:
+    return _state().cfg.local_size
+
+
+def declare(name: str, **kwargs) -> None:
+    """Declare a tensor name (optional: keys come from names, in any order)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
+    _state()
+
+
+def _tensor(st: _State, name: str, arr: np.ndarray) -> Tensor:
+    t = st.tensors.get(name)
+    if t is None:
+        t = st.tensors[name] = Tensor(name, arr, st.cfg.partition_bytes, st.nservers)
+    elif t.shape != tuple(arr.shape) or t.dtype != arr.dtype:
+        raise BytePSError(f"tensor {name!r} on rank {st.rank}: shape {tuple(arr.shape)} "
+                          f"{arr.dtype} differs from its first use {t.shape} {t.dtype}; a "
+                          f"name must always carry the same shape and dtype")
+    return t
+
+
+def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
+                    out: np.ndarray | None = None) -> int:
+    """Start summing (or averaging) ``array`` across all workers; returns a handle.
+
+    Higher ``priority`` goes first.  The input must not change until the
+    handle is synchronized.  ``out`` may be ``array`` itself (in place).
+    """
+    st = _state()
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"push_pull needs a tensor name, got {name!r}")
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"tensor {name!r}: expected a numpy array, got {type(array).__name__}")
+    src = np.ascontiguousarray(array)
+    if out is None:
+        out = np.empty_like(src)
+    elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
+                         f"shape {src.shape}")
+    t = _tensor(st, name, src)
+    hid = next(st.ids)
+    if st.engine is None:
+        h = Handle(hid, t, out, 0, average)
+        if out is not src:
+            np.copyto(out, src)
+        h.event.set()
+        st.handles[hid] = h
+        return hid
+    err = st.engine.key_errors.get(t.key)
+    if err:
+        raise BytePSError(err)
+    with st.lock:
+        if t.busy is not None:
+            raise BytePSError(f"tensor {name!r} is already in flight on rank {st.rank} (handle "
+                              f"{t.busy}); synchronize() it before pushing the name again, or "
+                              f"use a distinct name")
+        t.busy = hid
+    h = Handle(hid, t, out, len(t.parts), average)
+    flat = src.reshape(-1)
+    tasks = []
+    seq = next(st.ids)
+    for part, start, length, server in t.parts:
+        task = Task()
+        task.prio, task.seq = -priority, seq
+        task.handle, task.part, task.start, task.length = h, part, start, length
+        task.server, task.round = server, t.round
+        task.src = flat[start:start + length]
+        task.nbytes = task.src.nbytes
+        tasks.append(task)
+    t.round += 1
+    st.handles[hid] = h
+    try:
+        st.engine.submit(tasks)
+    except BytePSError:
+        t.busy = None
+        del st.handles[hid]
+        raise
+    return hid
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind ``handle`` has finished."""
+    h = _handle(handle)
+    return h.event.is_set()
+
+
+def synchronize(handle: int) -> np.ndarray:
+    """Wait for ``handle`` and return the result (raises BytePSError on failure)."""
+    st = _state()
+    h = _handle(handle)
+    while not h.event.wait(0.5):
+        if st.engine is not None and st.engine.fatal:
+            st.engine.fail_handle(h, st.engine.fatal)
+    st.handles.pop(handle, None)
+    if h.error is not None:
+        raise BytePSError(str(h.error))
+    return h.out
+
+
+def _handle(handle: int) -> Handle:
+    h = _state().handles.get(handle)
+    if h is None:
+        raise ValueError(f"unknown or already synchronized handle {handle!r}")
+    return h
+
+
+def push_pull(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
+              out: np.ndarray | None = None) -> np.ndarray:
+    return synchronize(push_pull_async(array, name, average, priority, out))
+
+
+def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Return rank ``root_rank``'s ``array`` on every rank."""
+    st = _state()
+    if not 0 <= root_rank < st.size:
+        raise ValueError(f"root_rank={root_rank} is out of range for {st.size} worker(s)")
+    if name is None:
+        name = f"anon.{array.dtype}.{array.shape}"
+    array = np.ascontiguousarray(array)
+    src = array if st.rank == root_rank else np.zeros_like(array)
+    return push_pull(src, "broadcast." + name, average=False, out=out)
+
+
+def barrier() -> None:
+    """Wait until every worker reaches the barrier."""
+    st = _state()
+    if st.engine is not None:
+        st.engine.barrier(f"barrier.{next(st.barrier_n)}")
+
+
+# ------------------------------------------------------------------ process exit
+_HOOKED = False
+
+
+def _install_exit_hooks() -> None:
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
+    prev = sys.excepthook
+
+    def hook(tp, val, tb):
+        _FAILED.append(f"{tp.__name__}: {val}")
+        prev(tp, val, tb)
+    sys.excepthook = hook
+    atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """Tell the scheduler this worker process ends (ok, or with its error)."""
+    st = _STATE
+    body = {"ok": not _FAILED, "reason": _FAILED[0] if _FAILED else ""}
+    try:
+        if st is not None and st.engine is not None and st.engine.fatal is None:
+            st.engine.stop(leave=False)
+            st.link.send(Op.EXIT, body)
+            time.sleep(0.05)
+            st.link.close()
+            return
+        if st is None and _LAST_LINK is not None:
+            cfg = _LAST_LINK["cfg"]
+            ctx = zmq.Context.instance()
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 1000)
+            s.setsockopt(zmq.IDENTITY, _identity(cfg))
+            s.connect(f"tcp://{cfg.root_uri}:{cfg.root_port}")
+            s.send_multipart(encode(cfg.job_id, _LAST_LINK["node_id"], Op.EXIT,
+                                    _LAST_LINK["epoch"], 1 << 40, body,
+                                    cfg.job_secret.encode() if cfg.job_secret else None))
+            s.close()
+    except Exception as exc:  # exiting anyway; never mask the real error
+        log.debug("exit notification failed: %s", exc)
+
+
+def _identity(cfg: Config) -> bytes:
+    import os
+    return f"w/{cfg.host_id}/{cfg.local_rank}/{os.getpid()}".encode()

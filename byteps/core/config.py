@@ -1,0 +1,271 @@
+"""One configuration object, built from the environment and validated once.
+
+Every role (scheduler, server, worker) calls :func:`Config.from_env`.  A
+missing or malformed value raises :class:`ConfigError` naming the variable,
+the value that was seen and an example of a good one.  Unknown ``BYTEPS_*``
+names produce a warning, so that typos are never silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import os
+import socket
+import warnings
+from typing import Mapping
+
+ROLES = ("worker", "server", "scheduler")
+LOG_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
+              "WARNING": logging.WARNING, "WARN": logging.WARNING,
+              "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+
+# Variables this implementation reads (with an example for error messages).
+KNOWN = {
+    "BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "8",
+    "BYTEPS_PARTITION_BYTES": "4096000", "BYTEPS_SCHEDULING_CREDIT": "4",
+    "BYTEPS_SERVER_ENGINE_THREAD": "4", "BYTEPS_ENABLE_ASYNC": "0",
+    "BYTEPS_FORCE_DISTRIBUTED": "0", "BYTEPS_LOG_LEVEL": "WARNING",
+    "BYTEPS_STALL_WARNING_S": "60", "BYTEPS_STALL_SHUTDOWN_S": "300",
+    "BYTEPS_HEARTBEAT_INTERVAL": "1", "BYTEPS_HEARTBEAT_TIMEOUT": "10",
+    "BYTEPS_STARTUP_TIMEOUT": "60", "BYTEPS_JOB_ID": "myjob",
+    "BYTEPS_JOB_SECRET": "<random hex>", "BYTEPS_AUTH_DISABLE": "0",
+    "BYTEPS_MAX_MSG_BYTES": "1073741824", "BYTEPS_ENABLE_IPC": "1",
+    "BYTEPS_EMULATED_HOST": "host0", "BYTEPS_TEST_DROP_RATE": "0.05",
+    "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "./traces",
+    "BYTEPS_TRACE_START_STEP": "10", "BYTEPS_TRACE_END_STEP": "20",
+    "BYTEPS_PCIE_SWITCH_SIZE": "4", "BYTEPS_NUMA_ON": "1",
+    "BYTEPS_FUSION_BYTES": "65536", "BYTEPS_RESEND_TIMEOUT_S": "2",
+    "BYTEPS_SERVER_PORT": "9100", "BYTEPS_LOCAL_REDUCE": "1",
+    "BYTEPS_SHM_DIR": "/dev/shm",
+}
+# Names of the original BytePS that we accept without a warning (no effect).
+ORIGINAL_ONLY = {
+    "BYTEPS_ENABLE_GDB", "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_USE_HASH_KEY",
+    "BYTEPS_KEY_HASH_FN", "BYTEPS_REDUCE_ROOTS", "BYTEPS_SERVER_ENABLE_SCHEDULE",
+    "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_OMP_THREAD_PER_GPU", "BYTEPS_VISIBLE_DEVICE",
+    "BYTEPS_NCCL_NUM_RINGS", "BYTEPS_SERVER_KEY_TO_THREAD", "BYTEPS_ENABLE_MIXED_MODE",
+    "BYTEPS_MIN_COMPRESS_BYTES", "BYTEPS_SERVER_DEBUG", "BYTEPS_SERVER_DEBUG_KEY",
+    "BYTEPS_PHY_NODE_ID", "BYTEPS_THREADPOOL_SIZE", "BYTEPS_PARTITION_ALIGN",
+    "BYTEPS_CPU_ONLY", "BYTEPS_ENABLE_CPU_REDUCER", "BYTEPS_SERVER_DIRECT_RESPONSE",
+}
+
+
+class ConfigError(ValueError):
+    """A BytePS environment variable is missing or malformed."""
+
+
+def _bad(name: str, value: object, why: str) -> ConfigError:
+    example = KNOWN.get(name) or _DMLC_EXAMPLES.get(name, "")
+    return ConfigError(f"{name}={value!r} is invalid: {why} (example: {name}={example})")
+
+
+_DMLC_EXAMPLES = {"DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "2",
+                  "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+                  "DMLC_WORKER_ID": "0", "DMLC_NODE_HOST": "10.0.0.2",
+                  "DMLC_INTERFACE": "eth0"}
+
+
+class _Env:
+    def __init__(self, env: Mapping[str, str]):
+        self.env = env
+
+    def str(self, name: str, default: str | None = None, required: bool = False) -> str | None:
+        v = self.env.get(name)
+        if v is None or v == "":
+            if required:
+                ex = _DMLC_EXAMPLES.get(name) or KNOWN.get(name, "")
+                raise ConfigError(f"{name} is not set; it is required for a distributed "
+                                  f"BytePS job (example: {name}={ex})")
+            return default
+        return v
+
+    def int(self, name: str, default: int | None = None, lo: int | None = None,
+            hi: int | None = None, required: bool = False) -> int | None:
+        raw = self.str(name, None, required)
+        if raw is None:
+            return default
+        try:
+            v = int(raw.strip())
+        except ValueError:
+            raise _bad(name, raw, "not an integer") from None
+        if lo is not None and v < lo:
+            raise _bad(name, raw, f"must be >= {lo}")
+        if hi is not None and v > hi:
+            raise _bad(name, raw, f"must be <= {hi}")
+        return v
+
+    def float(self, name: str, default: float | None, lo: float = 0.0,
+              hi: float | None = None) -> float | None:
+        raw = self.str(name)
+        if raw is None:
+            return default
+        try:
+            v = float(raw.strip())
+        except ValueError:
+            raise _bad(name, raw, "not a number") from None
+        if v < lo or (hi is not None and v > hi) or v != v:
+            raise _bad(name, raw, f"must be in [{lo}, {hi if hi is not None else 'inf'}]")
+        return v
+
+    def bool(self, name: str, default: bool = False) -> bool:
+        raw = self.str(name)
+        if raw is None:
+            return default
+        s = raw.strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off"):
+            return False
+        raise _bad(name, raw, "expected 0 or 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Validated settings of one BytePS process (see docs/configuration.md)."""
+
+    role: str = "worker"
+    distributed: bool = False
+    num_worker: int = 1            # worker *hosts* (DMLC_NUM_WORKER)
+    num_server: int = 0
+    root_uri: str = "127.0.0.1"
+    root_port: int = 0
+    worker_id: int | None = None
+    node_host: str = "127.0.0.1"
+    local_rank: int = 0
+    local_size: int = 1
+    partition_bytes: int = 4096000
+    scheduling_credit: int = 4
+    server_engine_threads: int = 4
+    enable_async: bool = False
+    force_distributed: bool = False
+    log_level: int = logging.WARNING
+    stall_warning_s: float = 60.0
+    stall_shutdown_s: float | None = None
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    startup_timeout: float = 60.0
+    job_id: str = "byteps"
+    job_secret: str | None = None
+    max_msg_bytes: int = 1 << 30
+    enable_ipc: bool = True
+    host_id: str = ""
+    test_drop_rate: float = 0.0
+    fusion_bytes: int = 65536
+    server_port: int = 0
+    trace_on: bool = False
+    trace_dir: str = "./traces"
+    trace_start_step: int = 0
+    trace_end_step: int = 1 << 30
+
+    @property
+    def credit_bytes(self) -> int:
+        """Bytes allowed in flight per worker (credit partitions x partition size)."""
+        return max(1, self.scheduling_credit) * self.partition_bytes
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 role: str | None = None, warn_unknown: bool = True) -> "Config":
+        """Build and validate the configuration from ``environ`` (default os.environ)."""
+        env = dict(os.environ if environ is None else environ)
+        e = _Env(env)
+        if warn_unknown:
+            _warn_unknown(env)
+        role = role or e.str("DMLC_ROLE", "worker")
+        if role not in ROLES:
+            raise _bad("DMLC_ROLE", role, f"must be one of {', '.join(ROLES)}")
+        force = e.bool("BYTEPS_FORCE_DISTRIBUTED")
+        local_size = e.int("BYTEPS_LOCAL_SIZE", 1, lo=1, hi=1024)
+        local_rank = e.int("BYTEPS_LOCAL_RANK", 0, lo=0)
+        if local_rank >= local_size:
+            raise ConfigError(f"BYTEPS_LOCAL_RANK={local_rank} must be < BYTEPS_LOCAL_SIZE="
+                              f"{local_size} (example: BYTEPS_LOCAL_RANK=0 BYTEPS_LOCAL_SIZE=8)")
+        any_dmlc = any(k in env for k in ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER",
+                                          "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"))
+        num_worker = e.int("DMLC_NUM_WORKER", 1, lo=1, required=role != "worker" or any_dmlc)
+        distributed = role != "worker" or force or num_worker * local_size > 1 or any_dmlc
+        kw: dict = {}
+        if distributed:
+            kw["num_server"] = e.int("DMLC_NUM_SERVER", required=True, lo=1, hi=4096)
+            kw["root_uri"] = e.str("DMLC_PS_ROOT_URI", required=True)
+            kw["root_port"] = e.int("DMLC_PS_ROOT_PORT", required=True, lo=1, hi=65535)
+        worker_id = e.int("DMLC_WORKER_ID", None, lo=0)
+        if worker_id is not None and worker_id >= num_worker:
+            raise _bad("DMLC_WORKER_ID", worker_id, f"must be < DMLC_NUM_WORKER={num_worker}")
+        root_uri = kw.get("root_uri", "127.0.0.1")
+        node_host = e.str("DMLC_NODE_HOST") or _interface_ip(e.str("DMLC_INTERFACE")) \
+            or _route_ip(root_uri)
+        lvl = (e.str("BYTEPS_LOG_LEVEL", "WARNING") or "WARNING").upper()
+        if lvl not in LOG_LEVELS:
+            raise _bad("BYTEPS_LOG_LEVEL", lvl, "one of " + ", ".join(LOG_LEVELS))
+        secret = e.str("BYTEPS_JOB_SECRET")
+        if e.bool("BYTEPS_AUTH_DISABLE"):
+            secret = None
+        hb_int = e.float("BYTEPS_HEARTBEAT_INTERVAL", 1.0, lo=0.05)
+        hb_to = e.float("BYTEPS_HEARTBEAT_TIMEOUT", 10.0, lo=0.2)
+        if hb_to <= hb_int:
+            raise _bad("BYTEPS_HEARTBEAT_TIMEOUT", hb_to,
+                       f"must exceed BYTEPS_HEARTBEAT_INTERVAL={hb_int}")
+        host_id = e.str("BYTEPS_EMULATED_HOST") or (
+            f"id{worker_id}" if worker_id is not None else node_host + "/" + socket.gethostname())
+        return cls(
+            role=role, distributed=distributed, num_worker=num_worker,
+            worker_id=worker_id, node_host=node_host,
+            local_rank=local_rank, local_size=local_size,
+            partition_bytes=e.int("BYTEPS_PARTITION_BYTES", 4096000, lo=64, hi=1 << 30),
+            scheduling_credit=e.int("BYTEPS_SCHEDULING_CREDIT", 4, lo=0, hi=1 << 20),
+            server_engine_threads=e.int("BYTEPS_SERVER_ENGINE_THREAD", 4, lo=1, hi=256),
+            enable_async=e.bool("BYTEPS_ENABLE_ASYNC"), force_distributed=force,
+            log_level=LOG_LEVELS[lvl],
+            stall_warning_s=e.float("BYTEPS_STALL_WARNING_S", 60.0, lo=0.1),
+            stall_shutdown_s=e.float("BYTEPS_STALL_SHUTDOWN_S", None, lo=0.1),
+            heartbeat_interval=hb_int, heartbeat_timeout=hb_to,
+            startup_timeout=e.float("BYTEPS_STARTUP_TIMEOUT", 60.0, lo=0.5),
+            job_id=e.str("BYTEPS_JOB_ID", "byteps"), job_secret=secret,
+            max_msg_bytes=e.int("BYTEPS_MAX_MSG_BYTES", 1 << 30, lo=1 << 16),
+            enable_ipc=e.bool("BYTEPS_ENABLE_IPC", True), host_id=host_id,
+            test_drop_rate=e.float("BYTEPS_TEST_DROP_RATE", 0.0, lo=0.0, hi=0.9),
+            fusion_bytes=e.int("BYTEPS_FUSION_BYTES", 65536, lo=0),
+            server_port=e.int("BYTEPS_SERVER_PORT", 0, lo=0, hi=65535),
+            trace_on=e.bool("BYTEPS_TRACE_ON"),
+            trace_dir=e.str("BYTEPS_TRACE_DIR", "./traces"),
+            trace_start_step=e.int("BYTEPS_TRACE_START_STEP", 0, lo=0),
+            trace_end_step=e.int("BYTEPS_TRACE_END_STEP", 1 << 30, lo=0),
+            **kw)
+
+
+def _warn_unknown(env: Mapping[str, str]) -> None:
+    for name in env:
+        if name.startswith("BYTEPS_") and name not in KNOWN and name not in ORIGINAL_ONLY:
+            close = difflib.get_close_matches(name, list(KNOWN), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.warn(f"unknown BytePS variable {name} is ignored{hint}", stacklevel=3)
+
+
+def _interface_ip(iface: str | None) -> str | None:
+    if not iface:
+        return None
+    import fcntl
+    import struct
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError as exc:
+        raise _bad("DMLC_INTERFACE", iface, f"no IPv4 address on that interface ({exc})") from None
+
+
+def _route_ip(root_uri: str) -> str:
+    """The local address used to reach the scheduler (loopback stays loopback)."""
+    try:
+        ip = socket.gethostbyname(root_uri)
+    except OSError:
+        return "127.0.0.1"
+    if ip.startswith("127."):
+        return "127.0.0.1"
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect((ip, 9))
+        return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,322 @@
+"""The worker engine: one background thread that owns every socket of a worker.
+
+User threads submit partitions (:class:`Task`) into a priority heap; the
+engine pops them in priority order while the credit window (bytes in flight)
+allows, fuses small partitions bound for the same server into one message,
+pushes them, and writes the pulled sums into the caller's output array.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from byteps import transport
+from byteps.core.config import Config
+from byteps.core.node import BytePSError, SchedulerLink, describe
+from byteps.transport.wire import (PULL, PUSH, Op, WireError, decode, encode, entry_array,
+                                   payload_count)
+
+log = logging.getLogger("byteps.worker")
+MAX_FUSED_ENTRIES = 256
+MAX_FUSED_BYTES = 4 << 20
+
+
+class Handle:
+    """An asynchronous push_pull; done when every partition has come back."""
+    __slots__ = ("id", "tensor", "out", "remaining", "average", "error", "event", "t0",
+                 "flat_out")
+
+    def __init__(self, hid: int, tensor, out: np.ndarray, nparts: int, average: bool):
+        self.id, self.tensor, self.out = hid, tensor, out
+        self.flat_out = out.reshape(-1)
+        self.remaining, self.average = nparts, average
+        self.error: BytePSError | None = None
+        self.event = threading.Event()
+        self.t0 = time.monotonic()
+
+
+class Task:
+    __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
+                 "nbytes", "sent_at")
+
+    def __lt__(self, other: "Task") -> bool:
+        return (self.prio, self.seq) < (other.prio, other.seq)
+
+
+class Engine:
+    def __init__(self, cfg: Config, ctx: zmq.Context, link: SchedulerLink, book: dict):
+        self.cfg, self.ctx, self.link = cfg, ctx, link
+        self.rank = book["rank"]
+        self.size = book["size"]
+        self.secret = link.secret
+        self.servers = []
+        self.server_info = book["servers"]
+        for s in self.server_info:
+            self.servers.append(transport.connect(ctx, s["address"]))
+        self.seq = 0
+        self.heap: list[Task] = []
+        self.pending: collections.deque = collections.deque()
+        self.control: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        self.inflight: dict[tuple, Task] = {}
+        self.inflight_bytes = 0
+        self.declared: set[tuple] = set()          # (tensor key, server index)
+        self.fatal: BytePSError | None = None
+        self.key_errors: dict[int, str] = {}
+        self.barriers: dict[str, threading.Event] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.running = True
+        self.tseq = itertools.count()
+        self.drops = transport.RateLimitedLog(log)
+        self.hello()
+        self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
+        self.thread.start()
+
+    # ---------------------------------------------------------------- set-up
+    def hello(self) -> None:
+        for s in self.servers:
+            self.send(s, Op.HELLO, {})
+        waiting = set(range(len(self.servers)))
+        deadline = time.monotonic() + self.cfg.startup_timeout
+        while waiting:
+            for i in list(waiting):
+                if self.servers[i].poll(50):
+                    hdr, _ = self.recv(self.servers[i])
+                    if hdr is not None and hdr.op == Op.HELLO_OK:
+                        waiting.discard(i)
+            if time.monotonic() > deadline:
+                names = ", ".join(self.server_info[i]["address"] for i in sorted(waiting))
+                raise BytePSError(f"worker rank {self.rank}: server(s) {names} did not answer "
+                                  f"within {self.cfg.startup_timeout:g} s")
+
+    def send(self, sock, op, body, payload=()) -> None:
+        self.seq += 1
+        sock.send_multipart(encode(self.cfg.job_id, self.link.node_id, op, self.link.epoch,
+                                   self.seq, body, self.secret) + list(payload), copy=False)
+
+    def recv(self, sock):
+        frames = sock.recv_multipart(copy=False)
+        try:
+            return decode(frames, self.cfg.job_id, self.secret)
+        except WireError as exc:
+            self.drops.warn("malformed message from a server", str(exc))
+            return None, []
+
+    # ---------------------------------------------------------------- user side
+    def submit(self, tasks: list[Task]) -> None:
+        with self.lock:
+            if self.fatal:
+                raise self.fatal
+            self.pending.extend(tasks)
+        self.wake()
+
+    def request(self, item) -> None:
+        with self.lock:
+            if self.fatal:
+                raise self.fatal
+            self.control.append(item)
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    def barrier(self, name: str) -> None:
+        ev = threading.Event()
+        self.barriers[name] = ev
+        self.request(("barrier", name))
+        while not ev.wait(0.2):
+            if self.fatal:
+                raise self.fatal
+        if self.fatal:
+            raise self.fatal
+
+    def stop(self, leave: bool = True) -> None:
+        if self.thread.is_alive():
+            self.request(("stop", leave))
+            self.thread.join(10)
+        for s in self.servers:
+            s.close(0)
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    # ---------------------------------------------------------------- engine thread
+    def loop(self) -> None:
+        poller = zmq.Poller()
+        for s in self.servers:
+            poller.register(s, zmq.POLLIN)
+        poller.register(self.link.sock, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
+        try:
+            while self.running:
+                for sock, _ in poller.poll(100):
+                    if sock is self.wake_r:
+                        os.read(self.wake_r, 4096)
+                    elif sock is self.link.sock:
+                        self.on_scheduler()
+                    else:
+                        for _ in range(64):
+                            if not sock.poll(0):
+                                break
+                            self.on_server(sock)
+                self.take_pending()
+                self.dispatch()
+                self.link.tick(time.monotonic())
+        except BytePSError as exc:
+            self.fail_all(exc)
+        except Exception as exc:  # a bug must not leave users hanging
+            log.exception("engine thread crashed")
+            self.fail_all(BytePSError(f"worker rank {self.rank}: engine thread crashed: {exc!r}"))
+
+    def take_pending(self) -> None:
+        with self.lock:
+            while self.pending:
+                heapq.heappush(self.heap, self.pending.popleft())
+            items = list(self.control)
+            self.control.clear()
+        for kind, arg in items:
+            if kind == "barrier":
+                self.link.send(Op.BARRIER, {"name": arg})
+            elif kind == "stop":
+                if arg:
+                    self.link.send(Op.LEAVE, {})
+                self.running = False
+
+    def dispatch(self) -> None:
+        credit = self.cfg.credit_bytes
+        batches: dict[int, list[Task]] = {}
+        while self.heap:
+            t = self.heap[0]
+            if self.inflight_bytes and self.inflight_bytes + t.nbytes > credit:
+                break
+            heapq.heappop(self.heap)
+            if t.handle.error is not None:
+                continue
+            self.inflight[(t.handle.tensor.key, t.part)] = t
+            self.inflight_bytes += t.nbytes
+            if t.nbytes > self.cfg.fusion_bytes:
+                self.send_tasks(t.server, [t])
+                continue
+            b = batches.setdefault(t.server, [])
+            b.append(t)
+            if len(b) >= MAX_FUSED_ENTRIES or sum(x.nbytes for x in b) >= MAX_FUSED_BYTES:
+                self.send_tasks(t.server, batches.pop(t.server))
+        for server, b in batches.items():
+            self.send_tasks(server, b)
+
+    def send_tasks(self, server: int, tasks: list[Task]) -> None:
+        entries, decls, payload = [], [], []
+        now = time.monotonic()
+        for t in tasks:
+            tn = t.handle.tensor
+            if (tn.key, server) not in self.declared:
+                self.declared.add((tn.key, server))
+                decls.append([tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank])
+            entries.append([tn.key, t.part, t.round, PUSH | PULL, tn.dtype_code, t.length])
+            payload.append(t.src)
+            t.sent_at = now
+        self.send(self.servers[server], Op.DATA, [entries, decls], payload)
+
+    def on_server(self, sock) -> None:
+        hdr, payload = self.recv(sock)
+        if hdr is None:
+            return
+        if hdr.epoch != self.link.epoch:
+            return self.drops.warn("message from a stale epoch", str(hdr.epoch))
+        if hdr.op == Op.DATA_ERROR:
+            return self.on_key_error(hdr.body)
+        if hdr.op != Op.RESULT:
+            return
+        entries = hdr.body[0]
+        if payload_count(entries, Op.RESULT) != len(payload):
+            return self.drops.warn("result with wrong payload count", str(len(payload)))
+        it = iter(payload)
+        for e in entries:
+            if not e[3] & PULL:
+                continue
+            frame = next(it)
+            t = self.inflight.get((e[0], e[1]))
+            if t is None or t.round != e[2]:
+                continue          # duplicate or stale
+            try:
+                arr = entry_array(e, frame)
+            except WireError as exc:
+                self.drops.warn("truncated result", str(exc))
+                continue
+            del self.inflight[(e[0], e[1])]
+            self.inflight_bytes -= t.nbytes
+            self.complete(t, arr)
+
+    def complete(self, t: Task, arr: np.ndarray) -> None:
+        h = t.handle
+        dst = h.flat_out[t.start:t.start + t.length]
+        if h.average and self.size > 1:
+            if dst.dtype.kind == "f":
+                np.divide(arr, self.size, out=dst)
+            else:
+                np.floor_divide(arr, self.size, out=dst)
+        else:
+            np.copyto(dst, arr)
+        h.remaining -= 1
+        if h.remaining == 0:
+            h.tensor.busy = None
+            h.event.set()
+
+    def on_key_error(self, body: dict) -> None:
+        key, msg = body.get("key"), body.get("message")
+        if type(key) is not int or not isinstance(msg, str):
+            return self.drops.warn("bad DATA_ERROR", repr(body)[:200])
+        self.key_errors[key] = msg
+        err = BytePSError(msg)
+        for k in [k for k in self.inflight if k[0] == key]:
+            t = self.inflight.pop(k)
+            self.inflight_bytes -= t.nbytes
+            self.fail_handle(t.handle, err)
+        for t in self.heap:
+            if t.handle.tensor.key == key:
+                self.fail_handle(t.handle, err)
+
+    def on_scheduler(self) -> None:
+        hdr = self.link.recv()
+        if hdr is None:
+            return
+        if hdr.op == Op.BARRIER_DONE:
+            ev = self.barriers.pop(hdr.body.get("name"), None)
+            if ev:
+                ev.set()
+        elif hdr.op == Op.NODE_DEAD:
+            dead = hdr.body.get("dead") or {}
+            raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
+                              f"{hdr.body.get('reason')}")
+        elif hdr.op == Op.TERMINATE and hdr.body.get("ok") is not True:
+            raise BytePSError(f"worker rank {self.rank}: the job was ended: "
+                              f"{hdr.body.get('reason')}")
+
+    def fail_handle(self, h: Handle, err: BytePSError) -> None:
+        if h.error is None:
+            h.error = err
+            h.tensor.busy = None
+            h.event.set()
+
+    def fail_all(self, err: BytePSError) -> None:
+        log.error("%s", err)
+        with self.lock:
+            self.fatal = err
+            tasks = list(self.inflight.values()) + self.heap + list(self.pending)
+            self.pending.clear()
+        for t in tasks:
+            self.fail_handle(t.handle, err)
+        for ev in self.barriers.values():
+            ev.set()
+        self.running = False

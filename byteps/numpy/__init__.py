@@ -1,0 +1,38 @@
+"""byteps.numpy — the framework-free API (also for JAX users).
+
+    import byteps.numpy as bps
+    bps.init()
+    avg = bps.push_pull(grad, name="grad.w")          # averaged across workers
+    w = bps.broadcast(w, root_rank=0, name="w")
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from byteps.core import api as _api
+from byteps.core.api import (BytePSError, barrier, declare, init, is_initialized, local_rank,
+                             local_size, poll, rank, shutdown, size)
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "declare", "push_pull", "push_pull_async", "poll", "synchronize", "broadcast",
+           "barrier", "BytePSError"]
+
+
+def push_pull(array, name: str, average: bool = True, priority: int = 0) -> np.ndarray:
+    """Sum (or average) ``array`` across all workers; returns a new array."""
+    return _api.push_pull(np.asarray(array), name, average=average, priority=priority)
+
+
+def push_pull_async(array, name: str, average: bool = True, priority: int = 0) -> int:
+    """Start a push_pull; returns a handle for :func:`poll` / :func:`synchronize`."""
+    return _api.push_pull_async(np.asarray(array), name, average=average, priority=priority)
+
+
+def synchronize(handle: int) -> np.ndarray:
+    """Wait for a handle and return the result array."""
+    return _api.synchronize(handle)
+
+
+def broadcast(array, root_rank: int, name: str | None = None) -> np.ndarray:
+    """Return rank ``root_rank``'s array on every rank."""
+    return _api.broadcast(np.asarray(array), root_rank, name=name)

@@ -1,0 +1,337 @@
+"""The scheduler: rendezvous, barriers, heartbeats.  It never touches tensor data.
+
+Nodes register (role, host, port, protocol version, job id); once every
+server and every worker of every host is there, each gets its node id, its
+rank and the address book.  Nodes beyond the configured counts or with
+another job id/version are refused with a reason.  A node that stops sending
+heartbeats is declared dead and every live node is told; the job then ends.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import zmq
+
+from byteps import transport
+from byteps.core.config import Config
+from byteps.core.node import describe
+from byteps.transport.wire import Op, WireError, decode, encode
+
+log = logging.getLogger("byteps.scheduler")
+
+
+class Scheduler:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.secret = cfg.job_secret.encode() if cfg.job_secret else None
+        self.ctx = zmq.Context()
+        host = _bind_host(cfg.root_uri)
+        self.sock, self.address = transport.listen(self.ctx, f"tcp://{host}:{cfg.root_port}",
+                                                   1 << 20)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.drops = transport.RateLimitedLog(log)
+        self.servers: dict[bytes, dict] = {}
+        self.workers: dict[bytes, dict] = {}
+        self.hosts: dict[str, dict] = {}      # host_id -> {local_size, worker_id, order}
+        self.formed = False
+        self.epoch = 0
+        self.seq = 0
+        self.left: set[bytes] = set()       # workers that called shutdown()
+        self.exited: set[bytes] = set()
+        self.rejoin: dict[bytes, dict] = {}
+        self.barriers: dict[str, set] = {}
+        self.started = time.monotonic()
+        self.rejoin_since = None
+        self.exit_code = None
+
+    # ---------------------------------------------------------------- sending
+    def send(self, ident: bytes, op: int, body: dict) -> None:
+        self.seq += 1
+        try:
+            self.sock.send_multipart([ident] + encode(self.cfg.job_id, 0, op, self.epoch,
+                                                      self.seq, body, self.secret))
+        except zmq.ZMQError as exc:   # peer gone (ROUTER_MANDATORY)
+            log.debug("cannot send %s to %r: %s", Op(op).name, ident, exc)
+
+    def broadcast(self, op: int, body: dict, skip: bytes | None = None) -> None:
+        for ident in list(self.servers) + list(self.workers):
+            if ident != skip and ident not in self.exited:
+                self.send(ident, op, body)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> int:
+        log.info("scheduler listening on %s for %d worker host(s) and %d server(s)",
+                 self.address, self.cfg.num_worker, self.cfg.num_server)
+        try:
+            while self.exit_code is None:
+                if self.sock.poll(200):
+                    frames = self.sock.recv_multipart(copy=True)
+                    self.handle(frames)
+                self.check_time(time.monotonic())
+            # give TERMINATE messages a moment to leave
+            time.sleep(0.2)
+            return self.exit_code
+        finally:
+            self.sock.close(0)
+            self.ctx.term()
+
+    def handle(self, frames: list) -> None:
+        ident, frames = frames[0], frames[1:]
+        try:
+            hdr, _ = decode(frames, self.cfg.job_id, self.secret, check_job=False)
+        except WireError as exc:
+            self.drops.warn("malformed message", str(exc))
+            return
+        if hdr.job_id != self.cfg.job_id:
+            self.send(ident, Op.REFUSED, {"reason": f"job id {hdr.job_id!r} does not match the "
+                                          f"scheduler's BYTEPS_JOB_ID={self.cfg.job_id!r}"})
+            return
+        node = self.servers.get(ident) or self.workers.get(ident)
+        if hdr.op == Op.REGISTER:
+            try:
+                self.register(ident, hdr.body)
+            except WireError as exc:
+                self.drops.warn("bad registration", str(exc))
+            return
+        if node is None or hdr.sender != node.get("node_id"):
+            self.drops.warn("message from unregistered node", f"op {Op(hdr.op).name}, "
+                            f"sender {hdr.sender}")
+            return
+        node["last_seen"] = time.monotonic()
+        if hdr.op == Op.HEARTBEAT:
+            self.send(ident, Op.HEARTBEAT_ACK, {})
+        elif hdr.op == Op.BARRIER:
+            self.barrier(ident, hdr.body)
+        elif hdr.op == Op.LEAVE:
+            self.left.add(ident)
+        elif hdr.op == Op.EXIT:
+            self.node_exit(ident, node, hdr.body)
+        elif hdr.op == Op.STALL:
+            text = str(hdr.body.get("text"))[:4000]
+            if hdr.body.get("fatal") is True:
+                self.fail(f"stalled longer than BYTEPS_STALL_SHUTDOWN_S="
+                          f"{self.cfg.stall_shutdown_s:g} s: {text}")
+            else:
+                log.warning("stall reported by %s: %s", describe(node), text)
+
+    # ---------------------------------------------------------------- registration
+    def register(self, ident: bytes, b: dict) -> None:
+        role = b.get("role")
+        if role not in ("server", "worker"):
+            raise WireError(f"bad role {role!r}")
+        for k, want in (("num_worker", self.cfg.num_worker), ("num_server", self.cfg.num_server)):
+            if b.get(k) != want:
+                var = "DMLC_NUM_WORKER" if k == "num_worker" else "DMLC_NUM_SERVER"
+                return self.refuse(ident, f"{role} at {b.get('host')} (pid {b.get('pid')}) has "
+                                   f"{var}={b.get(k)} but the scheduler has {var}={want}; "
+                                   f"every node of a job must use the same value", fatal=True)
+        info = {k: b.get(k) for k in ("role", "host", "host_id", "pid", "hostname", "address",
+                                      "local_rank", "local_size", "worker_id")}
+        if not all(isinstance(info[k], int) for k in ("pid", "local_rank", "local_size",
+                                                       "worker_id")):
+            raise WireError("registration fields pid/local_rank/local_size/worker_id must be ints")
+        if not all(isinstance(info[k], str) for k in ("host", "host_id", "hostname")):
+            raise WireError("registration fields host/host_id/hostname must be strings")
+        info["last_seen"] = time.monotonic()
+        if role == "server":
+            if not isinstance(info["address"], str):
+                raise WireError("server registration needs an address")
+            if self.formed or len(self.servers) >= self.cfg.num_server:
+                return self.refuse(ident, f"server at {info['host']} (pid {info['pid']}) is one "
+                                   f"too many: DMLC_NUM_SERVER={self.cfg.num_server} already "
+                                   f"registered")
+            self.servers[ident] = info
+        elif self.formed:
+            return self.register_again(ident, info)
+        else:
+            err = self.add_worker(ident, info, self.workers, self.hosts)
+            if err:
+                return self.refuse(ident, err)
+        self.maybe_form()
+
+    def add_worker(self, ident, info, workers, hosts) -> str | None:
+        h = hosts.get(info["host_id"])
+        if h is None:
+            if len(hosts) >= self.cfg.num_worker:
+                return (f"worker at host {info['host_id']} is one host too many: "
+                        f"DMLC_NUM_WORKER={self.cfg.num_worker} hosts already registered "
+                        f"({', '.join(hosts)})")
+            h = hosts[info["host_id"]] = {"local_size": info["local_size"],
+                                           "worker_id": info["worker_id"],
+                                           "order": len(hosts), "slots": {}}
+        if info["local_size"] != h["local_size"]:
+            return (f"host {info['host_id']}: local rank {info['local_rank']} has "
+                    f"BYTEPS_LOCAL_SIZE={info['local_size']}, another has {h['local_size']}")
+        if info["local_rank"] in h["slots"]:
+            return (f"host {info['host_id']}: local rank {info['local_rank']} registered twice "
+                    f"(pids {h['slots'][info['local_rank']]} and {info['pid']})")
+        h["slots"][info["local_rank"]] = info["pid"]
+        workers[ident] = info
+        return None
+
+    def refuse(self, ident: bytes, reason: str, fatal: bool = False) -> None:
+        log.error("refused a node: %s", reason)
+        self.send(ident, Op.REFUSED, {"reason": reason})
+        if fatal:
+            self.fail(f"a node was refused: {reason}")
+
+    def complete(self, workers, hosts) -> bool:
+        return (len(self.servers) == self.cfg.num_server and len(hosts) == self.cfg.num_worker
+                and all(len(h["slots"]) == h["local_size"] for h in hosts.values()))
+
+    def maybe_form(self) -> None:
+        if self.formed or not self.complete(self.workers, self.hosts):
+            return
+        self.formed = True
+        self.epoch += 1
+        self.assign(self.workers, self.hosts)
+        log.info("job formed: %d server(s), %d worker(s), epoch %d",
+                 len(self.servers), len(self.workers), self.epoch)
+        self.send_books(list(self.servers) + list(self.workers))
+
+    def assign(self, workers, hosts) -> None:
+        ids = [h for h in hosts.values()]
+        if all(h["worker_id"] >= 0 for h in ids):
+            ids.sort(key=lambda h: h["worker_id"])
+        else:
+            ids.sort(key=lambda h: h["order"])
+        base = 0
+        for h in ids:
+            h["base"] = base
+            base += h["local_size"]
+        nid = 1
+        for ident, s in self.servers.items():
+            s["node_id"], s["rank"] = nid, -1
+            nid += 1
+        for ident, w in sorted(workers.items(), key=lambda kv: (hosts[kv[1]["host_id"]]["base"],
+                                                               kv[1]["local_rank"])):
+            w["rank"] = hosts[w["host_id"]]["base"] + w["local_rank"]
+            w["node_id"] = nid
+            nid += 1
+
+    def book(self) -> dict:
+        pub = ("node_id", "rank", "host", "host_id", "pid", "local_rank", "local_size")
+        return {"servers": [{**{k: s[k] for k in pub}, "address": s["address"], "role": "server"}
+                            for s in self.servers.values()],
+                "workers": sorted(({**{k: w[k] for k in pub}, "role": "worker"}
+                                   for w in self.workers.values()), key=lambda w: w["rank"]),
+                "size": len(self.workers), "epoch": self.epoch}
+
+    def send_books(self, idents) -> None:
+        book = self.book()
+        for ident in idents:
+            n = self.servers.get(ident) or self.workers[ident]
+            self.send(ident, Op.REGISTER_OK, {**book, "node_id": n["node_id"], "rank": n["rank"]})
+
+    def register_again(self, ident: bytes, info: dict) -> None:
+        """A worker re-initialises after shutdown(): re-form when every worker has."""
+        old = next((k for k, w in self.workers.items() if w["host_id"] == info["host_id"]
+                    and w["local_rank"] == info["local_rank"]), None)
+        if old is None or old not in self.left:
+            return self.refuse(ident, f"worker at host {info['host_id']} local rank "
+                               f"{info['local_rank']} is not part of this job, or has not left "
+                               f"it (call shutdown() before init() again)")
+        self.rejoin[old] = dict(info, new_ident=ident)
+        self.rejoin_since = self.rejoin_since or time.monotonic()
+        if len(self.rejoin) == len(self.workers):
+            for old_ident, new in self.rejoin.items():
+                w = self.workers.pop(old_ident)
+                new_ident = new.pop("new_ident")
+                new.update(rank=w["rank"], node_id=w["node_id"], last_seen=time.monotonic())
+                self.workers[new_ident] = new
+            self.rejoin.clear()
+            self.left.clear()
+            self.barriers.clear()
+            self.rejoin_since = None
+            self.epoch += 1
+            log.info("workers re-formed the job: epoch %d", self.epoch)
+            self.send_books(list(self.servers) + list(self.workers))
+
+    # ---------------------------------------------------------------- barriers, exits
+    def barrier(self, ident: bytes, body: dict) -> None:
+        name = body.get("name")
+        if not isinstance(name, str):
+            return self.drops.warn("bad barrier", "name must be a string")
+        got = self.barriers.setdefault(name, set())
+        got.add(ident)
+        if len(got) == len(self.workers):
+            del self.barriers[name]
+            for w in got:
+                self.send(w, Op.BARRIER_DONE, {"name": name})
+
+    def node_exit(self, ident: bytes, node: dict, body: dict) -> None:
+        self.exited.add(ident)
+        if body.get("ok") is not True:
+            self.fail(f"{describe(node)} exited with an error: {body.get('reason', 'unknown')}",
+                      dead=node)
+            return
+        if all(w in self.exited for w in self.workers):
+            log.info("all workers exited; ending the job")
+            self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers finished"})
+            self.exit_code = 0
+
+    def fail(self, reason: str, dead: dict | None = None) -> None:
+        log.error("ending the job: %s", reason)
+        body = {"ok": False, "reason": reason}
+        if dead:
+            body.update(dead={k: dead.get(k) for k in ("role", "rank", "host", "host_id", "pid",
+                                                      "node_id")})
+            self.broadcast(Op.NODE_DEAD, body)
+        else:
+            self.broadcast(Op.TERMINATE, body)
+        self.exit_code = 1
+
+    def check_time(self, now: float) -> None:
+        if not self.formed:
+            if now - self.started > self.cfg.startup_timeout:
+                self.fail(self.missing(now - self.started))
+            return
+        if self.rejoin_since and now - self.rejoin_since > self.cfg.startup_timeout:
+            self.fail(f"re-initialisation: {len(self.rejoin)} of {len(self.workers)} workers "
+                      f"called init() again after {self.cfg.startup_timeout:g} s")
+            return
+        for ident, n in list(self.servers.items()) + list(self.workers.items()):
+            if ident in self.exited or ident in self.left:
+                continue
+            if now - n["last_seen"] > self.cfg.heartbeat_timeout:
+                role = "server" if ident in self.servers else "worker"
+                self.fail(f"{describe(dict(n, role=role))} stopped sending heartbeats for "
+                          f"{now - n['last_seen']:.1f} s (BYTEPS_HEARTBEAT_TIMEOUT="
+                          f"{self.cfg.heartbeat_timeout:g}); presumed dead",
+                          dead=dict(n, role=role))
+                return
+
+    def missing(self, waited: float) -> str:
+        parts = []
+        if len(self.servers) < self.cfg.num_server:
+            parts.append(f"{len(self.servers)} of {self.cfg.num_server} servers registered "
+                         f"after {waited:.0f} s: expected DMLC_NUM_SERVER={self.cfg.num_server}")
+        if len(self.hosts) < self.cfg.num_worker:
+            parts.append(f"{len(self.hosts)} of {self.cfg.num_worker} worker hosts registered "
+                         f"after {waited:.0f} s: expected DMLC_NUM_WORKER={self.cfg.num_worker}")
+        for hid, h in self.hosts.items():
+            if len(h["slots"]) < h["local_size"]:
+                parts.append(f"host {hid}: {len(h['slots'])} of {h['local_size']} local workers "
+                             f"registered (BYTEPS_LOCAL_SIZE={h['local_size']})")
+        return "; ".join(parts) or "start-up timed out"
+
+
+def _bind_host(uri: str) -> str:
+    import socket
+    try:
+        return socket.gethostbyname(uri)
+    except OSError:
+        return uri
+
+
+def main(cfg: Config | None = None) -> int:
+    from byteps.core.logs import setup_logging
+    cfg = cfg or Config.from_env(role="scheduler")
+    setup_logging(cfg, "scheduler")
+    return Scheduler(cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

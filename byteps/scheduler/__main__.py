@@ -1,0 +1,3 @@
+import sys
+from byteps.scheduler import main
+sys.exit(main())

@@ -1,0 +1,303 @@
+"""The CPU summation server.
+
+One I/O thread owns the ROUTER socket.  Small partitions are summed inline
+(a thread hand-off costs more than the add); large ones go to engine
+threads (``BYTEPS_SERVER_ENGINE_THREAD``), keys spread over threads by bytes
+— numpy releases the GIL on large adds, so threads sum in parallel.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from byteps import transport
+from byteps.core.config import Config
+from byteps.core.node import BytePSError, SchedulerLink, describe
+from byteps.server.store import Slot, apply
+from byteps.transport.wire import (DTYPES, PUSH, Op, WireError, decode, encode, entry_array,
+                                   payload_count)
+
+log = logging.getLogger("byteps.server")
+INLINE_BYTES = 256 * 1024
+
+
+class Server:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.secret = cfg.job_secret.encode() if cfg.job_secret else None
+        self.ctx = zmq.Context()
+        self.sock, self.address = transport.listen(
+            self.ctx, f"tcp://{cfg.node_host}:{cfg.server_port}", cfg.max_msg_bytes)
+        self.link = SchedulerLink(cfg, self.ctx, "server")
+        self.drops = transport.RateLimitedLog(log)
+        self.slots: dict[tuple, Slot] = {}
+        self.decls: dict[int, dict] = {}      # tensor key -> declaration / error
+        self.peers: dict[bytes, dict] = {}    # worker identity -> book entry
+        self.workers_by_id: dict[int, dict] = {}
+        self.nworkers = 0
+        self.seq = 0
+        self.engine_load = [0] * cfg.server_engine_threads
+        self.outbox: collections.deque = collections.deque()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.queues = [queue.SimpleQueue() for _ in range(cfg.server_engine_threads)]
+        self.lock = threading.Lock()       # guards slots/decls across engine threads
+        self.record = os.environ.get("BYTEPS_TEST_RECORD")
+        self.exit_code = None
+        self.bytes_received = 0
+
+    # ---------------------------------------------------------------- set-up
+    def start(self) -> None:
+        body = self.link.register({"address": self.address}, "server")
+        self.load_book(body)
+        for i, q in enumerate(self.queues):
+            threading.Thread(target=self.engine, args=(q,), name=f"bps-engine-{i}",
+                             daemon=True).start()
+
+    def load_book(self, body: dict) -> None:
+        workers = body.get("workers")
+        if not isinstance(workers, list):
+            raise WireError("address book without workers")
+        self.workers_by_id = {w["node_id"]: w for w in workers}
+        self.nworkers = len(workers)
+        self.peers.clear()
+        for s in self.slots.values():
+            s.reset_rounds()
+        log.info("server %s ready: %d worker(s), epoch %d", self.address, self.nworkers,
+                 self.link.epoch)
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> int:
+        try:
+            self.start()
+        except BytePSError as exc:
+            log.error("%s", exc)
+            return 1
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.link.sock, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
+        next_scan = time.monotonic() + 1.0
+        try:
+            while self.exit_code is None:
+                for sock, _ in poller.poll(200):
+                    if sock is self.sock:
+                        for _ in range(64):
+                            try:
+                                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                            except zmq.Again:
+                                break
+                            self.on_worker(frames)
+                    elif sock is self.link.sock:
+                        self.on_scheduler()
+                    else:
+                        os.read(self.wake_r, 4096)
+                self.flush_outbox()
+                now = time.monotonic()
+                try:
+                    self.link.tick(now)
+                except BytePSError as exc:
+                    log.error("%s", exc)
+                    return 1
+                if now >= next_scan:
+                    next_scan = now + 1.0
+                    self.scan_stalls(now)
+            return self.exit_code
+        finally:
+            self.sock.close(0)
+            self.link.close()
+
+    def on_scheduler(self) -> None:
+        hdr = self.link.recv()
+        if hdr is None:
+            return
+        if hdr.op == Op.REGISTER_OK:          # workers re-formed the group
+            self.link.epoch = hdr.epoch
+            with self.lock:
+                self.load_book(hdr.body)
+        elif hdr.op == Op.TERMINATE:
+            ok = hdr.body.get("ok") is True
+            (log.info if ok else log.error)("job ended: %s", hdr.body.get("reason"))
+            self.exit_code = 0 if ok else 1
+        elif hdr.op == Op.NODE_DEAD:
+            log.error("job failed: %s", hdr.body.get("reason"))
+            self.exit_code = 1
+
+    def on_worker(self, frames: list) -> None:
+        ident = frames[0].bytes
+        try:
+            hdr, payload = decode(frames[1:], self.cfg.job_id, self.secret)
+        except WireError as exc:
+            return self.drops.warn("malformed message", str(exc))
+        if hdr.op == Op.HELLO:
+            w = self.workers_by_id.get(hdr.sender)
+            if w is None or hdr.epoch != self.link.epoch:
+                return self.drops.warn("HELLO from unknown node", f"sender {hdr.sender}")
+            self.peers[ident] = w
+            return self.send(ident, Op.HELLO_OK, {})
+        w = self.peers.get(ident)
+        if w is None or w["node_id"] != hdr.sender:
+            return self.drops.warn("message from unregistered peer", f"sender {hdr.sender}")
+        if hdr.epoch != self.link.epoch:
+            return self.drops.warn("message from a stale epoch", f"{hdr.epoch}")
+        if hdr.op != Op.DATA:
+            return self.drops.warn("unexpected op", Op(hdr.op).name)
+        entries, decls = hdr.body
+        if payload_count(entries, Op.DATA) != len(payload):
+            return self.drops.warn("message with wrong payload count",
+                                   f"{len(payload)} frames for {len(entries)} entries")
+        try:
+            arrays = [entry_array(e, payload.pop(0)) if e[3] & PUSH else None for e in entries]
+        except WireError as exc:
+            return self.drops.warn("truncated payload", str(exc))
+        self.on_data(ident, w, entries, decls, arrays)
+
+    def on_data(self, ident, w, entries, decls, arrays) -> None:
+        rank = w["rank"]
+        for d in decls:
+            self.declare(d, w)
+        out: dict = {}
+        for e, arr in zip(entries, arrays):
+            err = self.decls.get(e[0], {}).get("error")
+            if err or e[0] not in self.decls:
+                self.key_error(e[0], err or f"partition key {e[0]} pushed by rank {rank} "
+                               f"without a declaration")
+                continue
+            slot = self.slots.get((e[0], e[1]))
+            if slot is None:
+                slot = self.new_slot(e, rank)
+                if slot is None:
+                    continue
+            elif slot.dtype != e[4] or slot.length != e[5]:
+                self.key_error(e[0], self.mismatch(e, slot, rank))
+                continue
+            if arr is not None:
+                self.bytes_received += arr.nbytes
+                if self.record:
+                    self.record_push(rank, e)
+            if slot.engine < 0:
+                apply(slot, e, arr, rank, ident, self.nworkers, self.cfg.enable_async, out)
+            else:
+                self.queues[slot.engine].put((slot, e, arr, rank, ident))
+        self.send_results(out)
+
+    def declare(self, d: list, w: dict) -> None:
+        key, name, shape, dt, _ = d
+        old = self.decls.get(key)
+        if old is None:
+            self.decls[key] = {"name": name, "shape": shape, "dtype": dt, "rank": w["rank"],
+                               "host": w.get("host_id")}
+        elif old.get("error"):
+            return
+        elif (old["name"], old["shape"], old["dtype"]) != (name, shape, dt):
+            self.key_error(key, (
+                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed shape "
+                f"{tuple(shape)} {DTYPES[dt].name} but rank {old['rank']} (host {old['host']}) "
+                f"declared shape {tuple(old['shape'])} {DTYPES[old['dtype']].name} first"
+                + ("" if old["name"] == name else f" (name hash collision with {old['name']!r})")
+                + "; every rank must push the same shape and dtype under one name"))
+
+    def new_slot(self, e: list, rank: int):
+        nbytes = e[5] * DTYPES[e[4]].itemsize
+        engine = -1
+        if nbytes > INLINE_BYTES and not self.cfg.enable_async:
+            engine = min(range(len(self.engine_load)), key=self.engine_load.__getitem__)
+            self.engine_load[engine] += nbytes
+        slot = Slot(e[0], e[1], e[4], e[5], engine)
+        self.slots[(e[0], e[1])] = slot
+        return slot
+
+    def mismatch(self, e, slot, rank) -> str:
+        d = self.decls.get(e[0], {})
+        return (f"tensor {d.get('name', e[0])!r} partition {e[1]}: rank {rank} pushed "
+                f"{e[5]} x {DTYPES[e[4]].name} but the server holds {slot.length} x "
+                f"{DTYPES[slot.dtype].name} (declared by rank {d.get('rank')}); every rank "
+                f"must push the same shape and dtype under one name")
+
+    def key_error(self, key: int, message: str) -> None:
+        d = self.decls.setdefault(key, {"name": str(key)})
+        if not d.get("error"):
+            log.error("%s", message)
+        d["error"] = message
+        for ident in list(self.peers):
+            self.send(ident, Op.DATA_ERROR, {"key": key, "name": d.get("name", ""),
+                                             "message": message})
+
+    def record_push(self, rank: int, e: list) -> None:
+        with open(self.record, "a") as f:
+            f.write(f"{rank} {self.decls[e[0]]['name']} {e[1]} {e[2]}\n")
+
+    # ---------------------------------------------------------------- engines
+    def engine(self, q: queue.SimpleQueue) -> None:
+        while True:
+            slot, e, arr, rank, ident = q.get()
+            out: dict = {}
+            apply(slot, e, arr, rank, ident, self.nworkers, False, out)
+            if out:
+                self.outbox.append(out)
+                try:
+                    os.write(self.wake_w, b"x")
+                except BlockingIOError:
+                    pass
+
+    def flush_outbox(self) -> None:
+        while self.outbox:
+            self.send_results(self.outbox.popleft())
+
+    def send_results(self, out: dict) -> None:
+        for ident, items in out.items():
+            frames = [a for _, a in items if a is not None]
+            self.send(ident, Op.RESULT, [[e for e, _ in items], []], frames)
+
+    def send(self, ident: bytes, op: int, body, payload=()) -> None:
+        self.seq += 1
+        msg = [ident] + encode(self.cfg.job_id, self.link.node_id, op, self.link.epoch,
+                               self.seq, body, self.secret) + list(payload)
+        try:
+            self.sock.send_multipart(msg, copy=False)
+        except zmq.ZMQError as exc:
+            log.debug("cannot reach worker: %s", exc)
+
+    # ---------------------------------------------------------------- stalls
+    def scan_stalls(self, now: float) -> None:
+        if self.cfg.enable_async:
+            return
+        warn, kill = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
+        for slot in list(self.slots.values()):
+            for rnd, rs in list(slot.rounds.items()):
+                if rs.result is not None or not rs.ranks:
+                    continue
+                age = now - rs.started
+                if age < warn or (rs.warned and not (kill and age >= kill)):
+                    continue
+                name = self.decls.get(slot.key, {}).get("name", slot.key)
+                missing = [w for w in self.workers_by_id.values() if w["rank"] not in rs.ranks]
+                text = (f"tensor {name!r} (partition {slot.part}, round {rnd}) waited {age:.0f} s: "
+                        f"pushed by rank(s) {sorted(rs.ranks)}, missing "
+                        + ", ".join(describe(m) for m in missing))
+                if kill and age >= kill:
+                    self.link.send(Op.STALL, {"text": text, "fatal": True})
+                    rs.started = now  # report once per period
+                elif not rs.warned:
+                    log.warning("stall: %s", text)
+                    self.link.send(Op.STALL, {"text": text, "fatal": False})
+                rs.warned = True
+
+
+def main(cfg: Config | None = None) -> int:
+    from byteps.core.logs import setup_logging
+    cfg = cfg or Config.from_env(role="server")
+    setup_logging(cfg, "server")
+    return Server(cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

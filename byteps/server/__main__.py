@@ -1,0 +1,3 @@
+import sys
+from byteps.server import main
+sys.exit(main())

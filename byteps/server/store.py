@@ -1,0 +1,105 @@
+"""Per-partition state of the summation server (no sockets here).
+
+Sync mode: each round of a key sums one push from every worker; pulls of the
+round wait until it is complete; the round is dropped once every worker has
+pulled it.  Async mode: a push is added to the stored value at once and a
+pull returns a copy of the current value.  A push from a rank that already
+pushed the round (a resend) is never summed twice.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from byteps.transport.wire import ACK, DTYPES, PULL, PUSH
+
+
+class Round:
+    __slots__ = ("acc", "owned", "ranks", "result", "waiting", "pulled", "started", "warned")
+
+    def __init__(self):
+        self.acc = None
+        self.owned = False
+        self.ranks: set[int] = set()
+        self.result = None
+        self.waiting: list = []
+        self.pulled: set[int] = set()
+        self.started = time.monotonic()
+        self.warned = False
+
+
+class Slot:
+    """One partition (key, part) stored on this server."""
+    __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
+                 "bytes_in")
+
+    def __init__(self, key: int, part: int, dtype: int, length: int, engine: int):
+        self.key, self.part, self.dtype, self.length = key, part, dtype, length
+        self.rounds: dict[int, Round] = {}
+        self.value = None
+        self.engine = engine
+        self.pushes = 0
+        self.bytes_in = 0
+
+    def reset_rounds(self) -> None:
+        self.rounds.clear()
+
+
+def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
+          async_mode: bool, out: dict) -> None:
+    """Apply one entry (push and/or pull) from ``rank``; queue replies into ``out``.
+
+    ``out`` maps a worker identity to a list of (entry, array-or-None).
+    """
+    key, part, rnd, flags, dt, length = entry
+    if async_mode:
+        if flags & PUSH:
+            if slot.value is None:
+                slot.value = np.zeros(length, dtype=DTYPES[dt])
+            np.add(slot.value, arr, out=slot.value)
+            slot.pushes += 1
+            slot.bytes_in += arr.nbytes
+        if flags & PULL:
+            val = slot.value if slot.value is not None else np.zeros(length, DTYPES[dt])
+            out.setdefault(ident, []).append(([key, part, rnd, PULL, dt, length], val.copy()))
+        elif flags & PUSH:
+            out.setdefault(ident, []).append(([key, part, rnd, ACK, dt, length], None))
+        return
+    rs = slot.rounds.get(rnd)
+    if rs is None:
+        rs = slot.rounds[rnd] = Round()
+    if flags & PUSH:
+        if rank not in rs.ranks and rs.result is None:
+            if rs.acc is None:
+                rs.acc = arr
+            elif not rs.owned:
+                rs.acc = np.add(rs.acc, arr)
+                rs.owned = True
+            else:
+                np.add(rs.acc, arr, out=rs.acc)
+            rs.ranks.add(rank)
+            slot.pushes += 1
+            slot.bytes_in += arr.nbytes
+            if len(rs.ranks) >= nworkers:
+                rs.result = rs.acc
+                rs.acc = None
+                for w_ident, w_rank, w_entry in rs.waiting:
+                    out.setdefault(w_ident, []).append((w_entry, rs.result))
+                    rs.pulled.add(w_rank)
+                rs.waiting.clear()
+        if not flags & PULL:
+            out.setdefault(ident, []).append(([key, part, rnd, ACK, dt, length], None))
+    if flags & PULL:
+        reply = [key, part, rnd, PULL, dt, length]
+        if rs.result is not None:
+            if rank not in rs.pulled:
+                rs.pulled.add(rank)
+            out.setdefault(ident, []).append((reply, rs.result))
+        elif not any(w[1] == rank for w in rs.waiting):
+            rs.waiting.append((ident, rank, reply))
+    if rs.result is not None and len(rs.pulled) >= nworkers:
+        # keep this finished round for resent pulls; drop older finished rounds
+        for old in [r for r, st in slot.rounds.items() if r < rnd and st.result is not None
+                    and len(st.pulled) >= nworkers]:
+            del slot.rounds[old]

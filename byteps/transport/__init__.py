@@ -1,0 +1,126 @@
+"""Transports chosen by address scheme (``tcp://``, ``ipc://``; ``rdma://`` later).
+
+A backend makes listening (ROUTER) and connecting (DEALER) sockets for an
+address.  Every listening socket gets a maximum message size so that an
+oversize frame is dropped by ZeroMQ before it is allocated.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from byteps.transport import wire
+
+log = logging.getLogger(__name__)
+
+
+class TransportError(RuntimeError):
+    """An address or socket could not be set up."""
+
+
+class ZmqBackend:
+    """ZeroMQ over tcp:// and ipc://."""
+
+    schemes = ("tcp", "ipc")
+
+    def listen(self, ctx: zmq.Context, address: str, max_msg_bytes: int) -> tuple[zmq.Socket, str]:
+        """Bind a ROUTER socket; ``tcp://host:0`` picks a free port.  Returns (socket, address)."""
+        s = ctx.socket(zmq.ROUTER)
+        _common(s)
+        s.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+        s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            if address.startswith("tcp://") and address.endswith(":0"):
+                port = s.bind_to_random_port(address[:-2])
+                address = f"{address[:-2]}:{port}"
+            else:
+                s.bind(address)
+        except zmq.ZMQError as exc:
+            s.close(0)
+            raise TransportError(f"cannot listen on {address}: {exc} (is the port in use, or "
+                                 f"is DMLC_NODE_HOST not an address of this machine?)") from None
+        return s, address
+
+    def connect(self, ctx: zmq.Context, address: str, identity: bytes | None = None) -> zmq.Socket:
+        s = ctx.socket(zmq.DEALER)
+        _common(s)
+        if identity:
+            s.setsockopt(zmq.IDENTITY, identity)
+        s.connect(address)
+        return s
+
+
+def _common(s: zmq.Socket) -> None:
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.setsockopt(zmq.RCVHWM, 0)
+    s.setsockopt(zmq.TCP_KEEPALIVE, 1)
+
+
+class UnavailableBackend:
+    def __init__(self, scheme: str, why: str):
+        self.schemes = (scheme,)
+        self.why = why
+
+    def listen(self, *a, **k):
+        raise TransportError(self.why)
+
+    connect = listen
+
+
+BACKENDS: dict[str, object] = {}
+
+
+def register(backend) -> None:
+    for scheme in backend.schemes:
+        if scheme in BACKENDS and not isinstance(BACKENDS[scheme], UnavailableBackend):
+            raise TransportError(f"a backend for {scheme}:// is already registered")
+        BACKENDS[scheme] = backend
+
+
+register(ZmqBackend())
+BACKENDS["rdma"] = UnavailableBackend(
+    "rdma", "rdma:// needs pyverbs and an RDMA device; none is available in this build")
+
+
+def backend_for(address: str):
+    scheme, sep, _ = address.partition("://")
+    if not sep:
+        raise TransportError(f"address {address!r} has no scheme; use e.g. tcp://10.0.0.1:9000")
+    try:
+        return BACKENDS[scheme]
+    except KeyError:
+        raise TransportError(f"unknown transport scheme {scheme!r} in {address!r}; known: "
+                             f"{', '.join(sorted(BACKENDS))}") from None
+
+
+def listen(ctx, address, max_msg_bytes):
+    return backend_for(address).listen(ctx, address, max_msg_bytes)
+
+
+def connect(ctx, address, identity=None):
+    return backend_for(address).connect(ctx, address, identity)
+
+
+class RateLimitedLog:
+    """Log dropped messages at most once per ``period`` seconds per reason."""
+
+    def __init__(self, logger: logging.Logger, period: float = 5.0):
+        self.logger, self.period = logger, period
+        self.last: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    def warn(self, what: str, detail: str) -> None:
+        now = time.monotonic()
+        self.count[what] = self.count.get(what, 0) + 1
+        if now - self.last.get(what, -1e9) >= self.period:
+            self.last[what] = now
+            n = self.count.pop(what)
+            self.logger.warning("dropped %s: %s (%d such message(s) since last report)",
+                                what, detail, n)
+
+
+__all__ = ["listen", "connect", "backend_for", "register", "TransportError", "wire",
+           "RateLimitedLog"]

@@ -1,0 +1,193 @@
+"""The wire format: one msgpack header frame, one MAC frame, raw payload frames.
+
+Header (a msgpack array, validated field by field on receipt)::
+
+    [version, job_id, sender, op, epoch, seq, body]
+
+* ``version``  int   PROTOCOL_VERSION
+* ``job_id``   str   the job this message belongs to
+* ``sender``   int   node id assigned by the scheduler (-1 before registration)
+* ``op``       int   one of :class:`Op`
+* ``epoch``    int   membership epoch (bumped when workers re-form the group)
+* ``seq``      int   per-sender sequence number
+* ``body``     map (control ops) or ``[entries, decls]`` (DATA / RESULT)
+
+A declaration is ``[key, name, shape, dtype, rank]``: sent with a tensor's
+first push to a server so that the server can fix and check its layout.
+A data entry is ``[key, part, round, flags, dtype, length]``; an entry with
+payload (a push, or a result) is followed by exactly one payload frame of
+``length * itemsize`` bytes.  Nothing received is ever unpickled or evaluated.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+MAX_ENTRIES = 65536
+
+
+class Op(enum.IntEnum):
+    REGISTER = 1        # node -> scheduler
+    REGISTER_OK = 2     # scheduler -> node: id, rank, address book
+    REFUSED = 3         # scheduler -> node: reason
+    BARRIER = 4
+    BARRIER_DONE = 5
+    HEARTBEAT = 6
+    HEARTBEAT_ACK = 7
+    NODE_DEAD = 8       # scheduler -> all: a node died
+    LEAVE = 9           # worker -> scheduler: shutdown() (may re-init)
+    EXIT = 10           # worker -> scheduler: process ends
+    TERMINATE = 11      # scheduler -> all: job over (body: reason, ok)
+    HELLO = 12          # worker -> server after registration
+    HELLO_OK = 13
+    DATA = 20           # worker -> server: entries (push and/or pull)
+    RESULT = 21         # server -> worker: entries with payload (or acks)
+    DATA_ERROR = 22     # server -> workers: a key failed (body: keys, message)
+    STALL = 23          # server -> scheduler: stall report
+
+
+# entry flags
+PUSH = 1
+PULL = 2
+ACK = 4          # server acknowledges a push (no payload)
+
+DTYPES = [np.dtype(t) for t in ("float32", "float64", "float16", "int32", "int64",
+                                "uint8", "int8")]
+DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+DTYPE_NAMES = ", ".join(d.name for d in DTYPES)
+
+
+class WireError(ValueError):
+    """A received message is malformed; it is dropped."""
+
+
+def dtype_code(dt: np.dtype, tensor_name: str = "") -> int:
+    try:
+        return DTYPE_CODE[np.dtype(dt)]
+    except (KeyError, TypeError):
+        raise TypeError(f"tensor {tensor_name!r}: dtype {dt} is not supported by BytePS; "
+                        f"use one of {DTYPE_NAMES}") from None
+
+
+def mac(secret: bytes | None, header: bytes) -> bytes:
+    if not secret:
+        return b""
+    return hmac.new(secret, header, hashlib.sha256).digest()[:16]
+
+
+def encode(job_id: str, sender: int, op: int, epoch: int, seq: int, body,
+           secret: bytes | None = None) -> list:
+    """Header + MAC frames for a message (payload frames are appended by the caller)."""
+    hdr = msgpack.packb([PROTOCOL_VERSION, job_id, sender, int(op), epoch, seq, body],
+                        use_bin_type=True)
+    return [hdr, mac(secret, hdr)]
+
+
+class Header:
+    __slots__ = ("version", "job_id", "sender", "op", "epoch", "seq", "body")
+
+    def __init__(self, version, job_id, sender, op, epoch, seq, body):
+        self.version, self.job_id, self.sender, self.op = version, job_id, sender, op
+        self.epoch, self.seq, self.body = epoch, seq, body
+
+    def __repr__(self) -> str:
+        return (f"Header(op={Op(self.op).name}, sender={self.sender}, epoch={self.epoch}, "
+                f"seq={self.seq})")
+
+
+def _is_int(v) -> bool:
+    return type(v) is int
+
+
+def decode(frames: list, job_id: str, secret: bytes | None,
+           check_job: bool = True) -> tuple[Header, list]:
+    """Validate and decode ``[header, mac, payload...]``; raise WireError if bad.
+
+    The MAC is checked before the header is parsed, and before any payload
+    frame is looked at.
+    """
+    if len(frames) < 2:
+        raise WireError(f"{len(frames)} frame(s); expected header + mac")
+    hdr_b = _bytes(frames[0])
+    if len(hdr_b) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(hdr_b)} bytes exceeds {MAX_HEADER_BYTES}")
+    if secret:
+        if not hmac.compare_digest(_bytes(frames[1]), mac(secret, hdr_b)):
+            raise WireError("bad or missing credential (BYTEPS_JOB_SECRET mismatch?)")
+    try:
+        h = msgpack.unpackb(hdr_b, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several types
+        raise WireError(f"header is not valid msgpack: {type(exc).__name__}") from None
+    if not isinstance(h, list) or len(h) != 7:
+        raise WireError("header must be a 7-element array")
+    version, job, sender, op, epoch, seq, body = h
+    if not _is_int(version) or version != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
+    if not isinstance(job, str) or (check_job and job != job_id):
+        raise WireError(f"job id {job!r} does not match this job ({job_id!r})")
+    if not _is_int(sender) or not -1 <= sender < 1 << 31:
+        raise WireError(f"bad sender {sender!r}")
+    if not _is_int(op) or op not in Op._value2member_map_:
+        raise WireError(f"unknown op {op!r}")
+    if not _is_int(epoch) or not 0 <= epoch < 1 << 31:
+        raise WireError(f"bad epoch {epoch!r}")
+    if not _is_int(seq) or not 0 <= seq < 1 << 63:
+        raise WireError(f"bad seq {seq!r}")
+    if op in (Op.DATA, Op.RESULT):
+        _check_entries(body)
+    elif not isinstance(body, dict):
+        raise WireError(f"{Op(op).name} body must be a map")
+    return Header(version, job, sender, op, epoch, seq, body), frames[2:]
+
+
+def _check_entries(body) -> None:
+    if not isinstance(body, list) or len(body) != 2:
+        raise WireError("data body must be [entries, decls]")
+    entries, decls = body
+    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
+        raise WireError("data entries must be an array of at most %d entries" % MAX_ENTRIES)
+    if not isinstance(decls, list) or len(decls) > MAX_ENTRIES:
+        raise WireError("data decls must be an array")
+    for d in decls:
+        if not (isinstance(d, list) and len(d) == 5 and _is_int(d[0]) and 0 <= d[0] < 1 << 63
+                and isinstance(d[1], str) and len(d[1]) < 4096 and isinstance(d[2], list)
+                and len(d[2]) <= 32 and all(_is_int(x) and 0 <= x < 1 << 40 for x in d[2])
+                and _is_int(d[3]) and 0 <= d[3] < len(DTYPES)
+                and _is_int(d[4]) and 0 <= d[4] < 1 << 31):
+            raise WireError("bad declaration (want [key, name, shape, dtype, rank])")
+    for e in entries:
+        if not isinstance(e, list) or len(e) != 6 or not all(_is_int(x) for x in e):
+            raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
+        key, part, rnd, flags, dt, length = e
+        if not (0 <= key < 1 << 63 and 0 <= part < 1 << 31 and 0 <= rnd < 1 << 62
+                and 0 <= flags < 8 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
+            raise WireError(f"data entry out of range: {e}")
+
+
+def payload_count(entries: list, op: int) -> int:
+    """How many payload frames the entries of a DATA/RESULT message announce."""
+    if op == Op.DATA:
+        return sum(1 for e in entries if e[3] & PUSH)
+    return sum(1 for e in entries if not e[3] & ACK)
+
+
+def entry_array(entry: list, frame) -> np.ndarray:
+    """View a payload frame as the entry's array (zero copy); check its size."""
+    dt = DTYPES[entry[4]]
+    buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    if buf.nbytes != entry[5] * dt.itemsize:
+        raise WireError(f"payload of {buf.nbytes} bytes for entry {entry} "
+                        f"(expected {entry[5] * dt.itemsize})")
+    return np.frombuffer(buf, dtype=dt)
+
+
+def _bytes(frame) -> bytes:
+    if isinstance(frame, (bytes, bytearray)):
+        return bytes(frame)
+    return frame.bytes
