@@ -1,0 +1,55 @@
+"""Shared fixtures: run a real multi-process job with a hard timeout."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+BPSLAUNCH = [sys.executable, "-m", "byteps.launcher"]
+
+
+def job_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMLC_", "BYTEPS_"))}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_job(argv: list[str], workers: int = 2, servers: int = 1, timeout: float = 120,
+            launcher_args: tuple = (), **env) -> subprocess.CompletedProcess:
+    """``bpslaunch --standalone`` a command; fails the test (never hangs) on timeout."""
+    cmd = BPSLAUNCH + ["--standalone", "--num-workers", str(workers), "--num-servers",
+                       str(servers), *launcher_args, *argv]
+    try:
+        return subprocess.run(cmd, env=job_env(**env), capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"job timed out after {timeout} s: {cmd}\nstdout:\n{exc.stdout}\n"
+                    f"stderr:\n{exc.stderr}")
+
+
+def run_script(name: str, *args, **kw) -> subprocess.CompletedProcess:
+    """Run tests/scripts/<name> under bpslaunch --standalone."""
+    return run_job([sys.executable, str(SCRIPTS / name), *map(str, args)], **kw)
+
+
+def assert_ok(res: subprocess.CompletedProcess) -> None:
+    assert res.returncode == 0, f"rc={res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+
+
+def read_results(out_dir: Path) -> dict[int, dict]:
+    """Each worker script writes out_dir/rank<r>.json; return them by rank."""
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in out_dir.glob("rank*.json")}
+
+
+@pytest.fixture
+def ps_job():
+    return run_script
