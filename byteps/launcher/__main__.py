@@ -1,0 +1,3 @@
+import sys
+from byteps.launcher import main
+sys.exit(main())
