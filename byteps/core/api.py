@@ -23,13 +23,14 @@ from byteps.core.config import Config
 from byteps.core.engine import Engine, Handle, Task
 from byteps.core.logs import setup_logging
 from byteps.core.node import BytePSError, SchedulerLink
+from byteps.core.timeline import Timeline, write_summary
 from byteps.transport.wire import Op, dtype_code, encode
 
 log = logging.getLogger("byteps.worker")
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull_async", "push_pull", "poll", "synchronize", "broadcast",
-           "barrier", "BytePSError", "tensor_key", "get_config"]
+           "barrier", "BytePSError", "tensor_key", "get_config", "get_pushpull_speed"]
 
 
 def tensor_key(name: str) -> int:
@@ -96,6 +97,9 @@ def init(lazy: bool = False) -> None:
                 st.rank, st.size = book["rank"], book["size"]
                 st.nservers = len(book["servers"])
                 st.engine = Engine(cfg, st.ctx, st.link, book)
+                if cfg.trace_on:
+                    st.engine.timeline = Timeline(cfg.trace_dir, st.rank, st.size,
+                                                  cfg.trace_start_step, cfg.trace_end_step)
             except BaseException:
                 st.link.close()
                 st.ctx.term()
@@ -112,6 +116,7 @@ def shutdown() -> None:
         st, _STATE = _STATE, None
     if st is None or st.engine is None:
         return
+    _finish(st)
     st.engine.stop(leave=True)
     st.link.close()
     st.ctx.term()
@@ -204,6 +209,8 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
                               f"use a distinct name")
         t.busy = hid
     h = Handle(hid, t, out, len(t.parts), average)
+    if st.engine.timeline is not None:
+        st.engine.timeline.begin(hid, name, h.t0)
     flat = src.reshape(-1)
     tasks = []
     seq = next(st.ids)
@@ -243,6 +250,29 @@ def synchronize(handle: int) -> np.ndarray:
     if h.error is not None:
         raise BytePSError(str(h.error))
     return h.out
+
+
+def get_pushpull_speed() -> tuple[int, float]:
+    """Recent push-pull speed of this worker: ``(ms since epoch, MB/s)``.
+
+    Like the original BytePS: bytes of the partitions completed in the last
+    10 seconds (each is pushed and pulled once) per second, 1 MB = 1e6 bytes.
+    A local (non-distributed) job reports 0.0.
+    """
+    st = _state()
+    if st.engine is None:
+        return int(time.time() * 1000), 0.0
+    return st.engine.speed.get()
+
+
+def _finish(st: _State) -> None:
+    """Write the trace and the launcher's summary (never raises)."""
+    try:
+        if st.engine.timeline is not None:
+            st.engine.timeline.write()
+        write_summary(st.engine.speed, st.rank, st.cfg.host_id)
+    except Exception as exc:
+        log.warning("cannot write the timeline/summary: %s", exc)
 
 
 def _handle(handle: int) -> Handle:
@@ -300,6 +330,8 @@ def _at_exit() -> None:
     st = _STATE
     body = {"ok": not _FAILED, "reason": _FAILED[0] if _FAILED else ""}
     try:
+        if st is not None and st.engine is not None:
+            _finish(st)
         if st is not None and st.engine is not None and st.engine.fatal is None:
             st.engine.stop(leave=False)
             st.link.send(Op.EXIT, body)

@@ -21,6 +21,7 @@ import zmq
 from byteps import transport
 from byteps.core.config import Config
 from byteps.core.node import BytePSError, SchedulerLink, describe
+from byteps.core.timeline import PushPullSpeed
 from byteps.transport.wire import (PULL, PUSH, Op, WireError, decode, encode, entry_array,
                                    payload_count)
 
@@ -77,6 +78,8 @@ class Engine:
         self.running = True
         self.tseq = itertools.count()
         self.drops = transport.RateLimitedLog(log)
+        self.timeline = None          # a byteps.core.timeline.Timeline when tracing
+        self.speed = PushPullSpeed()
         self.hello()
         self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
         self.thread.start()
@@ -98,10 +101,11 @@ class Engine:
                 raise BytePSError(f"worker rank {self.rank}: server(s) {names} did not answer "
                                   f"within {self.cfg.startup_timeout:g} s")
 
-    def send(self, sock, op, body, payload=()) -> None:
+    def send(self, sock, op, body, payload=(), track: bool = False):
         self.seq += 1
-        sock.send_multipart(encode(self.cfg.job_id, self.link.node_id, op, self.link.epoch,
-                                   self.seq, body, self.secret) + list(payload), copy=False)
+        return sock.send_multipart(encode(self.cfg.job_id, self.link.node_id, op,
+                                          self.link.epoch, self.seq, body, self.secret)
+                                   + list(payload), copy=False, track=track)
 
     def recv(self, sock):
         frames = sock.recv_multipart(copy=False)
@@ -160,7 +164,8 @@ class Engine:
         poller.register(self.wake_r, zmq.POLLIN)
         try:
             while self.running:
-                for sock, _ in poller.poll(100):
+                tl = self.timeline
+                for sock, _ in poller.poll(5 if tl is not None and tl.waiting else 100):
                     if sock is self.wake_r:
                         os.read(self.wake_r, 4096)
                     elif sock is self.link.sock:
@@ -172,6 +177,8 @@ class Engine:
                             self.on_server(sock)
                 self.take_pending()
                 self.dispatch()
+                if tl is not None:
+                    tl.poll()
                 self.link.tick(time.monotonic())
         except BytePSError as exc:
             self.fail_all(exc)
@@ -226,7 +233,11 @@ class Engine:
             entries.append([tn.key, t.part, t.round, PUSH | PULL, tn.dtype_code, t.length])
             payload.append(t.src)
             t.sent_at = now
-        self.send(self.servers[server], Op.DATA, [entries, decls], payload)
+        tl = self.timeline
+        traced = tl is not None and any(tl.traced(t.handle.id) for t in tasks)
+        tracker = self.send(self.servers[server], Op.DATA, [entries, decls], payload, traced)
+        if traced:
+            tl.sent(tasks, tracker)
 
     def on_server(self, sock) -> None:
         hdr, payload = self.recv(sock)
@@ -259,6 +270,7 @@ class Engine:
             self.complete(t, arr)
 
     def complete(self, t: Task, arr: np.ndarray) -> None:
+        t_result = time.monotonic()
         h = t.handle
         dst = h.flat_out[t.start:t.start + t.length]
         if h.average and self.size > 1:
@@ -268,8 +280,15 @@ class Engine:
                 np.floor_divide(arr, self.size, out=dst)
         else:
             np.copyto(dst, arr)
+        now = time.monotonic()
+        self.speed.add(t.nbytes, now)
+        if self.timeline is not None:
+            self.timeline.part_done(t, t_result, now)
         h.remaining -= 1
         if h.remaining == 0:
+            self.speed.op_done(now - h.t0)
+            if self.timeline is not None:
+                self.timeline.handle_done(h, now)
             h.tensor.busy = None
             h.event.set()
 

@@ -12,12 +12,15 @@ bpslaunch exits non-zero.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from byteps.core.config import Config, ConfigError
@@ -147,6 +150,8 @@ def standalone(args, cmd: list[str]) -> int:
                 BYTEPS_JOB_SECRET=base.get("BYTEPS_JOB_SECRET") or secrets.token_hex(16),
                 BYTEPS_FORCE_DISTRIBUTED="1")
     base.pop("DMLC_NODE_HOST", None)
+    summaries = tempfile.mkdtemp(prefix="bpslaunch-summary-")
+    base["BPSLAUNCH_SUMMARY_DIR"] = summaries
     job = Job()
     py = sys.executable
     services = [job.start("scheduler", [py, "-m", "byteps.scheduler"],
@@ -162,7 +167,28 @@ def standalone(args, cmd: list[str]) -> int:
                        BYTEPS_EMULATED_HOST=f"host{h}")
             workers.append(job.start(f"worker rank {h * local + lr} (host host{h}, local rank "
                                      f"{lr})", cmd, env))
-    return job.supervise(workers, services)
+    try:
+        return job.supervise(workers, services)
+    finally:
+        print_summaries(summaries)
+
+
+def print_summaries(folder: str) -> None:
+    """Print the one-line summary each worker left in ``folder``; remove it."""
+    from byteps.core.timeline import format_summary
+    docs = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        try:
+            with open(os.path.join(folder, name)) as f:
+                doc = json.load(f)
+            if isinstance(doc, dict):
+                docs.append(doc)
+        except (OSError, ValueError):
+            pass
+    docs.sort(key=lambda d: d["rank"] if isinstance(d.get("rank"), int) else -1)
+    for doc in docs:
+        print(format_summary(doc), file=sys.stderr, flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def role_mode(args, cmd: list[str]) -> int:

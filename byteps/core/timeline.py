@@ -1,0 +1,299 @@
+"""Timeline (Chrome-trace JSON per worker) and push-pull telemetry.
+
+With ``BYTEPS_TRACE_ON=1`` every worker writes
+``$BYTEPS_TRACE_DIR/<rank>/comm.json`` (the original BytePS layout), a
+Chrome trace that Perfetto (ui.perfetto.dev) or chrome://tracing opens.
+Steps are counted like the original: a step begins each time the first
+tensor this worker ever pushed is pushed again (the first push is step 0).
+Operations that begin in steps ``BYTEPS_TRACE_START_STEP`` ..
+``BYTEPS_TRACE_END_STEP`` (inclusive) are recorded.
+
+Spans (``ph: "X"``, microseconds since the Unix epoch, so traces of several
+workers on one machine line up):
+
+* ``<tensor name>`` (cat ``tensor``): push_pull_async → last partition written.
+* per partition (cat ``partition``), one after the other:
+  ``queue`` (submitted → handed to the socket: priority queue + credit window),
+  ``push`` (handed to the socket → ZeroMQ has written the last byte to the
+  kernel; measured with a zmq MessageTracker),
+  ``server+pull`` (push done → result received: waiting for the other
+  workers' pushes, the server's sum, and the pull transfer),
+  ``copy_out`` (result → averaged into the output array).
+* ``server_sum (est.)`` nested in ``server+pull``: **an estimate**, not a
+  measurement — the server does not report timings (the RESULT header's
+  entries are validated as six integers).  Its length is
+  ``(workers - 1) x bytes / np.add rate`` measured on this host at start;
+  it is drawn just before the pull, whose length is assumed equal to the
+  push's (symmetric link).
+
+Other stages (e.g. a local reduce) can be added with :meth:`Timeline.span`.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import json
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+log = logging.getLogger("byteps.timeline")
+SPEED_WINDOW_S = 10.0
+
+
+class PushPullSpeed:
+    """Recent push-pull throughput of this worker, like the original's telemetry.
+
+    Counts the bytes of every completed partition (the bytes pushed; the
+    same amount is pulled).  :meth:`get` returns ``(ms since epoch, MB/s)``
+    over the last ``SPEED_WINDOW_S`` seconds (1 MB = 1e6 bytes).
+    """
+
+    def __init__(self, window_s: float = SPEED_WINDOW_S):
+        self.window = window_s
+        self.events: collections.deque = collections.deque()   # (monotonic, bytes)
+        self.lock = threading.Lock()
+        self.total_bytes = 0
+        self.total_ops = 0
+        self.busy_s = 0.0
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def add(self, nbytes: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            self.events.append((now, nbytes))
+            self.total_bytes += nbytes
+            if self.first is None:
+                self.first = now
+            self.last = now
+            cut = now - self.window
+            while self.events and self.events[0][0] < cut:
+                self.events.popleft()
+
+    def op_done(self, seconds: float) -> None:
+        """One push_pull (a whole tensor) finished after ``seconds``."""
+        with self.lock:
+            self.total_ops += 1
+            self.busy_s += seconds
+
+    def get(self, now: float | None = None) -> tuple[int, float]:
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            ev = [e for e in self.events if e[0] >= now - self.window]
+        ms = int(time.time() * 1000)
+        if not ev:
+            return ms, 0.0
+        span = max(now - ev[0][0], 1e-3)
+        return ms, float(sum(b for _, b in ev) / span / 1e6)
+
+    def summary(self) -> dict:
+        with self.lock:
+            wall = (self.last - self.first) if self.first is not None else 0.0
+            return {"push_pulls": self.total_ops, "bytes": self.total_bytes,
+                    "active_s": round(wall, 6),
+                    "avg_MBps": round(self.total_bytes / wall / 1e6, 3) if wall > 0 else 0.0}
+
+
+def _add_rate() -> float:
+    """Bytes per second that np.add sums on this host (16 MB float32, best of 3)."""
+    a = np.ones(1 << 22, dtype=np.float32)
+    b = np.ones_like(a)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t)
+    return a.nbytes / max(best, 1e-9)
+
+
+class Timeline:
+    """Collects spans of one worker and writes them as a Chrome trace."""
+
+    def __init__(self, trace_dir: str, rank: int, size: int, start_step: int, end_step: int):
+        self.path = os.path.join(trace_dir, str(rank), "comm.json")
+        self.rank, self.size = rank, size
+        self.start_step, self.end_step = start_step, end_step
+        self.offset = time.time() - time.monotonic()
+        self.lock = threading.Lock()
+        self.ops: dict[int, tuple] = {}        # handle id -> (name, step, t0)
+        self.tensor_spans: list[tuple] = []    # (start, end, name, args)
+        self.part_spans: list[list] = []       # [(start, end, name, args), ...] per partition
+        self.extra: list[tuple] = []           # free spans: (start, end, name, cat, args)
+        self.push_done: dict[tuple, float] = {}   # (handle id, part) -> push done
+        self.trackers: list[tuple] = []        # (MessageTracker, [(hid, part)])
+        self.add_rate = _add_rate()
+        self.first_name: str | None = None
+        self.step = -1
+        self.written = False
+        log.info("timeline on: steps %d..%d -> %s", start_step, end_step, self.path)
+
+    # -------------------------------------------------------------- user thread
+    def begin(self, hid: int, name: str, t0: float) -> None:
+        """A push_pull starts; returns nothing, records it if its step is traced."""
+        if self.first_name is None:
+            self.first_name = name
+        if name == self.first_name:
+            self.step += 1
+            if self.step == self.end_step + 1:
+                self.write()
+        if self.start_step <= self.step <= self.end_step:
+            with self.lock:
+                self.ops[hid] = (name, self.step, t0)
+
+    def traced(self, hid: int) -> bool:
+        return hid in self.ops
+
+    # -------------------------------------------------------------- engine thread
+    @property
+    def waiting(self) -> bool:
+        return bool(self.trackers)
+
+    def sent(self, tasks: list, tracker) -> None:
+        ids = [(t.handle.id, t.part) for t in tasks if t.handle.id in self.ops]
+        if ids and tracker is not None:
+            self.trackers.append((tracker, ids))
+
+    def poll(self, now: float | None = None) -> None:
+        """Note the pushes whose last byte ZeroMQ has written."""
+        if not self.trackers:
+            return
+        now = time.monotonic() if now is None else now
+        keep = []
+        for tracker, ids in self.trackers:
+            if tracker.done:
+                for k in ids:
+                    self.push_done.setdefault(k, now)
+            else:
+                keep.append((tracker, ids))
+        self.trackers = keep
+
+    def part_done(self, t, t_result: float, t_written: float) -> None:
+        """Record the stages of partition task ``t`` (see the module docstring)."""
+        h = t.handle
+        op = self.ops.get(h.id)
+        if op is None:
+            return
+        self.poll(t_result)
+        name, step, t0 = op
+        sent = getattr(t, "sent_at", None) or t0
+        pushed = min(max(self.push_done.pop((h.id, t.part), t_result), sent), t_result)
+        args = {"tensor": name, "part": t.part, "bytes": int(t.nbytes), "server": t.server,
+                "step": step}
+        spans = [(t0, sent, "queue", args), (sent, pushed, "push", args),
+                 (pushed, t_result, "server+pull", args),
+                 (t_result, t_written, "copy_out", args)]
+        if self.size > 1:
+            est = (self.size - 1) * t.nbytes / self.add_rate
+            end = max(pushed, t_result - (pushed - sent))
+            start = max(pushed, end - est)
+            spans.append((start, end, "server_sum (est.)",
+                          dict(args, estimated=True, est_us=round(est * 1e6, 1))))
+        with self.lock:
+            self.part_spans.append(spans)
+
+    def handle_done(self, h, t_end: float) -> None:
+        with self.lock:
+            op = self.ops.pop(h.id, None)
+            if op is None:
+                return
+            name, step, t0 = op
+            nbytes = int(h.out.nbytes)
+            self.tensor_spans.append((t0, t_end, name, {"bytes": nbytes, "step": step,
+                                                        "failed": h.error is not None}))
+
+    def span(self, name: str, start: float, end: float, cat: str = "stage", **args) -> None:
+        """Record any other span (monotonic-clock seconds), e.g. a local reduce."""
+        with self.lock:
+            self.extra.append((start, end, name, cat, args))
+
+    # -------------------------------------------------------------- output
+    def _us(self, t: float) -> float:
+        return round((t + self.offset) * 1e6, 1)
+
+    def events(self) -> list[dict]:
+        pid = self.rank
+        with self.lock:
+            tensors = sorted(self.tensor_spans)
+            parts = sorted(self.part_spans, key=lambda s: s[0][0])
+            extra = list(self.extra)
+        evs = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                "args": {"name": f"byteps worker rank {self.rank}"}}]
+        lanes = _lanes([(s[0], s[1]) for s in tensors])
+        for (start, end, name, args), lane in zip(tensors, lanes):
+            evs.append(self._x(name, "tensor", pid, 1000 + lane, start, end, args))
+        lanes = _lanes([(p[0][0], p[3][1]) for p in parts])
+        for spans, lane in zip(parts, lanes):
+            for start, end, name, args in spans:
+                evs.append(self._x(name, "partition", pid, 1 + lane, start, end, args))
+        for start, end, name, cat, args in extra:
+            evs.append(self._x(name, cat, pid, 2000, start, end, args))
+        used = sorted({e["tid"] for e in evs if e["ph"] == "X"})
+        for tid in used:
+            label = (f"tensors {tid - 1000}" if 1000 <= tid < 2000 else
+                     "other stages" if tid == 2000 else f"partitions {tid - 1}")
+            evs.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                        "args": {"name": label}})
+        return evs
+
+    def _x(self, name, cat, pid, tid, start, end, args) -> dict:
+        return {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid,
+                "ts": self._us(start), "dur": round(max(end - start, 0.0) * 1e6, 1),
+                "args": args}
+
+    def write(self) -> str:
+        """Write (or rewrite) the trace file atomically; returns its path."""
+        doc = {"traceEvents": self.events(), "displayTimeUnit": "ms",
+               "otherData": {"rank": self.rank, "workers": self.size,
+                             "start_step": self.start_step, "end_step": self.end_step,
+                             "np_add_bytes_per_s": round(self.add_rate),
+                             "note": "server_sum (est.) spans are estimates"}}
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, self.path)
+        self.written = True
+        return self.path
+
+
+def _lanes(intervals: list[tuple]) -> list[int]:
+    """Greedy interval partitioning (intervals sorted by start): a lane per overlap."""
+    free: list[tuple] = []       # (end, lane)
+    out, nlanes = [], 0
+    for start, end in intervals:
+        if free and free[0][0] <= start:
+            _, lane = heapq.heappop(free)
+        else:
+            lane, nlanes = nlanes, nlanes + 1
+        out.append(lane)
+        heapq.heappush(free, (end, lane))
+    return out
+
+
+def write_summary(speed: PushPullSpeed, rank: int, host: str) -> str | None:
+    """Write this worker's one-line summary for ``bpslaunch`` (if it asked for one)."""
+    d = os.environ.get("BPSLAUNCH_SUMMARY_DIR")
+    if not d or not os.path.isdir(d):
+        return None
+    path = os.path.join(d, f"worker{rank}.json")
+    doc = dict(speed.summary(), rank=rank, host=host, pid=os.getpid())
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(doc, f)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        log.debug("cannot write the summary %s: %s", path, exc)
+        return None
+    return path
+
+
+def format_summary(doc: dict) -> str:
+    """One line for a worker summary written by :func:`write_summary`."""
+    return (f"bpslaunch: worker rank {doc.get('rank')} (host {doc.get('host')}): "
+            f"{doc.get('push_pulls', 0)} push_pull(s), {doc.get('bytes', 0) / 1e6:.1f} MB pushed "
+            f"and pulled, first to last result {doc.get('active_s', 0.0):.2f} s, "
+            f"{doc.get('avg_MBps', 0.0):.1f} MB/s")
