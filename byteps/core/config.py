@@ -37,7 +37,7 @@ KNOWN = {
     "BYTEPS_PCIE_SWITCH_SIZE": "4", "BYTEPS_NUMA_ON": "1",
     "BYTEPS_FUSION_BYTES": "65536", "BYTEPS_RESEND_TIMEOUT_S": "2",
     "BYTEPS_SERVER_PORT": "9100", "BYTEPS_LOCAL_REDUCE": "1",
-    "BYTEPS_SHM_DIR": "/dev/shm",
+    "BYTEPS_SHM_DIR": "/dev/shm", "BYTEPS_TEST_RECORD": "/tmp/arrivals.txt",
 }
 # Names of the original BytePS that we accept without a warning (no effect).
 ORIGINAL_ONLY = {

@@ -22,7 +22,7 @@ from byteps import transport
 from byteps.core.config import Config
 from byteps.core.node import BytePSError, SchedulerLink, describe
 from byteps.core.timeline import PushPullSpeed
-from byteps.transport.wire import (PULL, PUSH, Op, WireError, decode, encode, entry_array,
+from byteps.transport.wire import (ACK, PULL, PUSH, Op, WireError, decode, encode, entry_array,
                                    payload_count)
 
 log = logging.getLogger("byteps.worker")
@@ -46,10 +46,11 @@ class Handle:
 
 class Task:
     __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
-                 "nbytes", "sent_at")
+                 "nbytes", "sent_at", "acked")
 
     def __lt__(self, other: "Task") -> bool:
-        return (self.prio, self.seq) < (other.prio, other.seq)
+        # a total order that is the same on every rank (ties would deadlock credits)
+        return (self.prio, self.seq, self.part) < (other.prio, other.seq, other.part)
 
 
 class Engine:
@@ -211,7 +212,8 @@ class Engine:
             if t.handle.error is not None:
                 continue
             self.inflight[(t.handle.tensor.key, t.part)] = t
-            self.inflight_bytes += t.nbytes
+            t.acked = False
+            self.inflight_bytes += t.nbytes     # credit: released when the server acks
             if t.nbytes > self.cfg.fusion_bytes:
                 self.send_tasks(t.server, [t])
                 continue
@@ -254,7 +256,11 @@ class Engine:
             return self.drops.warn("result with wrong payload count", str(len(payload)))
         it = iter(payload)
         for e in entries:
-            if not e[3] & PULL:
+            if e[3] & ACK:
+                t = self.inflight.get((e[0], e[1]))
+                if t is not None and t.round == e[2] and not t.acked:
+                    t.acked = True
+                    self.inflight_bytes -= t.nbytes
                 continue
             frame = next(it)
             t = self.inflight.get((e[0], e[1]))
@@ -266,7 +272,8 @@ class Engine:
                 self.drops.warn("truncated result", str(exc))
                 continue
             del self.inflight[(e[0], e[1])]
-            self.inflight_bytes -= t.nbytes
+            if not t.acked:
+                self.inflight_bytes -= t.nbytes
             self.complete(t, arr)
 
     def complete(self, t: Task, arr: np.ndarray) -> None:
@@ -300,7 +307,8 @@ class Engine:
         err = BytePSError(msg)
         for k in [k for k in self.inflight if k[0] == key]:
             t = self.inflight.pop(k)
-            self.inflight_bytes -= t.nbytes
+            if not t.acked:
+                self.inflight_bytes -= t.nbytes
             self.fail_handle(t.handle, err)
         for t in self.heap:
             if t.handle.tensor.key == key:

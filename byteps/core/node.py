@@ -76,6 +76,9 @@ class SchedulerLink:
             hdr = self.recv()
             if hdr is None:
                 continue
+            if hdr.op in (Op.TERMINATE, Op.NODE_DEAD):
+                raise BytePSError(f"{what}: the job ended before it formed: "
+                                  f"{hdr.body.get('reason', '?')}")
             if hdr.op == Op.REFUSED:
                 raise BytePSError(f"{what}: the scheduler refused registration: "
                                   f"{hdr.body.get('reason', '?')}")

@@ -22,7 +22,7 @@ from byteps import transport
 from byteps.core.config import Config
 from byteps.core.node import BytePSError, SchedulerLink, describe
 from byteps.server.store import Slot, apply
-from byteps.transport.wire import (DTYPES, PUSH, Op, WireError, decode, encode, entry_array,
+from byteps.transport.wire import (ACK, DTYPES, PUSH, Op, WireError, decode, encode, entry_array,
                                    payload_count)
 
 log = logging.getLogger("byteps.server")
@@ -180,6 +180,7 @@ class Server:
                 self.key_error(e[0], self.mismatch(e, slot, rank))
                 continue
             if arr is not None:
+                out.setdefault(ident, []).append(([e[0], e[1], e[2], ACK, e[4], e[5]], None))
                 self.bytes_received += arr.nbytes
                 if self.record:
                     self.record_push(rank, e)

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from byteps.transport.wire import ACK, DTYPES, PULL, PUSH
+from byteps.transport.wire import DTYPES, PULL, PUSH
 
 
 class Round:
@@ -50,7 +50,8 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
           async_mode: bool, out: dict) -> None:
     """Apply one entry (push and/or pull) from ``rank``; queue replies into ``out``.
 
-    ``out`` maps a worker identity to a list of (entry, array-or-None).
+    ``out`` maps a worker identity to a list of (entry, array-or-None).  Pushes are
+    acknowledged by the caller on receipt (that releases the worker's credit).
     """
     key, part, rnd, flags, dt, length = entry
     if async_mode:
@@ -63,8 +64,6 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
         if flags & PULL:
             val = slot.value if slot.value is not None else np.zeros(length, DTYPES[dt])
             out.setdefault(ident, []).append(([key, part, rnd, PULL, dt, length], val.copy()))
-        elif flags & PUSH:
-            out.setdefault(ident, []).append(([key, part, rnd, ACK, dt, length], None))
         return
     rs = slot.rounds.get(rnd)
     if rs is None:
@@ -88,8 +87,6 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
                     out.setdefault(w_ident, []).append((w_entry, rs.result))
                     rs.pulled.add(w_rank)
                 rs.waiting.clear()
-        if not flags & PULL:
-            out.setdefault(ident, []).append(([key, part, rnd, ACK, dt, length], None))
     if flags & PULL:
         reply = [key, part, rnd, PULL, dt, length]
         if rs.result is not None:
