@@ -27,7 +27,7 @@ KNOWN = {
     "BYTEPS_SERVER_ENGINE_THREAD": "4", "BYTEPS_ENABLE_ASYNC": "0",
     "BYTEPS_FORCE_DISTRIBUTED": "0", "BYTEPS_LOG_LEVEL": "WARNING",
     "BYTEPS_STALL_WARNING_S": "60", "BYTEPS_STALL_SHUTDOWN_S": "300",
-    "BYTEPS_HEARTBEAT_INTERVAL": "1", "BYTEPS_HEARTBEAT_TIMEOUT": "10",
+    "BYTEPS_HEARTBEAT_INTERVAL": "1", "BYTEPS_HEARTBEAT_TIMEOUT": "5",
     "BYTEPS_STARTUP_TIMEOUT": "60", "BYTEPS_JOB_ID": "myjob",
     "BYTEPS_JOB_SECRET": "<random hex>", "BYTEPS_AUTH_DISABLE": "0",
     "BYTEPS_MAX_MSG_BYTES": "1073741824", "BYTEPS_ENABLE_IPC": "1",
@@ -35,7 +35,7 @@ KNOWN = {
     "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "./traces",
     "BYTEPS_TRACE_START_STEP": "10", "BYTEPS_TRACE_END_STEP": "20",
     "BYTEPS_PCIE_SWITCH_SIZE": "4", "BYTEPS_NUMA_ON": "1",
-    "BYTEPS_FUSION_BYTES": "65536", "BYTEPS_RESEND_TIMEOUT_S": "2",
+    "BYTEPS_FUSION_BYTES": "65536", "BYTEPS_RESEND_TIMEOUT_S": "1",
     "BYTEPS_SERVER_PORT": "9100", "BYTEPS_LOCAL_REDUCE": "1",
     "BYTEPS_SHM_DIR": "/dev/shm", "BYTEPS_TEST_RECORD": "/tmp/arrivals.txt",
 }
@@ -143,10 +143,12 @@ class Config:
     stall_warning_s: float = 60.0
     stall_shutdown_s: float | None = None
     heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 10.0
+    heartbeat_timeout: float = 5.0
     startup_timeout: float = 60.0
     job_id: str = "byteps"
     job_secret: str | None = None
+    auth_disable: bool = False
+    resend_timeout_s: float = 1.0
     max_msg_bytes: int = 1 << 30
     enable_ipc: bool = True
     host_id: str = ""
@@ -199,10 +201,11 @@ class Config:
         if lvl not in LOG_LEVELS:
             raise _bad("BYTEPS_LOG_LEVEL", lvl, "one of " + ", ".join(LOG_LEVELS))
         secret = e.str("BYTEPS_JOB_SECRET")
-        if e.bool("BYTEPS_AUTH_DISABLE"):
+        auth_disable = e.bool("BYTEPS_AUTH_DISABLE")
+        if auth_disable:
             secret = None
         hb_int = e.float("BYTEPS_HEARTBEAT_INTERVAL", 1.0, lo=0.05)
-        hb_to = e.float("BYTEPS_HEARTBEAT_TIMEOUT", 10.0, lo=0.2)
+        hb_to = e.float("BYTEPS_HEARTBEAT_TIMEOUT", 5.0, lo=0.2)
         if hb_to <= hb_int:
             raise _bad("BYTEPS_HEARTBEAT_TIMEOUT", hb_to,
                        f"must exceed BYTEPS_HEARTBEAT_INTERVAL={hb_int}")
@@ -222,6 +225,8 @@ class Config:
             heartbeat_interval=hb_int, heartbeat_timeout=hb_to,
             startup_timeout=e.float("BYTEPS_STARTUP_TIMEOUT", 60.0, lo=0.5),
             job_id=e.str("BYTEPS_JOB_ID", "byteps"), job_secret=secret,
+            auth_disable=auth_disable,
+            resend_timeout_s=e.float("BYTEPS_RESEND_TIMEOUT_S", 1.0, lo=0.01),
             max_msg_bytes=e.int("BYTEPS_MAX_MSG_BYTES", 1 << 30, lo=1 << 16),
             enable_ipc=e.bool("BYTEPS_ENABLE_IPC", True), host_id=host_id,
             test_drop_rate=e.float("BYTEPS_TEST_DROP_RATE", 0.0, lo=0.0, hi=0.9),

@@ -7,6 +7,8 @@ oversize frame is dropped by ZeroMQ before it is allocated.
 from __future__ import annotations
 
 import logging
+import random
+import socket as _socket
 import time
 
 import zmq
@@ -122,5 +124,109 @@ class RateLimitedLog:
                                 what, detail, n)
 
 
+class SeqTracker:
+    """Replay guard: the seq of each stream (keyed by sender) must strictly increase."""
+
+    def __init__(self):
+        self.last: dict = {}
+
+    def accept(self, key, seq: int) -> bool:
+        if seq <= self.last.get(key, -1):
+            return False
+        self.last[key] = seq
+        return True
+
+    def forget(self, key=None) -> None:
+        if key is None:
+            self.last.clear()
+        else:
+            self.last.pop(key, None)
+
+
+class Dropper:
+    """BYTEPS_TEST_DROP_RATE: drop this fraction of received data messages (seeded)."""
+
+    def __init__(self, rate: float, seed: int):
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.seen = self.dropped = 0
+
+    def drop(self) -> bool:
+        if self.rate <= 0:
+            return False
+        self.seen += 1
+        if self.rng.random() < self.rate:
+            self.dropped += 1
+            return True
+        return False
+
+
+class ConnWatch:
+    """TCP connection events of one socket (a ZeroMQ socket monitor), read without blocking.
+
+    ``poll()`` returns ``(kind, fd, peer)`` tuples, kind one of ``"up"`` (a
+    connection finished its handshake), ``"down"`` (a connection closed: the
+    peer died or left, or ZeroMQ dropped it for an oversize or malformed
+    stream).  For listening sockets ``peer`` is the remote address when known.
+    """
+
+    EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+              | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.mon = sock.get_monitor_socket(self.EVENTS)
+        self.peers: dict[int, str] = {}
+
+    def poll(self) -> list[tuple[str, int, str]]:
+        from zmq.utils.monitor import parse_monitor_message
+        out = []
+        while True:
+            try:
+                msg = self.mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            except zmq.ZMQError:
+                return out
+            ev = parse_monitor_message(msg)
+            kind, fd = ev["event"], int(ev["value"])
+            if kind in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+                self.peers[fd] = _peer_name(fd) or ev["endpoint"].decode(errors="replace")
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                out.append(("up", -1, ev["endpoint"].decode(errors="replace")))
+            elif kind == zmq.EVENT_DISCONNECTED:
+                peer = self.peers.pop(fd, None) or ev["endpoint"].decode(errors="replace")
+                out.append(("down", fd, peer))
+
+    def close(self) -> None:
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.mon.close(0)
+
+
+def _peer_name(fd: int) -> str | None:
+    try:
+        s = _socket.fromfd(fd, _socket.AF_INET, _socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        host, port = s.getpeername()[:2]
+        return f"{host}:{port}"
+    except (OSError, ValueError, TypeError):
+        return None
+    finally:
+        s.close()
+
+
+def source_fd(frame) -> int:
+    """The file descriptor a received (copy=False) frame came in on, or -1."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (AttributeError, zmq.ZMQError, TypeError, ValueError):
+        return -1
+
+
 __all__ = ["listen", "connect", "backend_for", "register", "TransportError", "wire",
-           "RateLimitedLog"]
+           "RateLimitedLog", "SeqTracker", "Dropper", "ConnWatch", "source_fd"]

@@ -9,7 +9,10 @@ Header (a msgpack array, validated field by field on receipt)::
 * ``sender``   int   node id assigned by the scheduler (-1 before registration)
 * ``op``       int   one of :class:`Op`
 * ``epoch``    int   membership epoch (bumped when workers re-form the group)
-* ``seq``      int   per-sender sequence number
+* ``seq``      int   per-sender sequence number: strictly increasing on each
+  (sender, receiver) stream; counters start at :func:`new_seq` (wall-clock
+  nanoseconds), so they also increase across re-initialisations.  Receivers
+  drop a frame whose seq is not above the last one they accepted (replay).
 * ``body``     map (control ops) or ``[entries, decls]`` (DATA / RESULT)
 
 A declaration is ``[key, name, shape, dtype, rank]``: sent with a tensor's
@@ -23,6 +26,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import time
 
 import msgpack
 import numpy as np
@@ -65,6 +69,19 @@ DTYPE_NAMES = ", ".join(d.name for d in DTYPES)
 
 class WireError(ValueError):
     """A received message is malformed; it is dropped."""
+
+
+class VersionMismatch(WireError):
+    """An authenticated header of another protocol version (the scheduler refuses it)."""
+
+    def __init__(self, version, job_id, op):
+        super().__init__(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
+        self.version, self.job_id, self.op = version, job_id, op
+
+
+def new_seq() -> int:
+    """Start value of a sequence counter: above every counter started before it."""
+    return time.time_ns()
 
 
 def dtype_code(dt: np.dtype, tensor_name: str = "") -> int:
@@ -124,6 +141,9 @@ def decode(frames: list, job_id: str, secret: bytes | None,
         h = msgpack.unpackb(hdr_b, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several types
         raise WireError(f"header is not valid msgpack: {type(exc).__name__}") from None
+    if isinstance(h, list) and h and _is_int(h[0]) and h[0] != PROTOCOL_VERSION:
+        raise VersionMismatch(h[0], h[1] if len(h) > 1 and isinstance(h[1], str) else None,
+                              h[3] if len(h) > 3 and _is_int(h[3]) else None)
     if not isinstance(h, list) or len(h) != 7:
         raise WireError("header must be a 7-element array")
     version, job, sender, op, epoch, seq, body = h
