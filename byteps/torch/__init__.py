@@ -1,0 +1,34 @@
+"""byteps.torch — the PyTorch plugin, API-compatible with the original BytePS.
+
+    import byteps.torch as bps
+    bps.init()
+    opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=bps.Compression.fp16)
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(opt, root_rank=0)
+
+Start it with ``bpslaunch --standalone --num-workers 2 --num-servers 2 python
+train.py``; see docs/torch.md.
+"""
+from byteps.core.api import BytePSError
+from byteps.torch.compression import Compression
+from byteps.torch.functions import (broadcast_object, broadcast_optimizer_state,
+                                    broadcast_parameters)
+from byteps.torch.ops import (declare, init, is_initialized, local_rank, local_size, poll,
+                              push_pull, push_pull_async, push_pull_async_inplace,
+                              push_pull_inplace, rank, shutdown, size, synchronize)
+from byteps.torch.optimizer import DistributedOptimizer
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "declare", "push_pull", "push_pull_async", "push_pull_async_inplace",
+           "push_pull_inplace", "poll", "synchronize", "broadcast_parameters",
+           "broadcast_optimizer_state", "broadcast_object", "Compression",
+           "DistributedOptimizer", "BytePSError", "parallel"]
+
+
+def __getattr__(name):
+    if name == "parallel":
+        import importlib
+        return importlib.import_module("byteps.torch.parallel")
+    raise AttributeError(f"module 'byteps.torch' has no attribute {name!r}")

@@ -1,0 +1,167 @@
+"""Broadcast helpers: parameters, optimizer state and plain Python objects.
+
+A broadcast is a sum in which every rank but the root contributes zeros, so
+the result is the root's value bit for bit on every rank.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from byteps.core import api as _core
+from byteps.torch import _objects
+from byteps.torch.ops import (_auto_name, push_pull_async, push_pull_async_inplace, rank,
+                              size, synchronize)
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]
+_SLOT_NUMEL = 64          # optimizer-state tensors at least this big travel as tensors
+
+
+def _check_root(root_rank: int, what: str) -> None:
+    n = size()
+    if type(root_rank) is not int or not 0 <= root_rank < n:
+        raise ValueError(f"{what}: root_rank={root_rank!r} is out of range for a job of {n} "
+                         f"worker(s); use 0..{n - 1}")
+
+
+def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> None:
+    """Overwrite ``params`` on every rank with rank ``root_rank``'s values, in place.
+
+    ``params`` is a ``state_dict()`` (dict), a list or iterator of
+    ``(name, tensor)`` pairs such as ``named_parameters()``, or a list of
+    tensors.  Tensors that share memory are sent once.
+    """
+    _check_root(root_rank, "broadcast_parameters")
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        try:
+            items = list(params)
+        except TypeError:
+            raise ValueError(f"broadcast_parameters: invalid params of type "
+                             f"{type(params).__name__}; pass model.state_dict(), "
+                             f"model.named_parameters() or a list of tensors") from None
+        items = [p if isinstance(p, tuple) else (None, p) for p in items]
+    seen, todo = set(), []
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: {name or 'an entry'} is a "
+                             f"{type(p).__name__}, not a tensor")
+        if p.numel() == 0:
+            continue
+        ident = (p.device, p.untyped_storage().data_ptr() + p.storage_offset() *
+                 p.element_size(), tuple(p.shape), p.dtype)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        todo.append((name, p))
+    me = rank()
+    handles = []
+    with torch.no_grad():
+        for i, (name, p) in enumerate(todo):
+            if me != root_rank:
+                p.zero_()
+            full = prefix + name if name is not None else None
+            handles.append(push_pull_async_inplace(p, average=False, name=full, priority=-i))
+        for h in handles:
+            synchronize(h)
+
+
+def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
+    is_root = rank() == root_rank
+    n = np.array([len(data) if is_root else 0], dtype=np.int64)
+    _core.push_pull(n, name + ".len", average=False, out=n)
+    length = int(n[0])
+    buf = np.frombuffer(data, np.uint8).copy() if is_root else np.zeros(length, np.uint8)
+    if length:
+        _core.push_pull(buf, f"{name}.data.{length}", average=False, out=buf)
+    return buf.tobytes()
+
+
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
+    """Return rank ``root_rank``'s ``obj`` on every rank.
+
+    ``obj`` may nest dicts, lists and tuples of None, bool, int, float, str,
+    bytes, numpy arrays/scalars and torch tensors (tensors arrive on the CPU);
+    anything else raises TypeError naming where it sits.  The data travels as
+    msgpack, never pickle.  Without ``name``, every rank must call
+    broadcast_object in the same order.
+    """
+    _check_root(root_rank, "broadcast_object")
+    name = "broadcast_object." + (name if name is not None else _auto_name("obj"))
+    data = _objects.encode(obj) if rank() == root_rank else None
+    raw = _broadcast_bytes(data, root_rank, name)
+    try:
+        return _objects.decode(raw)
+    except ValueError as exc:
+        raise _core.BytePSError(f"broadcast_object on rank {rank()}: data from root rank "
+                                f"{root_rank} is malformed: {exc}") from None
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "OptimizerState.") -> None:
+    """Make every rank's optimizer state and hyper-parameters equal to rank ``root_rank``'s.
+
+    Works for any ``torch.optim`` optimizer, also before the first step (an
+    empty state is then sent as empty).  Hyper-parameters (lr, betas, ...)
+    and small tensors such as step counts travel in one msgpack message;
+    larger state tensors are push_pulled in place of zeros.
+    """
+    _check_root(root_rank, "broadcast_optimizer_state")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    me = rank()
+    tensors: list = []
+    data = None
+    if me == root_rank:
+        data = _objects.encode(optimizer.state_dict(), slots=tensors,
+                               min_slot_numel=_SLOT_NUMEL)
+    raw = _broadcast_bytes(data, root_rank, prefix + "meta")
+    try:
+        sd = _objects.decode(raw, allow_slots=True)
+        slots = _collect_slots(sd, [])
+    except ValueError as exc:
+        raise _core.BytePSError(f"broadcast_optimizer_state on rank {me}: data from root "
+                                f"rank {root_rank} is malformed: {exc}") from None
+    slots.sort(key=lambda s: s.index)
+    if [s.index for s in slots] != list(range(len(slots))) or \
+            (me == root_rank and len(slots) != len(tensors)):
+        raise _core.BytePSError(f"broadcast_optimizer_state on rank {me}: inconsistent tensor "
+                                f"list from root rank {root_rank}")
+    values, handles = [], []
+    for s in slots:
+        tname = f"{prefix}{s.index}.{s.dtype}.{'x'.join(map(str, s.shape)) or 'scalar'}"
+        if me == root_rank:
+            t = tensors[s.index]
+            if tuple(t.shape) != s.shape or str(t.dtype) != "torch." + s.dtype:
+                raise _core.BytePSError(f"broadcast_optimizer_state: state tensor {s.index} "
+                                        f"changed while it was being sent")
+            values.append(t)
+            handles.append(push_pull_async(t, average=False, name=tname))
+        else:
+            t = torch.zeros(s.shape, dtype=getattr(torch, s.dtype))
+            values.append(t)
+            handles.append(push_pull_async_inplace(t, average=False, name=tname))
+    for h in handles:
+        synchronize(h)
+    if me == root_rank:
+        return
+    state = _objects.fill_slots(sd, values)
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"broadcast_optimizer_state on rank {me}: the optimizer of root rank "
+                         f"{root_rank} does not match this rank's ({exc}); build the same "
+                         f"optimizer over the same parameters on every rank") from None
+
+
+def _collect_slots(obj, out: list) -> list:
+    if isinstance(obj, _objects.Slot):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_slots(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect_slots(v, out)
+    return out

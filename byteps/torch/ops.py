@@ -1,0 +1,248 @@
+"""Tensor operations of the PyTorch plugin, built on :mod:`byteps.core.api`.
+
+CPU tensors travel zero-copy: a contiguous tensor's ``numpy()`` view is handed
+to the core as input and (for in-place operations) as output.  Tensors the
+core cannot carry directly go through a per-name staging buffer:
+
+* CUDA tensors are copied into pinned host memory before the push and copied
+  back after the pull (the core sums on CPU servers);
+* ``bfloat16`` travels as ``float32``, ``int16`` and ``bool`` as ``int32``
+  (the core's dtypes are float16/32/64, int32/64, uint8 and int8);
+* non-contiguous tensors are made contiguous.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import torch
+
+from byteps.core import api as _core
+from byteps.core.api import BytePSError
+from byteps.torch.compression import Compression
+
+__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "declare",
+           "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace",
+           "poll", "synchronize", "is_initialized", "BytePSError"]
+
+_NATIVE = {torch.float16, torch.float32, torch.float64, torch.int32, torch.int64,
+           torch.uint8, torch.int8}
+_CAST = {torch.bfloat16: torch.float32, torch.int16: torch.int32, torch.bool: torch.int32}
+
+_lock = threading.Lock()
+_noname = itertools.count()
+_handles: dict[int, "_Pending"] = {}
+_staging: dict[tuple, torch.Tensor] = {}
+
+
+def init(lazy: bool = True) -> None:
+    """Join the job described by the ``DMLC_*``/``BYTEPS_*`` environment.
+
+    Without those variables this is a local job of size 1 (no network).
+    ``lazy`` is accepted for compatibility with the original BytePS.
+    """
+    _core.init()
+
+
+def shutdown() -> None:
+    """Leave the job; ``init()`` may be called again afterwards."""
+    with _lock:
+        _handles.clear()
+        _staging.clear()
+    _core.shutdown()
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
+    return _core.is_initialized()
+
+
+def rank() -> int:
+    """Global rank of this worker process."""
+    return _core.rank()
+
+
+def size() -> int:
+    """Number of worker processes in the job."""
+    return _core.size()
+
+
+def local_rank() -> int:
+    """Rank of this worker among the workers of its host."""
+    return _core.local_rank()
+
+
+def local_size() -> int:
+    """Number of workers on this host."""
+    return _core.local_size()
+
+
+def declare(name: str) -> int:
+    """Declare a tensor name (optional: keys come from names, in any order)."""
+    _core.declare(name)
+    return 0
+
+
+def _auto_name(kind: str) -> str:
+    """A name for an unnamed call: deterministic if every rank calls in the same order."""
+    with _lock:
+        return f"{kind}.noname.{next(_noname)}"
+
+
+class _Pending:
+    """What a core handle needs to become a torch result."""
+    __slots__ = ("tensor", "output", "src", "staged_out")
+
+    def __init__(self, tensor, output, src, staged_out):
+        self.tensor, self.output, self.src, self.staged_out = tensor, output, src, staged_out
+
+    def finish(self) -> torch.Tensor:
+        if self.staged_out is not None:
+            with torch.no_grad():
+                self.output.copy_(self.staged_out)
+        return self.output
+
+
+def _wire_dtype(t: torch.Tensor, name: str) -> torch.dtype:
+    if t.dtype in _NATIVE:
+        return t.dtype
+    if t.dtype in _CAST:
+        return _CAST[t.dtype]
+    raise TypeError(f"push_pull of tensor {name!r}: dtype {t.dtype} is not supported; use one "
+                    f"of float16/32/64, bfloat16, int8/16/32/64, uint8 or bool (cast complex "
+                    f"tensors with torch.view_as_real)")
+
+
+def _stage(name: str, which: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A reusable host buffer for ``name`` (one op per name is in flight at a time)."""
+    key = (name, which)
+    buf = _staging.get(key)
+    if buf is None or buf.shape != like.shape or buf.dtype != dtype:
+        pin = like.is_cuda and torch.cuda.is_available()
+        buf = torch.empty(like.shape, dtype=dtype, device="cpu", pin_memory=pin)
+        _staging[key] = buf
+    return buf
+
+
+def _direct(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype in _NATIVE and t.is_contiguous()
+
+
+def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, name,
+                     priority: int) -> int:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"push_pull expects a torch.Tensor, got {type(tensor).__name__} "
+                        f"(name {name!r})")
+    if name is None:
+        name = _auto_name("push_pull")
+    elif not isinstance(name, str) or not name:
+        raise ValueError(f"push_pull: name must be a non-empty string, got {name!r}")
+    if tensor.is_sparse:
+        raise TypeError(f"push_pull of tensor {name!r}: sparse tensors are not supported; "
+                        f"call .to_dense() first")
+    t = tensor.detach()
+    inplace = output is tensor
+    wire = _wire_dtype(t, name)
+    staged_out = None
+    if _direct(t):
+        src = t.numpy()
+        if inplace:
+            out = src
+        elif _direct(output) and output.dtype == t.dtype:
+            out = output.detach().numpy()
+        else:
+            staged_out = _stage(name, "out", t, wire)
+            out = staged_out.numpy()
+    else:
+        if t.is_cuda and not torch.cuda.is_available():
+            raise BytePSError(f"push_pull of tensor {name!r}: CUDA tensor but CUDA is not "
+                              f"available in this process")
+        host = _stage(name, "in", t, wire)
+        with torch.no_grad():
+            host.copy_(t)          # blocking device-to-host copy (waits for the producer)
+        src = host.numpy()
+        if inplace:
+            staged_out, out = host, src
+        else:
+            staged_out = _stage(name, "out", t, wire)
+            out = staged_out.numpy()
+    h = _core.push_pull_async(src, name, average=bool(average), priority=int(priority),
+                              out=out)
+    with _lock:
+        _handles[h] = _Pending(tensor, output, src, staged_out)
+    return h
+
+
+def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                    version: int = 0, priority: int = 0) -> int:
+    """Start averaging (or summing) ``tensor`` over all workers; returns a handle.
+
+    The input is not modified and must not change until :func:`synchronize`.
+    Higher ``priority`` goes first.  ``version`` is accepted for compatibility
+    and ignored.  Without a ``name``, one is generated from a per-process
+    counter, so every rank must then issue its unnamed calls in the same order.
+    """
+    output = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return _push_pull_async(tensor, output, average, name, priority)
+
+
+def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True,
+                            name: str | None = None, version: int = 0,
+                            priority: int = 0) -> int:
+    """Like :func:`push_pull_async` but the result overwrites ``tensor``."""
+    return _push_pull_async(tensor, tensor, average, name, priority)
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind ``handle`` has finished (never blocks)."""
+    return _core.poll(handle)
+
+
+def synchronize(handle: int) -> torch.Tensor:
+    """Wait for ``handle`` and return its output tensor."""
+    with _lock:
+        pending = _handles.get(handle)
+    if pending is None:
+        raise ValueError(f"unknown or already synchronized handle {handle!r}")
+    try:
+        _core.synchronize(handle)
+    finally:
+        with _lock:
+            _handles.pop(handle, None)
+    return pending.finish()
+
+
+def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+                      version: int = 0, priority: int = 0) -> torch.Tensor:
+    """Average (or sum) ``tensor`` over all workers in place; returns ``tensor``."""
+    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority))
+
+
+class _PushPull(torch.autograd.Function):
+    """push_pull as an autograd op: the gradient is push_pulled the same way."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, priority):
+        ctx.average, ctx.name, ctx.priority = average, name, priority
+        return synchronize(push_pull_async(tensor, average, name, 0, priority))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = synchronize(push_pull_async(grad_output.contiguous(), ctx.average,
+                                           ctx.name + ".backward", 0, ctx.priority))
+        return grad, None, None, None
+
+
+def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = None,
+              version: int = 0, priority: int = 0,
+              compression=Compression.none) -> torch.Tensor:
+    """Average (or sum) ``tensor`` over all workers and return a new tensor.
+
+    Differentiable: the gradient of the result is push_pulled back.  See
+    :func:`push_pull_async` for ``name``, ``version`` and ``priority``.
+    """
+    if name is None:
+        name = _auto_name("push_pull")
+    compressed, cctx = compression.compress(tensor)
+    out = _PushPull.apply(compressed, average, name, priority)
+    return compression.decompress(out, cctx)

@@ -1,0 +1,197 @@
+"""DistributedOptimizer: wraps any torch.optim optimizer (Horovod/BytePS style).
+
+A hook on every parameter starts that gradient's push_pull as soon as
+autograd has accumulated it, so communication overlaps the rest of the
+backward pass.  Parameters earlier in the optimizer's order get higher
+priority (the next forward pass needs them first).  ``step()`` waits only for
+what is still in flight.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+
+from byteps.torch.compression import Compression
+from byteps.torch.ops import declare, push_pull_async_inplace, synchronize
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer:
+    """Mixin placed in front of the user's optimizer class (see DistributedOptimizer)."""
+
+    def _bps_setup(self, named_parameters, compression, backward_passes_per_step: int):
+        self._bps_compression = compression
+        params, seen = [], set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+                raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                                 "tuples, usually model.named_parameters()")
+            if any(not isinstance(v, torch.Tensor) for _, v in named):
+                raise ValueError("named_parameters should be a sequence of (name, "
+                                 "torch.Tensor) tuples")
+            names = [k for k, _ in named]
+            dups = sorted({k for k in names if names.count(k) > 1})
+            if dups:
+                raise ValueError(f"Parameter names in named_parameters must be unique. Found "
+                                 f"duplicates: {', '.join(dups)}")
+            by_id = {id(v): k for k, v in named}
+            unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
+            if unnamed:
+                raise ValueError(f"named_parameters was specified, but {len(unnamed)} of the "
+                                 f"optimizer's {len(params)} parameters were not named "
+                                 f"(positions {unnamed[:10]} in the optimizer's parameter "
+                                 f"order); pass all of model.named_parameters() or none")
+            self._bps_names = {p: by_id[id(p)] for p in params}
+        else:
+            self._bps_names = {p: f"push_pull.noname.{i}" for i, p in enumerate(params)}
+        self._bps_priority = {p: -i for i, p in enumerate(params)}
+        self._bps_bpps = backward_passes_per_step
+        self._bps_delay = {p: backward_passes_per_step for p in params}
+        self._bps_handles: dict = {}
+        self._bps_requires_update = [p for p in params if p.requires_grad]
+        self._bps_should_sync = True
+        self._bps_synchronized = False
+        self._bps_hooks = []
+        for name in sorted(self._bps_names.values()):
+            declare("Gradient." + name)
+        for p in self._bps_requires_update:
+            self._bps_hooks.append(_register_hook(p, self._bps_make_hook(p)))
+
+    # ------------------------------------------------------------------ hooks
+    def _bps_make_hook(self, p):
+        def hook(*_):
+            if p.grad is None:
+                return
+            if self._bps_delay[p] <= 0:
+                raise AssertionError(
+                    f"Gradients of {self._bps_names[p]!r} were computed more than "
+                    f"backward_passes_per_step={self._bps_bpps} times before a call to step(). "
+                    f"Increase backward_passes_per_step to accumulate gradients locally.")
+            self._bps_delay[p] -= 1
+            if self._bps_delay[p] == 0:
+                self._bps_handles[p] = self._bps_push(p)
+            else:
+                self._bps_handles[p] = None
+        return hook
+
+    def _bps_push(self, p):
+        grad = p.grad
+        compressed, ctx = self._bps_compression.compress(grad)
+        handle = push_pull_async_inplace(compressed, average=True,
+                                         name="Gradient." + self._bps_names[p],
+                                         priority=self._bps_priority[p])
+        return handle, ctx
+
+    # ------------------------------------------------------------------ public API
+    def synchronize(self) -> None:
+        """Wait for every gradient's push_pull (starting those not started yet)."""
+        with torch.no_grad():
+            for p in self._bps_requires_update:
+                if p not in self._bps_handles:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    self._bps_handles[p] = None
+            for p, value in list(self._bps_handles.items()):
+                if value is None:
+                    self._bps_handles[p] = self._bps_push(p)
+            try:
+                for p, (handle, ctx) in self._bps_handles.items():
+                    out = synchronize(handle)
+                    result = self._bps_compression.decompress(out, ctx)
+                    if result is not p.grad:
+                        p.grad.copy_(result)
+                    self._bps_delay[p] = self._bps_bpps
+            finally:
+                self._bps_handles.clear()
+        self._bps_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this block ``step()`` does not synchronize (call synchronize() yourself)."""
+        self._bps_should_sync = False
+        try:
+            yield
+        finally:
+            self._bps_should_sync = True
+
+    def step(self, closure=None):
+        """Finish the gradients' push_pulls, then take the wrapped optimizer's step."""
+        if self._bps_should_sync:
+            if self._bps_synchronized and not self._bps_handles:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
+                              "skip_synchronize(); gradients are not reduced twice",
+                              stacklevel=2)
+            else:
+                self.synchronize()
+        self._bps_synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        """Like the wrapped optimizer's, but refuses to run while gradients are in flight."""
+        if self._bps_handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition (gradients are still being push_pulled).")
+        return super().zero_grad(set_to_none=set_to_none)
+
+
+def _register_hook(p: torch.Tensor, hook):
+    if hasattr(p, "register_post_accumulate_grad_hook"):
+        return p.register_post_accumulate_grad_hook(hook)
+    acc = p.expand_as(p).grad_fn.next_functions[0][0]      # torch < 2.1
+    return (acc, acc.register_hook(hook))
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step: int = 1, staleness: int = 0):
+    """Wrap ``optimizer`` so that gradients are averaged over all workers.
+
+    Returns an instance of a subclass of ``type(optimizer)`` sharing its
+    parameter groups and state, so ``isinstance`` and the optimizer's own
+    methods keep working.  ``named_parameters`` (e.g.
+    ``model.named_parameters()``) names the gradients ``"Gradient." + name``;
+    without it they are named by position.  ``backward_passes_per_step=N``
+    accumulates N backward passes locally before communicating.
+    ``staleness`` is accepted for compatibility and must be 0.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+                         "optimizer once")
+    if type(backward_passes_per_step) is not int or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
+                         f"{backward_passes_per_step!r}")
+    if staleness != 0:
+        raise ValueError(f"staleness={staleness!r} is not supported; use 0 (synchronous "
+                         f"training)")
+    if not hasattr(compression, "compress") or not hasattr(compression, "decompress"):
+        raise TypeError(f"compression must be bps.Compression.none, bps.Compression.fp16 or "
+                        f"an object with compress()/decompress(); got {compression!r}")
+    base = type(optimizer)
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = _CLASSES[base] = type(base.__name__, (_DistributedOptimizer, base),
+                                    {"__module__": base.__module__,
+                                     "__qualname__": base.__qualname__})
+    dist = cls.__new__(cls)
+    # Share param_groups, state and hooks; drop per-instance method patches (an LR
+    # scheduler made before wrapping patches optimizer.step) so ours are used.
+    dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                          if k not in ("step", "zero_grad", "synchronize")})
+    dist._bps_setup(named_parameters, compression, backward_passes_per_step)
+    return dist
