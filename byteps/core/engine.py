@@ -102,11 +102,10 @@ class Engine:
                 raise BytePSError(f"worker rank {self.rank}: server(s) {names} did not answer "
                                   f"within {self.cfg.startup_timeout:g} s")
 
-    def send(self, sock, op, body, payload=(), track: bool = False):
+    def send(self, sock, op, body, payload=()) -> None:
         self.seq += 1
-        return sock.send_multipart(encode(self.cfg.job_id, self.link.node_id, op,
-                                          self.link.epoch, self.seq, body, self.secret)
-                                   + list(payload), copy=False, track=track)
+        sock.send_multipart(encode(self.cfg.job_id, self.link.node_id, op, self.link.epoch,
+                                   self.seq, body, self.secret) + list(payload), copy=False)
 
     def recv(self, sock):
         frames = sock.recv_multipart(copy=False)
@@ -165,8 +164,7 @@ class Engine:
         poller.register(self.wake_r, zmq.POLLIN)
         try:
             while self.running:
-                tl = self.timeline
-                for sock, _ in poller.poll(5 if tl is not None and tl.waiting else 100):
+                for sock, _ in poller.poll(100):
                     if sock is self.wake_r:
                         os.read(self.wake_r, 4096)
                     elif sock is self.link.sock:
@@ -178,8 +176,6 @@ class Engine:
                             self.on_server(sock)
                 self.take_pending()
                 self.dispatch()
-                if tl is not None:
-                    tl.poll()
                 self.link.tick(time.monotonic())
         except BytePSError as exc:
             self.fail_all(exc)
@@ -235,11 +231,7 @@ class Engine:
             entries.append([tn.key, t.part, t.round, PUSH | PULL, tn.dtype_code, t.length])
             payload.append(t.src)
             t.sent_at = now
-        tl = self.timeline
-        traced = tl is not None and any(tl.traced(t.handle.id) for t in tasks)
-        tracker = self.send(self.servers[server], Op.DATA, [entries, decls], payload, traced)
-        if traced:
-            tl.sent(tasks, tracker)
+        self.send(self.servers[server], Op.DATA, [entries, decls], payload)
 
     def on_server(self, sock) -> None:
         hdr, payload = self.recv(sock)
@@ -261,6 +253,8 @@ class Engine:
                 if t is not None and t.round == e[2] and not t.acked:
                     t.acked = True
                     self.inflight_bytes -= t.nbytes
+                    if self.timeline is not None:
+                        self.timeline.acked(t, time.monotonic())
                 continue
             frame = next(it)
             t = self.inflight.get((e[0], e[1]))

@@ -14,10 +14,10 @@ workers on one machine line up):
 * ``<tensor name>`` (cat ``tensor``): push_pull_async → last partition written.
 * per partition (cat ``partition``), one after the other:
   ``queue`` (submitted → handed to the socket: priority queue + credit window),
-  ``push`` (handed to the socket → ZeroMQ has written the last byte to the
-  kernel; measured with a zmq MessageTracker),
-  ``server+pull`` (push done → result received: waiting for the other
-  workers' pushes, the server's sum, and the pull transfer),
+  ``push`` (handed to the socket → the server's ACK of that push arrives:
+  the upload, plus a small acknowledgement back),
+  ``server+pull`` (ACK → result received: waiting for the other workers'
+  pushes, the server's sum, and the pull transfer),
   ``copy_out`` (result → averaged into the output array).
 * ``server_sum (est.)`` nested in ``server+pull``: **an estimate**, not a
   measurement — the server does not report timings (the RESULT header's
@@ -123,8 +123,7 @@ class Timeline:
         self.tensor_spans: list[tuple] = []    # (start, end, name, args)
         self.part_spans: list[list] = []       # [(start, end, name, args), ...] per partition
         self.extra: list[tuple] = []           # free spans: (start, end, name, cat, args)
-        self.push_done: dict[tuple, float] = {}   # (handle id, part) -> push done
-        self.trackers: list[tuple] = []        # (MessageTracker, [(hid, part)])
+        self.push_done: dict[tuple, float] = {}   # (handle id, part) -> server's ACK
         self.add_rate = _add_rate()
         self.first_name: str | None = None
         self.step = -1
@@ -148,28 +147,10 @@ class Timeline:
         return hid in self.ops
 
     # -------------------------------------------------------------- engine thread
-    @property
-    def waiting(self) -> bool:
-        return bool(self.trackers)
-
-    def sent(self, tasks: list, tracker) -> None:
-        ids = [(t.handle.id, t.part) for t in tasks if t.handle.id in self.ops]
-        if ids and tracker is not None:
-            self.trackers.append((tracker, ids))
-
-    def poll(self, now: float | None = None) -> None:
-        """Note the pushes whose last byte ZeroMQ has written."""
-        if not self.trackers:
-            return
-        now = time.monotonic() if now is None else now
-        keep = []
-        for tracker, ids in self.trackers:
-            if tracker.done:
-                for k in ids:
-                    self.push_done.setdefault(k, now)
-            else:
-                keep.append((tracker, ids))
-        self.trackers = keep
+    def acked(self, t, now: float) -> None:
+        """The server acknowledged the push of partition task ``t``."""
+        if t.handle.id in self.ops:
+            self.push_done[(t.handle.id, t.part)] = now
 
     def part_done(self, t, t_result: float, t_written: float) -> None:
         """Record the stages of partition task ``t`` (see the module docstring)."""
@@ -177,7 +158,6 @@ class Timeline:
         op = self.ops.get(h.id)
         if op is None:
             return
-        self.poll(t_result)
         name, step, t0 = op
         sent = getattr(t, "sent_at", None) or t0
         pushed = min(max(self.push_done.pop((h.id, t.part), t_result), sent), t_result)
@@ -188,7 +168,7 @@ class Timeline:
                  (t_result, t_written, "copy_out", args)]
         if self.size > 1:
             est = (self.size - 1) * t.nbytes / self.add_rate
-            end = max(pushed, t_result - (pushed - sent))
+            end = min(t_result, max(pushed + est, t_result - (pushed - sent)))
             start = max(pushed, end - est)
             spans.append((start, end, "server_sum (est.)",
                           dict(args, estimated=True, est_us=round(est * 1e6, 1))))
