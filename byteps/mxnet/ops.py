@@ -1,0 +1,170 @@
+"""NDArray operations over the numpy core: push_pull in place, broadcast, names.
+
+Names must be identical on every rank.  Gluon's parameter names carry
+per-process counters (``dense3_weight``) that differ when one rank builds an
+extra block, so names here are built from the parameter's *position* plus its
+name with the counters removed (``gradient_0_dense_weight``).  A group of
+parameters (one trainer, one broadcast) gets a prefix from the order in which
+this process first met the group, so a GAN's two trainers do not collide and a
+trainer re-created over the same parameters reuses its names.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+
+import numpy as np
+
+from byteps.core import api as core
+from byteps.mxnet._mx import mx
+
+_GROUPS: dict[tuple, int] = {}
+_LOCK = threading.Lock()
+_NONAME = itertools.count()
+_COUNTER = re.compile(r"\d+_")
+
+
+def plain_name(name) -> str:
+    """``hybridsequential0_dense12_weight`` -> ``hybridsequential_dense_weight``."""
+    return _COUNTER.sub("_", str(name))
+
+
+def group_prefix(signature: tuple) -> str:
+    """A name prefix for a group of tensors, the same on every rank that meets the
+    groups in the same order ("" for the first group, like the original's names)."""
+    with _LOCK:
+        tag = _GROUPS.setdefault(signature, len(_GROUPS))
+    return "" if tag == 0 else f"g{tag}."
+
+
+def check_dense(arr, what: str):
+    if not isinstance(arr, mx.nd.NDArray):
+        raise TypeError(f"{what}: expected an mxnet NDArray, got {type(arr).__name__} (for "
+                        f"numpy arrays use byteps.numpy)")
+    if arr.stype != "default":
+        raise TypeError(f"{what}: {arr.stype} NDArrays are not supported; BytePS moves dense "
+                        f"tensors (use .tostype('default'))")
+    return arr
+
+
+def wait_all(pending: list) -> None:
+    """Synchronize every ``(handle, write)`` pair, calling ``write(result)``; all handles
+    are drained even after a failure, then the first error is raised."""
+    first = None
+    for handle, write in pending:
+        try:
+            res = core.synchronize(handle)
+        except core.BytePSError as exc:
+            first = first or exc
+            continue
+        if first is None:
+            write(res)
+    if first is not None:
+        raise first
+
+
+def drain(pending: list) -> None:
+    """Synchronize handles after another failure, ignoring their results."""
+    for handle, _ in pending:
+        try:
+            core.synchronize(handle)
+        except core.BytePSError:
+            pass
+
+
+def byteps_push_pull(tensor, version: int = 0, priority: int = 0, name: str | None = None,
+                     is_average: bool = True) -> None:
+    """Sum (or average, the default) ``tensor`` across all workers, in place.
+
+    ``name`` identifies the tensor on every rank; without one, calls are numbered
+    in order (every rank must then make the same calls in the same order).
+    ``version`` is accepted for compatibility and unused.
+    """
+    if name is None:
+        name = f"byteps.noname.{next(_NONAME)}"
+    check_dense(tensor, f"byteps_push_pull of tensor {name!r}")
+    arr = tensor.asnumpy()
+    core.push_pull(arr, str(name), average=bool(is_average), priority=int(priority), out=arr)
+    tensor[:] = arr
+
+
+def byteps_declare_tensor(name: str, **kwargs) -> None:
+    """Declare a tensor name (optional: keys come from names, in any order)."""
+    core.declare(name, **kwargs)
+
+
+def broadcast_arrays(items: list, root_rank: int) -> None:
+    """Broadcast ``[(name, [ndarray, ...]), ...]`` from ``root_rank``: the first array
+    of each entry is sent, every array of the entry receives the result."""
+    size = core.size()
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
+            or not 0 <= root_rank < size:
+        raise ValueError(f"root_rank={root_rank!r} is out of range for {size} worker(s)")
+    if size == 1:
+        return
+    mine = core.rank() == root_rank
+    pending = []
+    try:
+        for i, (name, arrays) in enumerate(items):
+            src = arrays[0].asnumpy()
+            if not mine:
+                src[...] = 0
+            handle = core.push_pull_async(src, name, average=False, priority=-i, out=src)
+            pending.append((handle, _writer(arrays)))
+    except BaseException:
+        drain(pending)
+        raise
+    wait_all(pending)
+
+
+def _writer(arrays):
+    def write(res: np.ndarray) -> None:
+        for a in arrays:
+            a[:] = res
+    return write
+
+
+def broadcast_parameters(params, root_rank: int = 0) -> None:
+    """Make every rank's parameters equal to rank ``root_rank``'s.
+
+    ``params`` is a dict of name -> NDArray (e.g. Module's ``arg_params``), a dict
+    of name -> gluon Parameter, or a Gluon ``ParameterDict``
+    (``net.collect_params()``).  Every rank must call it with the same structure.
+    """
+    if isinstance(params, mx.gluon.ParameterDict):
+        entries = list(params.items())
+    elif isinstance(params, dict):
+        entries = list(params.items())
+    else:
+        raise TypeError(f"broadcast_parameters needs a dict or a gluon ParameterDict, got "
+                        f"{type(params).__name__}")
+    items, sig = [], []
+    for key, value in entries:
+        if isinstance(value, mx.gluon.Parameter):
+            arrays = param_arrays(value)
+        else:
+            arrays = [check_dense(value, f"broadcast_parameters: parameter {key!r}")]
+        items.append(arrays)
+        sig.append((plain_name(key), tuple(arrays[0].shape)))
+    prefix = group_prefix(("broadcast", tuple(sig)))
+    named = [(f"{prefix}parameter_{i}_{plain_name(key)}", arrays)
+             for i, ((key, _), arrays) in enumerate(zip(entries, items))]
+    broadcast_arrays(named, root_rank)
+    for arrays in items:
+        for a in arrays:
+            a.wait_to_read()
+
+
+def param_arrays(param) -> list:
+    """The data arrays of an initialised gluon Parameter (one per context)."""
+    if param._deferred_init:
+        raise ValueError(
+            f"parameter {param.name!r} is not initialised yet (deferred initialisation): run "
+            f"one forward pass first, give the layer its input size (e.g. in_units=), or let "
+            f"DistributedTrainer broadcast it at its first step")
+    try:
+        return param.list_data()
+    except RuntimeError as exc:
+        raise ValueError(f"parameter {param.name!r} has no data: call net.initialize() "
+                         f"first ({exc})") from exc

@@ -1,0 +1,102 @@
+"""DistributedTrainer: a gluon.Trainer whose gradients are averaged by BytePS."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from byteps.core import api as core
+from byteps.mxnet._mx import mx
+from byteps.mxnet.compression import parse_compression
+from byteps.mxnet.ops import (broadcast_arrays, check_dense, drain, group_prefix, plain_name,
+                              wait_all, _writer)
+from byteps.mxnet.optimizer import DistributedOptimizer
+
+
+def _param_list(params) -> list:
+    # Insertion order is the block structure, the same on every rank.  (gluon.Trainer
+    # sorts by name, and names carry per-process counters that may differ by rank.)
+    if isinstance(params, (dict, mx.gluon.ParameterDict)):
+        return list(params.values())
+    if isinstance(params, (list, tuple)):
+        return list(params)
+    raise ValueError(f"DistributedTrainer needs a ParameterDict, a dict or a list of "
+                     f"Parameters, got {type(params).__name__}")
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """``gluon.Trainer`` for BytePS: parameters are broadcast from ``root_rank`` at the
+    first step, then each step averages the gradients across all workers.
+
+    Each gradient's push_pull starts as soon as MXNet has computed it (last layers
+    first); front layers get the higher priority, since the next forward pass needs
+    them first.  ``compression_params`` takes the original BytePS keys; ``{"fp16":
+    True}`` sends gradients as float16.
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
+                 compression_params=None):
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer = optimizer._bps_unwrap()
+            warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
+                          "optimizer. We have unwrapped it for you.", stacklevel=2)
+        self._bps_fp16 = parse_compression(compression_params, optimizer_params)
+        if core.get_config().enable_async:
+            raise NotImplementedError(
+                "BYTEPS_ENABLE_ASYNC=1 (asynchronous training) is not available yet in "
+                "byteps.mxnet; unset it to train synchronously")
+        super().__init__(_param_list(params), optimizer, optimizer_params=optimizer_params,
+                         kvstore=None)
+        size = core.size()
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
+                or not 0 <= root_rank < size:
+            raise ValueError(f"root_rank={root_rank!r} is out of range for {size} worker(s)")
+        self.root_rank = root_rank
+        self._bps_size = size
+        prefix = group_prefix(("params", tuple(p.name for p in self._params)))
+        plain = [plain_name(p.name) for p in self._params]
+        self._bps_grad_names = [f"{prefix}gradient_{i}_{n}" for i, n in enumerate(plain)]
+        self._bps_param_names = [f"{prefix}parameter_{i}_{n}" for i, n in enumerate(plain)]
+        for i, param in enumerate(self._params):
+            core.declare(self._bps_param_names[i])
+            if param.grad_req != "null":
+                core.declare(self._bps_grad_names[i])
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        """Average the gradients across workers, then update the parameters;
+        gradients are normalised by ``1/batch_size`` (this worker's batch)."""
+        super().step(batch_size, ignore_stale_grad)
+
+    def _init_params(self):
+        # Broadcast every initialised parameter from root_rank; parameters whose
+        # deferred initialisation has not happened yet wait for a later step.
+        ready = [p for p in self._params_to_init if not p._deferred_init]
+        self._params_to_init = [p for p in self._params_to_init if p._deferred_init]
+        if ready:
+            broadcast_arrays([(self._bps_param_names[self._param2idx[p.name]], p.list_data())
+                              for p in ready], self.root_rank)
+
+    def _allreduce_grads(self):
+        if self._bps_size == 1 and len(self._contexts) == 1:
+            return
+        pending = []
+        try:
+            # Last layers' gradients are computed first by backward: start them first,
+            # each as soon as MXNet's engine has it (asnumpy waits for that one only).
+            for i in reversed(range(len(self._params))):
+                param = self._params[i]
+                if param.grad_req == "null":
+                    continue
+                grads = param.list_grad()
+                name = self._bps_grad_names[i]
+                arr = check_dense(grads[0], f"gradient {name!r}").asnumpy()
+                for g in grads[1:]:
+                    np.add(arr, g.asnumpy(), out=arr)
+                if self._bps_fp16 and arr.dtype != np.float16:
+                    arr = arr.astype(np.float16)
+                handle = core.push_pull_async(arr, name, average=True, priority=-i, out=arr)
+                pending.append((handle, _writer(grads)))
+        except BaseException:
+            drain(pending)
+            raise
+        wait_all(pending)
