@@ -12,6 +12,7 @@ import heapq
 import itertools
 import logging
 import os
+import secrets
 import threading
 import time
 
@@ -20,10 +21,12 @@ import zmq
 
 from byteps import transport
 from byteps.core.config import Config
-from byteps.core.node import BytePSError, SchedulerLink, describe
+from byteps.core.node import (BytePSError, SchedulerLink, describe, down_grace,
+                               end_process_later, held_tensors)
 from byteps.core.timeline import PushPullSpeed
-from byteps.transport.wire import (ACK, PULL, PUSH, Op, WireError, decode, encode, entry_array,
-                                   payload_count)
+from byteps.transport import shm
+from byteps.transport.wire import (ACK, DTYPES, PULL, PUSH, SHM, Op, WireError, decode, encode, entry_array,
+                                   new_seq, payload_count)
 
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
@@ -46,7 +49,7 @@ class Handle:
 
 class Task:
     __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
-                 "nbytes", "sent_at", "acked")
+                 "nbytes", "sent_at", "acked", "tries")
 
     def __lt__(self, other: "Task") -> bool:
         # a total order that is the same on every rank (ties would deadlock credits)
@@ -61,9 +64,24 @@ class Engine:
         self.secret = link.secret
         self.servers = []
         self.server_info = book["servers"]
+        ident = f"w{self.rank}/".encode() + secrets.token_hex(8).encode()   # unguessable, stable
         for s in self.server_info:
-            self.servers.append(transport.connect(ctx, s["address"]))
-        self.seq = 0
+            self.servers.append(transport.connect(ctx, s["address"], ident))
+        self.server_index = {s: i for i, s in enumerate(self.servers)}
+        # robustness (docs/security.md): replay guard, dead-server watch, resends, drop knob
+        self.server_seq = [-1] * len(self.servers)
+        self.server_watch = [transport.ConnWatch(s) for s in self.servers]
+        self.server_down: list = [None] * len(self.servers)
+        self.held: list[dict] = [{} for _ in self.servers]    # server -> {key: tensor name}
+        self.dropper = transport.Dropper(cfg.test_drop_rate, 104729 * link.node_id + 1)
+        self.next_check = 0.0
+        self.resends = 0
+        # colocated servers exchange payloads through shared memory (BYTEPS_ENABLE_IPC)
+        self.shm_ok = [cfg.enable_ipc and s.get("machine") == shm.machine_id()
+                       for s in self.server_info]
+        self.push_segs: dict[tuple, shm.Segment] = {}
+        self.result_segs: dict[tuple, np.ndarray] = {}
+        self.seq = new_seq()
         self.heap: list[Task] = []
         self.pending: collections.deque = collections.deque()
         self.control: collections.deque = collections.deque()
@@ -91,7 +109,12 @@ class Engine:
             self.send(s, Op.HELLO, {})
         waiting = set(range(len(self.servers)))
         deadline = time.monotonic() + self.cfg.startup_timeout
+        again = time.monotonic() + 1.0
         while waiting:
+            if time.monotonic() > again:      # the server may not have the new epoch yet
+                again = time.monotonic() + 1.0
+                for i in waiting:
+                    self.send(self.servers[i], Op.HELLO, {})
             for i in list(waiting):
                 if self.servers[i].poll(50):
                     hdr, _ = self.recv(self.servers[i])
@@ -110,10 +133,18 @@ class Engine:
     def recv(self, sock):
         frames = sock.recv_multipart(copy=False)
         try:
-            return decode(frames, self.cfg.job_id, self.secret)
+            hdr, payload = decode(frames, self.cfg.job_id, self.secret)
         except WireError as exc:
             self.drops.warn("malformed message from a server", str(exc))
             return None, []
+        i = self.server_index[sock]
+        if hdr.sender != self.server_info[i]["node_id"] or hdr.seq <= self.server_seq[i]:
+            self.drops.warn("message with a wrong sender id or a replayed seq from a server",
+                            f"server {self.server_info[i]['address']}: sender {hdr.sender}, seq "
+                            f"{hdr.seq} (last {self.server_seq[i]})")
+            return None, []
+        self.server_seq[i] = hdr.seq
+        return hdr, payload
 
     # ---------------------------------------------------------------- user side
     def submit(self, tasks: list[Task]) -> None:
@@ -150,8 +181,14 @@ class Engine:
         if self.thread.is_alive():
             self.request(("stop", leave))
             self.thread.join(10)
+        for w in self.server_watch:
+            w.close()
         for s in self.servers:
             s.close(0)
+        for seg in self.push_segs.values():
+            seg.close()
+        self.push_segs.clear()
+        self.result_segs.clear()
         os.close(self.wake_r)
         os.close(self.wake_w)
 
@@ -176,7 +213,12 @@ class Engine:
                             self.on_server(sock)
                 self.take_pending()
                 self.dispatch()
-                self.link.tick(time.monotonic())
+                now = time.monotonic()
+                self.link.tick(now)
+                if now >= self.next_check:
+                    self.next_check = now + 0.2
+                    self.check_servers(now)
+                    self.resend_overdue(now)
         except BytePSError as exc:
             self.fail_all(exc)
         except Exception as exc:  # a bug must not leave users hanging
@@ -208,7 +250,7 @@ class Engine:
             if t.handle.error is not None:
                 continue
             self.inflight[(t.handle.tensor.key, t.part)] = t
-            t.acked = False
+            t.acked, t.tries = False, 0
             self.inflight_bytes += t.nbytes     # credit: released when the server acks
             if t.nbytes > self.cfg.fusion_bytes:
                 self.send_tasks(t.server, [t])
@@ -223,15 +265,41 @@ class Engine:
     def send_tasks(self, server: int, tasks: list[Task]) -> None:
         entries, decls, payload = [], [], []
         now = time.monotonic()
+        sent: set = set()
         for t in tasks:
             tn = t.handle.tensor
-            if (tn.key, server) not in self.declared:
-                self.declared.add((tn.key, server))
+            # declare with every push until the server has acknowledged one (drops, resends)
+            if (tn.key, server) not in self.declared and tn.key not in sent:
+                sent.add(tn.key)
                 decls.append([tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank])
-            entries.append([tn.key, t.part, t.round, PUSH | PULL, tn.dtype_code, t.length])
-            payload.append(t.src)
+                self.held[server][tn.key] = tn.name
+            if self.shm_ok[server]:
+                np.copyto(self.push_segment(t), t.src)
+                entries.append([tn.key, t.part, t.round, PUSH | PULL | SHM, tn.dtype_code,
+                                t.length])
+            else:
+                entries.append([tn.key, t.part, t.round, PUSH | PULL, tn.dtype_code, t.length])
+                payload.append(t.src)
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
+
+    def push_segment(self, t: Task) -> np.ndarray:
+        k = (t.handle.tensor.key, t.part)
+        seg = self.push_segs.get(k)
+        if seg is None:
+            seg = self.push_segs[k] = shm.Segment(
+                shm.push_path(self.cfg.job_id, self.link.node_id, k[0], k[1]), t.nbytes, True)
+        return seg.array(t.src.dtype, t.length)
+
+    def result_segment(self, server: int, e: list) -> np.ndarray:
+        k = (server, e[0], e[1], e[2] % 2)
+        arr = self.result_segs.get(k)
+        if arr is None:
+            dt = DTYPES[e[4]]
+            seg = shm.Segment(shm.result_path(self.cfg.job_id, self.server_info[server]["node_id"],
+                                              e[0], e[1], e[2] % 2), e[5] * dt.itemsize, False)
+            arr = self.result_segs[k] = seg.array(dt, e[5])
+        return arr
 
     def on_server(self, sock) -> None:
         hdr, payload = self.recv(sock)
@@ -241,13 +309,15 @@ class Engine:
             return self.drops.warn("message from a stale epoch", str(hdr.epoch))
         if hdr.op == Op.DATA_ERROR:
             return self.on_key_error(hdr.body)
-        if hdr.op != Op.RESULT:
+        if hdr.op != Op.RESULT or self.dropper.drop():     # BYTEPS_TEST_DROP_RATE
             return
         entries = hdr.body[0]
         if payload_count(entries, Op.RESULT) != len(payload):
             return self.drops.warn("result with wrong payload count", str(len(payload)))
         it = iter(payload)
+        server = self.server_index[sock]
         for e in entries:
+            self.declared.add((e[0], server))
             if e[3] & ACK:
                 t = self.inflight.get((e[0], e[1]))
                 if t is not None and t.round == e[2] and not t.acked:
@@ -256,13 +326,16 @@ class Engine:
                     if self.timeline is not None:
                         self.timeline.acked(t, time.monotonic())
                 continue
-            frame = next(it)
+            frame = None if e[3] & SHM else next(it)
             t = self.inflight.get((e[0], e[1]))
             if t is None or t.round != e[2]:
                 continue          # duplicate or stale
             try:
-                arr = entry_array(e, frame)
-            except WireError as exc:
+                if frame is None:
+                    arr = self.result_segment(server, e)
+                else:
+                    arr = entry_array(e, frame)
+            except (WireError, OSError, ValueError) as exc:
                 self.drops.warn("truncated result", str(exc))
                 continue
             del self.inflight[(e[0], e[1])]
@@ -318,8 +391,12 @@ class Engine:
                 ev.set()
         elif hdr.op == Op.NODE_DEAD:
             dead = hdr.body.get("dead") or {}
+            i = next((i for i, s in enumerate(self.server_info)
+                      if dead.get("role") == "server" and s["node_id"] == dead.get("node_id")), -1)
+            held = (f"; it held {held_tensors(self.held[i])}; those push_pulls cannot complete"
+                    if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
-                              f"{hdr.body.get('reason')}")
+                              f"{hdr.body.get('reason')}{held}")
         elif hdr.op == Op.TERMINATE and hdr.body.get("ok") is not True:
             raise BytePSError(f"worker rank {self.rank}: the job was ended: "
                               f"{hdr.body.get('reason')}")
@@ -329,6 +406,49 @@ class Engine:
             h.error = err
             h.tensor.busy = None
             h.event.set()
+
+    def check_servers(self, now: float) -> None:
+        """Fail the job when a server's TCP connection closed and did not come back."""
+        for i, w in enumerate(self.server_watch):
+            for kind, _, _ in w.poll():
+                self.server_down[i] = (self.server_down[i] or now) if kind == "down" else None
+            down = self.server_down[i]
+            if down is not None and now - down > down_grace(self.cfg):
+                s = self.server_info[i]
+                raise BytePSError(
+                    f"worker rank {self.rank}: server {i} at {s['address']} (host "
+                    f"{s.get('host_id') or s.get('host')}, pid {s.get('pid')}) is unreachable: its "
+                    f"connection closed {now - down:.1f} s ago and did not come back (did the "
+                    f"server process die?); it held {held_tensors(self.held[i])}")
+
+    def resend_overdue(self, now: float) -> None:
+        """Resend partitions whose answer is late (a lost message; the server dedups).
+
+        Unacknowledged pushes are sent again in full; acknowledged ones only ask
+        for the result again (a pull without payload).  The wait doubles per try
+        (BYTEPS_RESEND_TIMEOUT_S, at most 30 s).
+        """
+        base = self.cfg.resend_timeout_s
+        pushes: dict[int, list] = {}
+        pulls: dict[int, list] = {}
+        for t in self.inflight.values():
+            if now - t.sent_at >= min(base * (1 << min(t.tries, 10)), 30.0):
+                t.tries += 1
+                (pulls if t.acked else pushes).setdefault(t.server, []).append(t)
+        for server, ts in pushes.items():
+            self.resends += len(ts)
+            self.send_tasks(server, ts)
+        for server, ts in pulls.items():
+            self.resends += len(ts)
+            flags = PULL | (SHM if self.shm_ok[server] else 0)
+            entries = [[t.handle.tensor.key, t.part, t.round, flags, t.handle.tensor.dtype_code,
+                        t.length] for t in ts]
+            for t in ts:
+                t.sent_at = now
+            self.send(self.servers[server], Op.DATA, [entries, []])
+        if pushes or pulls:
+            log.debug("resent %d push(es) and %d pull(s)", sum(map(len, pushes.values())),
+                      sum(map(len, pulls.values())))
 
     def fail_all(self, err: BytePSError) -> None:
         log.error("%s", err)
@@ -341,3 +461,4 @@ class Engine:
         for ev in self.barriers.values():
             ev.set()
         self.running = False
+        end_process_later(f"worker rank {self.rank}", err)

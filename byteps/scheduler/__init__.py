@@ -3,8 +3,13 @@
 Nodes register (role, host, port, protocol version, job id); once every
 server and every worker of every host is there, each gets its node id, its
 rank and the address book.  Nodes beyond the configured counts or with
-another job id/version are refused with a reason.  A node that stops sending
-heartbeats is declared dead and every live node is told; the job then ends.
+another job id/version are refused with a reason (and a misconfigured
+node ends the job at once).  Every message must carry a valid MAC (the job
+secret), come from a node id this scheduler assigned, over that node's
+connection, with a higher sequence number than the last and a current epoch.
+A node that stops sending heartbeats, or whose TCP connection closes and
+stays closed for ``2 x BYTEPS_HEARTBEAT_INTERVAL + 0.5`` s, is declared dead
+and every live node is told; the job then ends.
 """
 from __future__ import annotations
 
@@ -16,14 +21,15 @@ import zmq
 
 from byteps import transport
 from byteps.core.config import Config
-from byteps.core.node import describe
-from byteps.transport.wire import Op, WireError, decode, encode
+from byteps.core.node import BytePSError, describe, down_grace, require_secret
+from byteps.transport.wire import PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode, encode, new_seq
 
 log = logging.getLogger("byteps.scheduler")
 
 
 class Scheduler:
     def __init__(self, cfg: Config):
+        require_secret(cfg, "scheduler")
         self.cfg = cfg
         self.secret = cfg.job_secret.encode() if cfg.job_secret else None
         self.ctx = zmq.Context()
@@ -31,13 +37,16 @@ class Scheduler:
         self.sock, self.address = transport.listen(self.ctx, f"tcp://{host}:{cfg.root_port}",
                                                    1 << 20)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.watch = transport.ConnWatch(self.sock)
+        self.fds: dict[int, bytes] = {}       # TCP connection -> identity of a node
+        self.seen_registrations: set = set()  # (role, host_id, pid, seq): replay guard
         self.drops = transport.RateLimitedLog(log)
         self.servers: dict[bytes, dict] = {}
         self.workers: dict[bytes, dict] = {}
         self.hosts: dict[str, dict] = {}      # host_id -> {local_size, worker_id, order}
         self.formed = False
         self.epoch = 0
-        self.seq = 0
+        self.seq = new_seq()
         self.left: set[bytes] = set()       # workers that called shutdown()
         self.exited: set[bytes] = set()
         self.rejoin: dict[bytes, dict] = {}
@@ -67,39 +76,76 @@ class Scheduler:
         try:
             while self.exit_code is None:
                 if self.sock.poll(200):
-                    frames = self.sock.recv_multipart(copy=True)
-                    self.handle(frames)
-                self.check_time(time.monotonic())
+                    for _ in range(64):
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self.handle(frames)
+                        if self.exit_code is not None:
+                            break
+                now = time.monotonic()
+                self.check_connections(now)
+                self.check_time(now)
             # give TERMINATE messages a moment to leave
             time.sleep(0.2)
             return self.exit_code
         finally:
+            self.watch.close()
             self.sock.close(0)
             self.ctx.term()
 
     def handle(self, frames: list) -> None:
-        ident, frames = frames[0], frames[1:]
+        fd = transport.source_fd(frames[1]) if len(frames) > 1 else -1
+        ident, frames = frames[0].bytes, frames[1:]
         try:
             hdr, _ = decode(frames, self.cfg.job_id, self.secret, check_job=False)
+        except VersionMismatch as exc:       # authenticated, so a misconfigured node
+            if exc.op == Op.REGISTER:
+                self.refuse(ident, f"a node runs BytePS protocol version {exc.version} but the "
+                            f"scheduler runs version {PROTOCOL_VERSION}; install the same "
+                            f"byteps release on every node", fatal=True)
+            else:
+                self.drops.warn("message of another protocol version", str(exc))
+            return
         except WireError as exc:
-            self.drops.warn("malformed message", str(exc))
+            self.drops.warn("malformed or unauthenticated message", str(exc))
             return
         if hdr.job_id != self.cfg.job_id:
-            self.send(ident, Op.REFUSED, {"reason": f"job id {hdr.job_id!r} does not match the "
-                                          f"scheduler's BYTEPS_JOB_ID={self.cfg.job_id!r}"})
+            reason = (f"job id {hdr.job_id!r} does not match the scheduler's "
+                      f"BYTEPS_JOB_ID={self.cfg.job_id!r}; every node of a job must use the "
+                      f"same BYTEPS_JOB_ID")
+            if hdr.op == Op.REGISTER:
+                self.refuse(ident, f"{hdr.body.get('role')} at {hdr.body.get('host')} (pid "
+                            f"{hdr.body.get('pid')}): {reason}", fatal=True)
+            else:
+                self.drops.warn("message of another job", reason)
             return
         node = self.servers.get(ident) or self.workers.get(ident)
         if hdr.op == Op.REGISTER:
+            key = (hdr.body.get("role"), hdr.body.get("host_id"), hdr.body.get("pid"), hdr.seq)
+            if key in self.seen_registrations:
+                return self.drops.warn("replayed registration", repr(key)[:200])
+            self.seen_registrations.add(key)
             try:
-                self.register(ident, hdr.body)
-            except WireError as exc:
+                self.register(ident, hdr.body, hdr.seq)
+            except (WireError, TypeError) as exc:
                 self.drops.warn("bad registration", str(exc))
             return
         if node is None or hdr.sender != node.get("node_id"):
-            self.drops.warn("message from unregistered node", f"op {Op(hdr.op).name}, "
-                            f"sender {hdr.sender}")
+            self.drops.warn("message from a node id the scheduler did not assign (or over "
+                            "another connection)", f"op {Op(hdr.op).name}, sender {hdr.sender}")
             return
+        if hdr.seq <= node.get("seq", -1) or hdr.epoch < node.get("epoch", 0):
+            self.drops.warn("replayed or stale message", f"{describe(node)}: op "
+                            f"{Op(hdr.op).name}, seq {hdr.seq} (last {node.get('seq')}), epoch "
+                            f"{hdr.epoch} (node's {node.get('epoch')})")
+            return
+        node["seq"] = hdr.seq
+        if fd >= 0:
+            self.fds[fd] = ident
         node["last_seen"] = time.monotonic()
+        node.pop("down_since", None)
         if hdr.op == Op.HEARTBEAT:
             self.send(ident, Op.HEARTBEAT_ACK, {})
         elif hdr.op == Op.BARRIER:
@@ -117,7 +163,7 @@ class Scheduler:
                 log.warning("stall reported by %s: %s", describe(node), text)
 
     # ---------------------------------------------------------------- registration
-    def register(self, ident: bytes, b: dict) -> None:
+    def register(self, ident: bytes, b: dict, seq: int = -1) -> None:
         role = b.get("role")
         if role not in ("server", "worker"):
             raise WireError(f"bad role {role!r}")
@@ -127,17 +173,25 @@ class Scheduler:
                 return self.refuse(ident, f"{role} at {b.get('host')} (pid {b.get('pid')}) has "
                                    f"{var}={b.get(k)} but the scheduler has {var}={want}; "
                                    f"every node of a job must use the same value", fatal=True)
-        info = {k: b.get(k) for k in ("role", "host", "host_id", "pid", "hostname", "address",
+        info = {k: b.get(k) for k in ("role", "host", "host_id", "pid", "hostname", "machine",
+                                      "address",
                                       "local_rank", "local_size", "worker_id")}
         if not all(isinstance(info[k], int) for k in ("pid", "local_rank", "local_size",
                                                        "worker_id")):
             raise WireError("registration fields pid/local_rank/local_size/worker_id must be ints")
-        if not all(isinstance(info[k], str) for k in ("host", "host_id", "hostname")):
+        info["local_reduce"] = b.get("local_reduce", "off")     # local reduction mode of a worker
+        if info["local_reduce"] not in ("off", "slice", "root"):
+            raise WireError("registration field local_reduce must be off, slice or root")
+        if not all(isinstance(info[k], str) for k in ("host", "host_id", "hostname", "machine")):
             raise WireError("registration fields host/host_id/hostname must be strings")
         info["last_seen"] = time.monotonic()
+        info["seq"] = seq
         if role == "server":
             if not isinstance(info["address"], str):
                 raise WireError("server registration needs an address")
+            if any(s["address"] == info["address"] for s in self.servers.values()):
+                return self.refuse(ident, f"a server at {info['address']} is already "
+                                   f"registered (replayed registration?)")
             if self.formed or len(self.servers) >= self.cfg.num_server:
                 return self.refuse(ident, f"server at {info['host']} (pid {info['pid']}) is one "
                                    f"too many: DMLC_NUM_SERVER={self.cfg.num_server} already "
@@ -152,6 +206,9 @@ class Scheduler:
         self.maybe_form()
 
     def add_worker(self, ident, info, workers, hosts) -> str | None:
+        err = _check_local_reduce(info, workers, hosts)
+        if err:
+            return err
         h = hosts.get(info["host_id"])
         if h is None:
             if len(hosts) >= self.cfg.num_worker:
@@ -186,6 +243,9 @@ class Scheduler:
             return
         self.formed = True
         self.epoch += 1
+        now = time.monotonic()
+        for n in list(self.servers.values()) + list(self.workers.values()):
+            n["last_seen"] = now      # heartbeats are checked from formation on
         self.assign(self.workers, self.hosts)
         log.info("job formed: %d server(s), %d worker(s), epoch %d",
                  len(self.servers), len(self.workers), self.epoch)
@@ -212,17 +272,18 @@ class Scheduler:
             nid += 1
 
     def book(self) -> dict:
-        pub = ("node_id", "rank", "host", "host_id", "pid", "local_rank", "local_size")
+        pub = ("node_id", "rank", "host", "host_id", "pid", "local_rank", "local_size", "machine")
         return {"servers": [{**{k: s[k] for k in pub}, "address": s["address"], "role": "server"}
                             for s in self.servers.values()],
                 "workers": sorted(({**{k: w[k] for k in pub}, "role": "worker"}
                                    for w in self.workers.values()), key=lambda w: w["rank"]),
-                "size": len(self.workers), "epoch": self.epoch}
+                "size": len(self.workers), "epoch": self.epoch, **_pushers(self.workers)}
 
     def send_books(self, idents) -> None:
         book = self.book()
         for ident in idents:
             n = self.servers.get(ident) or self.workers[ident]
+            n["epoch"] = self.epoch
             self.send(ident, Op.REGISTER_OK, {**book, "node_id": n["node_id"], "rank": n["rank"]})
 
     def register_again(self, ident: bytes, info: dict) -> None:
@@ -277,7 +338,7 @@ class Scheduler:
         body = {"ok": False, "reason": reason}
         if dead:
             body.update(dead={k: dead.get(k) for k in ("role", "rank", "host", "host_id", "pid",
-                                                      "node_id")})
+                                                      "node_id", "address")})
             self.broadcast(Op.NODE_DEAD, body)
         else:
             self.broadcast(Op.TERMINATE, body)
@@ -295,13 +356,30 @@ class Scheduler:
         for ident, n in list(self.servers.items()) + list(self.workers.items()):
             if ident in self.exited or ident in self.left:
                 continue
+            role = "server" if ident in self.servers else "worker"
+            down = n.get("down_since")
+            if down is not None and now - down > down_grace(self.cfg):
+                self.fail(f"{describe(dict(n, role=role))}: its connection to the scheduler "
+                          f"closed {now - down:.1f} s ago and it sent nothing since; presumed "
+                          f"dead (killed, crashed or unreachable)", dead=dict(n, role=role))
+                return
             if now - n["last_seen"] > self.cfg.heartbeat_timeout:
-                role = "server" if ident in self.servers else "worker"
                 self.fail(f"{describe(dict(n, role=role))} stopped sending heartbeats for "
                           f"{now - n['last_seen']:.1f} s (BYTEPS_HEARTBEAT_TIMEOUT="
                           f"{self.cfg.heartbeat_timeout:g}); presumed dead",
                           dead=dict(n, role=role))
                 return
+
+    def check_connections(self, now: float) -> None:
+        """Note when the TCP connection of a registered node closes (fast death detection)."""
+        for kind, fd, peer in self.watch.poll():
+            if kind != "down":
+                continue
+            ident = self.fds.pop(fd, None)
+            n = self.servers.get(ident) or self.workers.get(ident) if ident else None
+            if n is not None and ident not in self.exited and ident not in self.left:
+                log.info("connection of %s closed", describe(n))
+                n.setdefault("down_since", now)
 
     def missing(self, waited: float) -> str:
         parts = []
@@ -318,6 +396,37 @@ class Scheduler:
         return "; ".join(parts) or "start-up timed out"
 
 
+def _check_local_reduce(info: dict, workers: dict, hosts: dict) -> str | None:
+    """Every worker must use one BYTEPS_LOCAL_REDUCE; with it on, one local size."""
+    mode = info["local_reduce"]
+    other = next(iter(workers.values()), None)
+    if other is not None and other.get("local_reduce", "off") != mode:
+        return (f"host {info['host_id']} local rank {info['local_rank']} has BYTEPS_LOCAL_REDUCE="
+                f"{mode} but host {other['host_id']} local rank {other['local_rank']} has "
+                f"{other.get('local_reduce', 'off')}; every worker must use the same value")
+    sizes = {h["local_size"] for h in hosts.values()}
+    if mode != "off" and sizes and sizes != {info["local_size"]}:
+        return (f"host {info['host_id']} has BYTEPS_LOCAL_SIZE={info['local_size']} but other "
+                f"hosts have {sorted(sizes)}; local reduction (BYTEPS_LOCAL_REDUCE={mode}) needs "
+                f"the same local size on every host (or set BYTEPS_LOCAL_REDUCE=0)")
+    return None
+
+
+def _pushers(workers: dict) -> dict:
+    """Who pushes: with local reduction one push per host and key, else one per worker."""
+    ws = list(workers.values())
+    mode = ws[0].get("local_reduce", "off") if ws else "off"
+    if mode == "off":
+        return {"local_reduce": mode, "push_count": len(ws),
+                "pushers": sorted(w["rank"] for w in ws)}
+    nhosts = len({w["host_id"] for w in ws})
+    if mode == "root":
+        ranks = [w["rank"] for w in ws if w["local_rank"] == 0 or w["local_size"] == 1]
+    else:
+        ranks = [w["rank"] for w in ws]
+    return {"local_reduce": mode, "push_count": nhosts, "pushers": sorted(ranks)}
+
+
 def _bind_host(uri: str) -> str:
     import socket
     try:
@@ -330,7 +439,12 @@ def main(cfg: Config | None = None) -> int:
     from byteps.core.logs import setup_logging
     cfg = cfg or Config.from_env(role="scheduler")
     setup_logging(cfg, "scheduler")
-    return Scheduler(cfg).run()
+    try:
+        sched = Scheduler(cfg)
+    except (BytePSError, transport.TransportError) as exc:
+        log.error("%s", exc)
+        return 2
+    return sched.run()
 
 
 if __name__ == "__main__":

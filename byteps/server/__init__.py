@@ -19,10 +19,11 @@ import numpy as np
 import zmq
 
 from byteps import transport
+from byteps.transport import shm
 from byteps.core.config import Config
 from byteps.core.node import BytePSError, SchedulerLink, describe
 from byteps.server.store import Slot, apply
-from byteps.transport.wire import (ACK, DTYPES, PUSH, Op, WireError, decode, encode, entry_array,
+from byteps.transport.wire import (ACK, DTYPES, PUSH, SHM, Op, WireError, decode, encode, entry_array,
                                    payload_count)
 
 log = logging.getLogger("byteps.server")
@@ -53,6 +54,9 @@ class Server:
         self.record = os.environ.get("BYTEPS_TEST_RECORD")
         self.exit_code = None
         self.bytes_received = 0
+        self.bytes_by_host: dict[str, int] = {}   # pushed payload bytes per worker host
+        self.local_reduce = "off"
+        self.push_maps: dict[tuple, np.ndarray] = {}
 
     # ---------------------------------------------------------------- set-up
     def start(self) -> None:
@@ -68,6 +72,10 @@ class Server:
             raise WireError("address book without workers")
         self.workers_by_id = {w["node_id"]: w for w in workers}
         self.nworkers = len(workers)
+        pc = body.get("push_count")     # local reduction: one push per host and key
+        if type(pc) is int and 1 <= pc <= len(workers):
+            self.nworkers = pc
+        self.local_reduce = body.get("local_reduce", "off")
         self.peers.clear()
         for s in self.slots.values():
             s.reset_rounds()
@@ -112,8 +120,28 @@ class Server:
                     self.scan_stalls(now)
             return self.exit_code
         finally:
+            self.report_bytes()
             self.sock.close(0)
             self.link.close()
+            for slot in self.slots.values():
+                for seg in slot.bufs or ():
+                    seg.close()
+            self.push_maps.clear()
+
+    def shm_push(self, w: dict, e: list):
+        """The array a colocated worker left in its shared-memory segment."""
+        if not self.cfg.enable_ipc or w.get("machine") != shm.machine_id():
+            raise WireError(f"shared-memory push from rank {w['rank']}, which is not colocated")
+        k = (w["node_id"], e[0], e[1])
+        arr = self.push_maps.get(k)
+        if arr is None or arr.size != e[5] or arr.dtype != DTYPES[e[4]]:
+            try:
+                seg = shm.Segment(shm.push_path(self.cfg.job_id, w["node_id"], e[0], e[1]),
+                                  e[5] * DTYPES[e[4]].itemsize, False)
+            except (OSError, ValueError) as exc:
+                raise WireError(f"shared-memory push from rank {w['rank']}: {exc}") from None
+            arr = self.push_maps[k] = seg.array(DTYPES[e[4]], e[5])
+        return arr
 
     def on_scheduler(self) -> None:
         hdr = self.link.recv()
@@ -155,7 +183,8 @@ class Server:
             return self.drops.warn("message with wrong payload count",
                                    f"{len(payload)} frames for {len(entries)} entries")
         try:
-            arrays = [entry_array(e, payload.pop(0)) if e[3] & PUSH else None for e in entries]
+            arrays = [None if not e[3] & PUSH else self.shm_push(w, e) if e[3] & SHM
+                      else entry_array(e, payload.pop(0)) for e in entries]
         except WireError as exc:
             return self.drops.warn("truncated payload", str(exc))
         self.on_data(ident, w, entries, decls, arrays)
@@ -179,9 +208,15 @@ class Server:
             elif slot.dtype != e[4] or slot.length != e[5]:
                 self.key_error(e[0], self.mismatch(e, slot, rank))
                 continue
+            if e[3] & SHM and slot.bufs is None:
+                slot.bufs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
+                                                         e[0], e[1], p),
+                                         e[5] * DTYPES[e[4]].itemsize, True) for p in (0, 1)]
             if arr is not None:
                 out.setdefault(ident, []).append(([e[0], e[1], e[2], ACK, e[4], e[5]], None))
                 self.bytes_received += arr.nbytes
+                hid = w.get("host_id") or "?"
+                self.bytes_by_host[hid] = self.bytes_by_host.get(hid, 0) + arr.nbytes
                 if self.record:
                     self.record_push(rank, e)
             if slot.engine < 0:
@@ -255,7 +290,7 @@ class Server:
 
     def send_results(self, out: dict) -> None:
         for ident, items in out.items():
-            frames = [a for _, a in items if a is not None]
+            frames = [a for e, a in items if a is not None and not e[3] & SHM]
             self.send(ident, Op.RESULT, [[e for e, _ in items], []], frames)
 
     def send(self, ident: bytes, op: int, body, payload=()) -> None:
@@ -266,6 +301,20 @@ class Server:
             self.sock.send_multipart(msg, copy=False)
         except zmq.ZMQError as exc:
             log.debug("cannot reach worker: %s", exc)
+
+    def report_bytes(self) -> None:
+        """Log the pushed payload bytes per host; with BYTEPS_TEST_RECORD also write them
+        to ``<record>.bytes.<pid>.json`` (used by the local-reduction tests)."""
+        log.info("server %s received %d payload bytes: %s", self.address, self.bytes_received,
+                 self.bytes_by_host)
+        if self.record:
+            import json
+            try:
+                with open(f"{self.record}.bytes.{os.getpid()}.json", "w") as f:
+                    json.dump({"total": self.bytes_received, "by_host": self.bytes_by_host,
+                               "push_count": self.nworkers}, f)
+            except OSError as exc:
+                log.warning("cannot write the byte count: %s", exc)
 
     # ---------------------------------------------------------------- stalls
     def scan_stalls(self, now: float) -> None:
@@ -281,6 +330,11 @@ class Server:
                     continue
                 name = self.decls.get(slot.key, {}).get("name", slot.key)
                 missing = [w for w in self.workers_by_id.values() if w["rank"] not in rs.ranks]
+                if self.local_reduce != "off":    # one push per host: name the missing hosts
+                    done = {w.get("host_id") for w in self.workers_by_id.values()
+                            if w["rank"] in rs.ranks}
+                    missing = [w for w in missing if w.get("host_id") not in done
+                               and w.get("local_rank") == 0]
                 text = (f"tensor {name!r} (partition {slot.part}, round {rnd}) waited {age:.0f} s: "
                         f"pushed by rank(s) {sorted(rs.ranks)}, missing "
                         + ", ".join(describe(m) for m in missing))

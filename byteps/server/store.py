@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from byteps.transport.wire import DTYPES, PULL, PUSH
+from byteps.transport.wire import DTYPES, PULL, PUSH, SHM
 
 
 class Round:
@@ -32,7 +32,7 @@ class Round:
 class Slot:
     """One partition (key, part) stored on this server."""
     __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
-                 "bytes_in")
+                 "bytes_in", "bufs")
 
     def __init__(self, key: int, part: int, dtype: int, length: int, engine: int):
         self.key, self.part, self.dtype, self.length = key, part, dtype, length
@@ -41,6 +41,7 @@ class Slot:
         self.engine = engine
         self.pushes = 0
         self.bytes_in = 0
+        self.bufs = None      # two shared-memory result segments (colocated workers)
 
     def reset_rounds(self) -> None:
         self.rounds.clear()
@@ -73,7 +74,8 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             if rs.acc is None:
                 rs.acc = arr
             elif not rs.owned:
-                rs.acc = np.add(rs.acc, arr)
+                dst = slot.bufs[rnd % 2].array(arr.dtype, length) if slot.bufs else None
+                rs.acc = np.add(rs.acc, arr, out=dst)
                 rs.owned = True
             else:
                 np.add(rs.acc, arr, out=rs.acc)
@@ -81,6 +83,10 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             slot.pushes += 1
             slot.bytes_in += arr.nbytes
             if len(rs.ranks) >= nworkers:
+                if not rs.owned and slot.bufs:      # a single worker: result into shm too
+                    dst = slot.bufs[rnd % 2].array(arr.dtype, length)
+                    np.copyto(dst, rs.acc)
+                    rs.acc = dst
                 rs.result = rs.acc
                 rs.acc = None
                 for w_ident, w_rank, w_entry in rs.waiting:
@@ -88,7 +94,7 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
                     rs.pulled.add(w_rank)
                 rs.waiting.clear()
     if flags & PULL:
-        reply = [key, part, rnd, PULL, dt, length]
+        reply = [key, part, rnd, PULL | (flags & SHM if slot.bufs else 0), dt, length]
         if rs.result is not None:
             if rank not in rs.pulled:
                 rs.pulled.add(rank)

@@ -60,6 +60,7 @@ class Op(enum.IntEnum):
 PUSH = 1
 PULL = 2
 ACK = 4          # server acknowledges a push (no payload)
+SHM = 8          # payload is in a shared-memory segment (colocated peers), not a frame
 
 DTYPES = [np.dtype(t) for t in ("float32", "float64", "float16", "int32", "int64",
                                 "uint8", "int8")]
@@ -186,15 +187,15 @@ def _check_entries(body) -> None:
             raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
         key, part, rnd, flags, dt, length = e
         if not (0 <= key < 1 << 63 and 0 <= part < 1 << 31 and 0 <= rnd < 1 << 62
-                and 0 <= flags < 8 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
+                and 0 <= flags < 16 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
             raise WireError(f"data entry out of range: {e}")
 
 
 def payload_count(entries: list, op: int) -> int:
     """How many payload frames the entries of a DATA/RESULT message announce."""
     if op == Op.DATA:
-        return sum(1 for e in entries if e[3] & PUSH)
-    return sum(1 for e in entries if not e[3] & ACK)
+        return sum(1 for e in entries if e[3] & PUSH and not e[3] & SHM)
+    return sum(1 for e in entries if not e[3] & (ACK | SHM))
 
 
 def entry_array(entry: list, frame) -> np.ndarray:

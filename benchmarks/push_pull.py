@@ -1,0 +1,211 @@
+"""push_pull vs torch.distributed (gloo) all_reduce, with physical limits, in one run.
+
+    .venv/bin/python benchmarks/push_pull.py [--quick] [--json results/push_pull.json]
+
+Prints one table per (W, S) and writes JSON.  Limits measured in the same run:
+raw ``np.add`` (summation) and a raw pyzmq loopback send loop (bytes moved).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = r'''
+import json, sys, time, numpy as np
+import byteps.numpy as bps
+from byteps.core import api
+sizes, iters, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+bps.init()
+res = {}
+for nbytes in sizes:
+    x = np.ones(nbytes // 4, np.float32)
+    n = max(2, min(iters, int(4e9 // max(nbytes, 1) // 8)))
+    bps.push_pull(x, name=f"b{nbytes}")              # warm-up (declares, allocates)
+    bps.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        api.push_pull(x, f"b{nbytes}", out=x, average=True)
+    res[str(nbytes)] = (time.perf_counter() - t0) / n
+# 200 small tensors submitted together
+small = [np.ones(4096, np.float32) for _ in range(200)]
+for rep in range(2):
+    bps.barrier()
+    t0 = time.perf_counter()
+    hs = [api.push_pull_async(a, f"s{i}", out=a) for i, a in enumerate(small)]
+    for h in hs:
+        bps.synchronize(h)
+    res["small200"] = time.perf_counter() - t0
+if bps.rank() == 0:
+    json.dump(res, open(out, "w"))
+'''
+GLOO = r'''
+import json, os, sys, time, torch, torch.distributed as dist
+torch.set_num_threads(1)
+sizes, iters, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo")
+res = {}
+for nbytes in sizes:
+    x = torch.ones(nbytes // 4)
+    n = max(2, min(iters, int(4e9 // max(nbytes, 1) // 8)))
+    dist.all_reduce(x); dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(x)
+    res[str(nbytes)] = (time.perf_counter() - t0) / n
+small = [torch.ones(4096) for _ in range(200)]
+for rep in range(2):
+    dist.barrier()
+    t0 = time.perf_counter()
+    works = [dist.all_reduce(a, async_op=True) for a in small]
+    for w in works:
+        w.wait()
+    res["small200"] = time.perf_counter() - t0
+if dist.get_rank() == 0:
+    json.dump(res, open(out, "w"))
+dist.destroy_process_group()
+'''
+
+
+def env() -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
+    e["PYTHONPATH"] = str(ROOT)
+    e["OMP_NUM_THREADS"] = "1"
+    return e
+
+
+def run_byteps(w: int, s: int, sizes, iters, tmp: Path) -> dict:
+    out = tmp / f"bps_{w}_{s}.json"
+    script = tmp / "bps_worker.py"
+    script.write_text(WORKER)
+    cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", str(w), "-s", str(s),
+           sys.executable, str(script), json.dumps(sizes), str(iters), str(out)]
+    subprocess.run(cmd, env=env(), check=True, timeout=1800)
+    return json.loads(out.read_text())
+
+
+def run_gloo(w: int, sizes, iters, tmp: Path) -> dict:
+    out = tmp / f"gloo_{w}.json"
+    script = tmp / "gloo_worker.py"
+    script.write_text(GLOO)
+    from byteps.launcher import free_port
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(script), json.dumps(sizes), str(iters),
+                               str(out)],
+                              env=dict(env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                       RANK=str(r), WORLD_SIZE=str(w)))
+             for r in range(w)]
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            raise RuntimeError("gloo benchmark failed")
+    return json.loads(out.read_text())
+
+
+def raw_np_add(nbytes: int) -> float:
+    """Seconds for one out-of-place np.add over nbytes of float32 (the server's work)."""
+    a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
+    out = np.empty_like(a)
+    best = 1e9
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.add(a, b, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def server_sum(nbytes: int, workers: int) -> float:
+    """Seconds the server's store.apply needs per worker push of nbytes (same code path)."""
+    from byteps.server.store import Slot, apply
+    from byteps.transport.wire import PULL, PUSH
+    arrs = [np.ones(nbytes // 4, np.float32) for _ in range(workers)]
+    best = 1e9
+    for rnd in range(5):
+        slot = Slot(1, 0, 0, nbytes // 4, -1)
+        out: dict = {}
+        t0 = time.perf_counter()
+        for r, a in enumerate(arrs):
+            apply(slot, [1, 0, rnd, PUSH | PULL, 0, a.size], a, r, b"w%d" % r, workers, False, out)
+        best = min(best, (time.perf_counter() - t0) / (workers - 1))
+    return best
+
+
+def raw_zmq(nbytes: int, reps: int = 5) -> float:
+    """Seconds to move nbytes one way over loopback TCP with pyzmq (zero-copy send)."""
+    import threading
+
+    import zmq
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    port = a.bind_to_random_port("tcp://127.0.0.1")
+    b.connect(f"tcp://127.0.0.1:{port}")
+    buf = np.ones(nbytes // 4, np.float32)
+
+    def rx():
+        for _ in range(reps + 1):
+            b.recv(copy=False)
+            b.send(b"k")
+    t = threading.Thread(target=rx)
+    t.start()
+    a.send(buf, copy=False)
+    a.recv()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a.send(buf, copy=False)
+        a.recv()
+    dt = (time.perf_counter() - t0) / reps
+    t.join()
+    a.close(0)
+    b.close(0)
+    ctx.term()
+    return dt
+
+
+def fmt_size(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
+    ap.add_argument("--configs", default="2x2,4x4", help="WxS list")
+    ap.add_argument("--json", default=str(ROOT / "results" / "push_pull.json"))
+    args = ap.parse_args()
+    sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 100 << 20] + ([] if args.quick else [256 << 20])
+    iters = 5 if args.quick else 10
+    results = {"sizes": sizes, "configs": {}, "limits": {}}
+    for n in sizes:
+        results["limits"][str(n)] = {"np_add_s": raw_np_add(n), "zmq_s": raw_zmq(n, 3),
+                                     "server_sum_s": server_sum(n, 2)}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for cfg in args.configs.split(","):
+            w, s = map(int, cfg.split("x"))
+            bps = run_byteps(w, s, sizes, iters, tmp)
+            gloo = run_gloo(w, sizes, iters, tmp)
+            results["configs"][cfg] = {"byteps": bps, "gloo": gloo}
+            print(f"\nW={w} S={s}  (time per op; ratio > 1 means byteps is faster)")
+            print(f"{'size':>8} {'byteps ms':>10} {'gloo ms':>9} {'gloo/bps':>9} "
+                  f"{'zmq 1-way ms':>13} {'np.add ms':>10} {'srv sum/np.add':>15}")
+            for n in sizes:
+                lim = results["limits"][str(n)]
+                b, g = bps[str(n)], gloo[str(n)]
+                print(f"{fmt_size(n):>8} {b * 1e3:10.2f} {g * 1e3:9.2f} {g / b:9.2f} "
+                      f"{lim['zmq_s'] * 1e3:13.2f} {lim['np_add_s'] * 1e3:10.2f} "
+                      f"{lim['np_add_s'] / lim['server_sum_s']:15.2f}")
+            b, g = bps["small200"], gloo["small200"]
+            print(f"{'200x16KB':>8} {b * 1e3:10.2f} {g * 1e3:9.2f} {g / b:9.2f}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
