@@ -1,0 +1,100 @@
+"""MXNet worker script: distributed training equals one process on the combined batch.
+
+argv: out_dir.  Each rank writes rank<r>.json with, per mode, its final parameters and
+those of a plain single-process gluon.Trainer run on the concatenated batch.
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+import byteps.mxnet as bps
+import mxnet as mx
+from mxnet import autograd, gluon
+
+out_dir = sys.argv[1]
+t_start = time.monotonic()
+bps.init()
+r, W = bps.rank(), bps.size()
+B, STEPS, ROOT = 8, 4, 0
+res = {"rank": r, "size": W}
+if r == 1:
+    gluon.nn.Dense(2)          # shifts Gluon's name counters on rank 1 only
+
+rng = np.random.RandomState(0)
+DATA = [(rng.randn(W * B, 8).astype(np.float32), rng.randint(0, 3, W * B))
+        for _ in range(STEPS)]
+
+
+def make_net(seed, deferred=False, ctx=(mx.cpu(),)):
+    mx.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16, activation="relu", in_units=0 if deferred else 8),
+            gluon.nn.Dense(3, in_units=16))
+    net.initialize(mx.init.Xavier(), ctx=list(ctx))
+    return net
+
+
+def params_of(net):
+    return [p.data().asnumpy().tolist() for p in net.collect_params().values()]
+
+
+def run(net, trainer, data, batch, ctx):
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for x, y in data:
+        xs = gluon.utils.split_and_load(mx.nd.array(x), list(ctx))
+        ys = gluon.utils.split_and_load(mx.nd.array(y), list(ctx))
+        with autograd.record():
+            losses = [loss_fn(net(a), b) for a, b in zip(xs, ys)]
+        for loss in losses:
+            loss.backward()
+        trainer.step(batch)
+
+
+def local(data):
+    return [(x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]) for x, y in data]
+
+
+def mode(name, opt, opt_params, kind, deferred=False, ctx=(mx.cpu(),), compression=None):
+    net = make_net(100 + r, deferred, ctx)
+    if kind == "trainer":
+        trainer = bps.DistributedTrainer(net.collect_params(), opt, dict(opt_params),
+                                         compression_params=compression)
+    else:
+        bps.broadcast_parameters(net.collect_params(), root_rank=ROOT)
+        dopt = bps.DistributedOptimizer(mx.optimizer.create(opt, **opt_params))
+        trainer = gluon.Trainer(net.collect_params(), dopt, kvstore=None)
+    run(net, trainer, local(DATA), B, ctx)
+    ref = make_net(100 + ROOT, deferred)
+    run(ref, gluon.Trainer(ref.collect_params(), opt, dict(opt_params), kvstore=None),
+        DATA, W * B, (mx.cpu(),))
+    res[name] = {"dist": params_of(net), "ref": params_of(ref)}
+
+
+SGD = {"learning_rate": 0.1, "momentum": 0.9}
+ADAM = {"learning_rate": 0.01}
+mode("trainer_sgd", "sgd", SGD, "trainer", deferred=True, ctx=(mx.cpu(0), mx.cpu(1)))
+mode("trainer_adam", "adam", ADAM, "trainer")
+mode("trainer_fp16", "sgd", SGD, "trainer", compression={"fp16": True})
+mode("optimizer_sgd", "sgd", SGD, "optimizer")
+mode("optimizer_adam", "adam", ADAM, "optimizer")
+
+# broadcast_parameters: a plain dict of NDArrays and a ParameterDict
+for kind in ("dict", "paramdict"):
+    net = make_net(200 + r)
+    before = params_of(net)
+    params = net.collect_params()
+    if kind == "dict":
+        params = {k: v.data() for k, v in params.items()}
+    bps.broadcast_parameters(params, root_rank=1)
+    res["bcast_" + kind] = {"before": before, "after": params_of(net)}
+
+x = mx.nd.full((3,), r + 1.0)
+bps.byteps_push_pull(x, name="pp.avg")
+y = mx.nd.full((2, 2), r + 1, dtype="int32")
+bps.byteps_push_pull(y, name="pp.sum", is_average=False)
+res["push_pull"] = {"avg": x.asnumpy().tolist(), "sum": y.asnumpy().tolist()}
+res["seconds"] = time.monotonic() - t_start
+with open(f"{out_dir}/rank{r}.json", "w") as f:
+    json.dump(res, f)
