@@ -24,7 +24,7 @@ from byteps.core.engine import Engine, Handle, Task
 from byteps.core.logs import setup_logging
 from byteps.core.node import BytePSError, SchedulerLink
 from byteps.core.timeline import Timeline, write_summary
-from byteps.transport.wire import Op, dtype_code, encode
+from byteps.transport.wire import Op, dtype_code, encode, new_seq
 
 log = logging.getLogger("byteps.worker")
 
@@ -346,7 +346,7 @@ def _at_exit() -> None:
             s.setsockopt(zmq.IDENTITY, _identity(cfg))
             s.connect(f"tcp://{cfg.root_uri}:{cfg.root_port}")
             s.send_multipart(encode(cfg.job_id, _LAST_LINK["node_id"], Op.EXIT,
-                                    _LAST_LINK["epoch"], 1 << 40, body,
+                                    _LAST_LINK["epoch"], new_seq(), body,
                                     cfg.job_secret.encode() if cfg.job_secret else None))
             s.close()
     except Exception as exc:  # exiting anyway; never mask the real error
@@ -355,4 +355,12 @@ def _at_exit() -> None:
 
 def _identity(cfg: Config) -> bytes:
     import os
-    return f"w/{cfg.host_id}/{cfg.local_rank}/{os.getpid()}".encode()
+    global _TOKEN
+    if _TOKEN is None or _TOKEN[0] != os.getpid():
+        import secrets
+        _TOKEN = (os.getpid(), secrets.token_hex(8))
+    return f"w/{cfg.host_id}/{cfg.local_rank}/{os.getpid()}/{_TOKEN[1]}".encode()
+
+
+_TOKEN: tuple | None = None
+    """Routing id at the scheduler: stable for this process, unguessable by strangers."""

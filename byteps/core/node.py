@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -61,6 +62,8 @@ class SchedulerLink:
         self.role = role
         self.secret = cfg.job_secret.encode() if cfg.job_secret else None
         self.address = f"tcp://{cfg.root_uri}:{cfg.root_port}"
+        if identity is None:     # unguessable: the scheduler hands over routing ids
+            identity = f"{role[0]}/{os.getpid()}/".encode() + secrets.token_hex(8).encode()
         self.sock = transport.connect(ctx, self.address, identity)
         self.watch = transport.ConnWatch(self.sock)
         self.down_since: float | None = None

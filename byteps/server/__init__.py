@@ -24,7 +24,7 @@ from byteps.core.config import Config
 from byteps.core.node import BytePSError, SchedulerLink, describe
 from byteps.server.store import Slot, apply
 from byteps.transport.wire import (ACK, DTYPES, PUSH, SHM, Op, WireError, decode, encode, entry_array,
-                                   payload_count)
+                                   new_seq, payload_count)
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024
@@ -44,7 +44,11 @@ class Server:
         self.peers: dict[bytes, dict] = {}    # worker identity -> book entry
         self.workers_by_id: dict[int, dict] = {}
         self.nworkers = 0
-        self.seq = 0
+        self.seq = new_seq()
+        self.seqs = transport.SeqTracker()    # replay guard per worker node id
+        self.watch = transport.ConnWatch(self.sock)
+        self.peer_fds: dict[int, dict] = {}
+        self.dropper = transport.Dropper(0.0, 0)
         self.engine_load = [0] * cfg.server_engine_threads
         self.outbox: collections.deque = collections.deque()
         self.wake_r, self.wake_w = os.pipe()
@@ -61,6 +65,7 @@ class Server:
     # ---------------------------------------------------------------- set-up
     def start(self) -> None:
         body = self.link.register({"address": self.address}, "server")
+        self.dropper = transport.Dropper(self.cfg.test_drop_rate, 7919 * self.link.node_id)
         self.load_book(body)
         for i, q in enumerate(self.queues):
             threading.Thread(target=self.engine, args=(q,), name=f"bps-engine-{i}",
@@ -77,6 +82,7 @@ class Server:
             self.nworkers = pc
         self.local_reduce = body.get("local_reduce", "off")
         self.peers.clear()
+        self.seqs.forget()
         for s in self.slots.values():
             s.reset_rounds()
         log.info("server %s ready: %d worker(s), epoch %d", self.address, self.nworkers,
@@ -115,12 +121,14 @@ class Server:
                 except BytePSError as exc:
                     log.error("%s", exc)
                     return 1
+                self.check_connections()
                 if now >= next_scan:
                     next_scan = now + 1.0
                     self.scan_stalls(now)
             return self.exit_code
         finally:
             self.report_bytes()
+            self.watch.close()
             self.sock.close(0)
             self.link.close()
             for slot in self.slots.values():
@@ -168,16 +176,27 @@ class Server:
         if hdr.op == Op.HELLO:
             w = self.workers_by_id.get(hdr.sender)
             if w is None or hdr.epoch != self.link.epoch:
-                return self.drops.warn("HELLO from unknown node", f"sender {hdr.sender}")
+                return self.drops.warn("HELLO from a node id the scheduler did not assign (or "
+                                       "of a stale epoch)", f"sender {hdr.sender}, epoch "
+                                       f"{hdr.epoch}")
+            other = next((i for i, p in self.peers.items() if p is w and i != ident), None)
+            if other is not None or not self.seqs.accept(hdr.sender, hdr.seq):
+                return self.drops.warn("HELLO for a node id bound to another connection, or "
+                                       "replayed", f"sender {hdr.sender}, seq {hdr.seq}")
             self.peers[ident] = w
+            self.peer_fds[transport.source_fd(frames[1])] = w
             return self.send(ident, Op.HELLO_OK, {})
         w = self.peers.get(ident)
         if w is None or w["node_id"] != hdr.sender:
             return self.drops.warn("message from unregistered peer", f"sender {hdr.sender}")
         if hdr.epoch != self.link.epoch:
             return self.drops.warn("message from a stale epoch", f"{hdr.epoch}")
+        if not self.seqs.accept(hdr.sender, hdr.seq):
+            return self.drops.warn("replayed message", f"sender {hdr.sender}, seq {hdr.seq}")
         if hdr.op != Op.DATA:
             return self.drops.warn("unexpected op", Op(hdr.op).name)
+        if self.dropper.drop():                      # BYTEPS_TEST_DROP_RATE
+            return
         entries, decls = hdr.body
         if payload_count(entries, Op.DATA) != len(payload):
             return self.drops.warn("message with wrong payload count",
@@ -188,6 +207,19 @@ class Server:
         except WireError as exc:
             return self.drops.warn("truncated payload", str(exc))
         self.on_data(ident, w, entries, decls, arrays)
+
+    def check_connections(self) -> None:
+        """Log closed connections: a worker's, or a stranger's (oversize/malformed stream)."""
+        for kind, fd, peer in self.watch.poll():
+            if kind != "down":
+                continue
+            w = self.peer_fds.pop(fd, None)
+            if w is not None:
+                log.info("connection of %s closed", describe(w))
+            else:
+                self.drops.warn("connection", f"from {peer} closed (the peer left, or ZeroMQ "
+                                f"dropped it for a frame over BYTEPS_MAX_MSG_BYTES="
+                                f"{self.cfg.max_msg_bytes} or a malformed stream)")
 
     def on_data(self, ident, w, entries, decls, arrays) -> None:
         rank = w["rank"]
@@ -351,7 +383,12 @@ def main(cfg: Config | None = None) -> int:
     from byteps.core.logs import setup_logging
     cfg = cfg or Config.from_env(role="server")
     setup_logging(cfg, "server")
-    return Server(cfg).run()
+    try:
+        server = Server(cfg)
+    except (BytePSError, transport.TransportError) as exc:
+        log.error("%s", exc)
+        return 2
+    return server.run()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ class Round:
 class Slot:
     """One partition (key, part) stored on this server."""
     __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
-                 "bytes_in", "bufs")
+                 "bytes_in", "bufs", "segs", "applied")
 
     def __init__(self, key: int, part: int, dtype: int, length: int, engine: int):
         self.key, self.part, self.dtype, self.length = key, part, dtype, length
@@ -41,10 +41,13 @@ class Slot:
         self.engine = engine
         self.pushes = 0
         self.bytes_in = 0
-        self.bufs = None      # two shared-memory result segments (colocated workers)
+        self.bufs = None      # two result arrays, double-buffered by round parity
+        self.segs = None      # their shared-memory segments (colocated workers)
+        self.applied: dict[int, int] = {}   # async: rank -> last round applied (dedup)
 
     def reset_rounds(self) -> None:
         self.rounds.clear()
+        self.applied.clear()
 
 
 def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
@@ -56,7 +59,8 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
     """
     key, part, rnd, flags, dt, length = entry
     if async_mode:
-        if flags & PUSH:
+        if flags & PUSH and slot.applied.get(rank, -1) < rnd:     # a resend is not re-added
+            slot.applied[rank] = rnd
             if slot.value is None:
                 slot.value = np.zeros(length, dtype=DTYPES[dt])
             np.add(slot.value, arr, out=slot.value)
@@ -74,8 +78,10 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             if rs.acc is None:
                 rs.acc = arr
             elif not rs.owned:
-                dst = slot.bufs[rnd % 2].array(arr.dtype, length) if slot.bufs else None
-                rs.acc = np.add(rs.acc, arr, out=dst)
+                if slot.bufs is None:
+                    slot.bufs = [np.empty(length, arr.dtype), np.empty(length, arr.dtype)]
+                # round r+2 starts only after every worker received round r: reuse is safe
+                rs.acc = np.add(rs.acc, arr, out=slot.bufs[rnd % 2])
                 rs.owned = True
             else:
                 np.add(rs.acc, arr, out=rs.acc)
@@ -83,8 +89,8 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             slot.pushes += 1
             slot.bytes_in += arr.nbytes
             if len(rs.ranks) >= nworkers:
-                if not rs.owned and slot.bufs:      # a single worker: result into shm too
-                    dst = slot.bufs[rnd % 2].array(arr.dtype, length)
+                if not rs.owned and slot.segs:      # a single worker: result into shm too
+                    dst = slot.bufs[rnd % 2]
                     np.copyto(dst, rs.acc)
                     rs.acc = dst
                 rs.result = rs.acc
@@ -94,7 +100,7 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
                     rs.pulled.add(w_rank)
                 rs.waiting.clear()
     if flags & PULL:
-        reply = [key, part, rnd, PULL | (flags & SHM if slot.bufs else 0), dt, length]
+        reply = [key, part, rnd, PULL | (flags & SHM if slot.segs else 0), dt, length]
         if rs.result is not None:
             if rank not in rs.pulled:
                 rs.pulled.add(rank)
