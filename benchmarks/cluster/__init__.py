@@ -1,0 +1,1 @@
+"""Emulated cluster (network namespaces + tc tbf) benchmark; see docs/cluster.md."""

@@ -1,0 +1,163 @@
+"""Turn raw per-rank results into rows, a table, JSON and a PNG plot (pure logic)."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.cluster.netns import rate_bps
+
+# bytes each worker link carries per direction, as a multiple of the tensor size M
+TRAFFIC = {
+    "byteps": lambda n: 1.0,                         # push M up, pull M down
+    "byteps-coloc": lambda n: 2.0 * (n - 1) / n,     # the local server's share stays local
+    "gloo": lambda n: 2.0 * (n - 1) / n,             # ring: reduce-scatter + all-gather
+}
+
+
+def job_time(records: list[dict]) -> float:
+    """Time per operation of a job: the slowest rank's median iteration."""
+    if not records:
+        raise ValueError("no results")
+    return max(statistics.median(r["times"]) for r in records)
+
+
+def make_row(system: str, rate: str, workers: int, servers: int, records: list[dict],
+             gloo_s: float | None = None, link_Bps: float | None = None) -> dict:
+    """One table row for ``system`` measured at ``rate`` with ``workers`` hosts."""
+    t = job_time(records)
+    nbytes = records[0]["bytes"]
+    bps = rate_bps(rate) / 8
+    factor = TRAFFIC[system](workers)
+    row = {"system": system, "rate": rate, "workers": workers, "servers": servers,
+           "tensor_MB": nbytes / 1e6, "iters": len(records[0]["times"]), "time_s": t,
+           "time_per_100MB_s": t * 100e6 / nbytes,
+           "link_Gbps": factor * nbytes * 8 / t / 1e9,
+           "bound_s": nbytes / bps, "vs_bound": (nbytes / bps) / t,
+           "vs_gloo": (gloo_s / t) if gloo_s else None,
+           "vs_measured_tcp": (factor * nbytes / t / link_Bps) if link_Bps else None,
+           "per_rank_median_s": [statistics.median(r["times"]) for r in records]}
+    speeds = [r["speed_MBps"] for r in records if "speed_MBps" in r]
+    if speeds:
+        row["pushpull_speed_MBps"] = speeds
+    return row
+
+
+def train_row(system: str, rate: str, workers: int, records: list[dict],
+              ddp_ips: float | None = None) -> dict:
+    ips = [r["img_sec"] for r in records]
+    total = sum(ips)
+    return {"system": system, "rate": rate, "workers": workers, "img_sec_total": total,
+            "img_sec_per_worker": total / len(ips), "vs_ddp": (total / ddp_ips) if ddp_ips
+            else None, "model": records[0].get("model"), "batch": records[0].get("batch")}
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows: list[dict], probes: dict) -> str:
+    lines = []
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        p = probes.get(rate, {})
+        lines.append(f"link {rate}: raw TCP per direction, one pair "
+                     f"{_fmt(p.get('pair_Gbps'), '.3f')} Gbit/s; all worker links at once "
+                     f"{_fmt(p.get('all_Gbps'), '.3f')} Gbit/s each")
+        lines.append(f"{'system':<14}{'W':>3}{'S':>3}{'MB':>7}{'s/op':>8}{'s/100MB':>9}"
+                     f"{'Gb/s/link':>10}{'vs gloo':>9}{'vs M/B':>8}{'vs TCP':>8}")
+        for r in rows:
+            if r["rate"] != rate:
+                continue
+            lines.append(f"{r['system']:<14}{r['workers']:>3}{r['servers']:>3}"
+                         f"{r['tensor_MB']:>7.0f}{r['time_s']:>8.3f}"
+                         f"{r['time_per_100MB_s']:>9.3f}{r['link_Gbps']:>10.3f}"
+                         f"{_fmt(r['vs_gloo'], '.2f'):>9}{r['vs_bound']:>8.2f}"
+                         f"{_fmt(r['vs_measured_tcp'], '.2f'):>8}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def train_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    lines = [f"{'training':<14}{'rate':>9}{'W':>3}{'img/s total':>13}{'vs DDP':>8}"]
+    for r in rows:
+        lines.append(f"{r['system']:<14}{r['rate']:>9}{r['workers']:>3}"
+                     f"{r['img_sec_total']:>13.1f}{_fmt(r['vs_ddp'], '.2f'):>8}")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def plot(rows: list[dict], path: Path) -> Path | None:
+    """Time per 100 MB vs W, one panel per link rate (None if matplotlib is missing)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rates = list(dict.fromkeys(r["rate"] for r in rows))
+    fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        sub = [r for r in rows if r["rate"] == rate]
+        for system in dict.fromkeys(r["system"] for r in sub):
+            pts = sorted((r["workers"], r["time_per_100MB_s"]) for r in sub
+                         if r["system"] == system)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+        ws = sorted({r["workers"] for r in sub})
+        bound = 100e6 * 8 / rate_bps(rate)
+        ax.plot(ws, [bound] * len(ws), "k--", label="link bound M/B")
+        ax.set_title(f"push_pull / all_reduce at {rate} per host")
+        ax.set_xlabel("workers (hosts)")
+        ax.set_ylabel("seconds per 100 MB")
+        ax.set_xticks(ws)
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+STAGES = ("queue", "push", "server+pull", "copy_out", "server_sum (est.)")
+
+
+def trace_summary(trace_dir: Path) -> dict:
+    """Mean span lengths (ms) over the Chrome traces of every worker in ``trace_dir``."""
+    per_stage: dict[str, list[float]] = {s: [] for s in STAGES}
+    tensors: list[float] = []
+    ranks = 0
+    for f in sorted(Path(trace_dir).glob("*/comm.json")):
+        try:
+            evs = json.loads(f.read_text())["traceEvents"]
+        except (OSError, ValueError, KeyError):
+            continue
+        ranks += 1
+        for e in evs:
+            if e.get("ph") != "X":
+                continue
+            if e.get("cat") == "tensor":
+                tensors.append(e["dur"] / 1e3)
+            elif e.get("name") in per_stage:
+                per_stage[e["name"]].append(e["dur"] / 1e3)
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {"ranks": ranks, "tensor_ms": mean(tensors),
+            "partitions": len(per_stage["queue"]),
+            "stage_ms": {s: mean(v) for s, v in per_stage.items()}}
+
+
+def trace_table(traces: dict) -> str:
+    """Where a push_pull's time goes, from the timelines (mean per partition, ms)."""
+    if not traces:
+        return ""
+    lines = [f"{'timeline (ms)':<26}{'op':>8}" + "".join(f"{s[:11]:>12}" for s in STAGES)]
+    for name, t in traces.items():
+        st = t.get("stage_ms", {})
+        lines.append(f"{name:<26}{_fmt(t.get('tensor_ms'), '.1f'):>8}"
+                     + "".join(f"{_fmt(st.get(s), '.1f'):>12}" for s in STAGES))
+    return "\n".join(lines)

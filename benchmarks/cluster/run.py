@@ -1,0 +1,238 @@
+"""Emulated-cluster benchmark: byteps (separate servers, colocated) vs gloo all_reduce.
+
+    sudo .venv/bin/python -m benchmarks.cluster.run                  # the default sweep
+    sudo .venv/bin/python -m benchmarks.cluster.run --rates 1gbit --workers 4 --train
+    sudo .venv/bin/python -m benchmarks.cluster.run --cleanup        # remove leftovers
+
+Builds W worker hosts and S server hosts as network namespaces on one
+bridge, shapes every host's link with tc tbf (both directions), and runs on
+them, for every rate and W: raw TCP (the physical limit), byteps with the
+servers on their own hosts, byteps with a server beside each worker, and
+torch.distributed gloo all_reduce over the worker hosts.  Prints a table,
+writes results.json, a PNG plot and one Chrome trace per byteps worker.
+Everything is torn down at the end, on errors, on Ctrl-C and on SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.cluster import jobs, report
+from benchmarks.cluster.netns import Cluster, NetnsError, Plan, cleanup, rate_bps
+
+HERE = Path(__file__).resolve().parent
+SYSTEMS = ("byteps", "byteps-coloc", "gloo")
+
+
+def _csv(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="benchmarks.cluster.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", type=_csv(str), default=["1gbit", "200mbit"],
+                    help="link rates per host (tc syntax), comma separated")
+    ap.add_argument("--workers", type=_csv(int), default=[2, 4], help="W values")
+    ap.add_argument("--servers", type=int, default=0,
+                    help="server hosts of the non-colocated runs (default: S = W)")
+    ap.add_argument("--size-mb", type=float, default=100.0, help="tensor MB at >= 1gbit")
+    ap.add_argument("--slow-size-mb", type=float, default=25.0,
+                    help="tensor MB below 1gbit (keeps one run short)")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--systems", type=_csv(str), default=list(SYSTEMS))
+    ap.add_argument("--probe-seconds", type=float, default=3.0)
+    ap.add_argument("--train", action="store_true", help="also run the training variant")
+    ap.add_argument("--train-rate", default="1gbit")
+    ap.add_argument("--train-workers", type=int, default=4)
+    ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 2")
+    ap.add_argument("--env", action="append", default=[],
+                    help="KEY=VALUE for every byteps process (e.g. BYTEPS_SCHEDULING_CREDIT=8)")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per job")
+    ap.add_argument("--cleanup", action="store_true",
+                    help="only remove namespaces left by dead runs, then exit")
+    a = ap.parse_args(argv)
+    bad = [s for s in a.systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
+    if any(w < 1 for w in a.workers) or a.iters < 1 or a.warmup < 0:
+        ap.error("--workers must be >= 1, --iters >= 1, --warmup >= 0")
+    for r in a.rates + [a.train_rate]:
+        try:
+            rate_bps(r)
+        except ValueError as exc:
+            ap.error(str(exc))
+    for kv in a.env:
+        if "=" not in kv:
+            ap.error(f"--env {kv!r}: expected KEY=VALUE")
+    return a
+
+
+def server_hosts(a: argparse.Namespace) -> int:
+    """Hosts that only run servers (the non-colocated runs and the training variant)."""
+    if "byteps" not in a.systems and not a.train:
+        return 0
+    return a.servers or max(a.workers + ([a.train_workers] if a.train else []))
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, plan: Plan, cluster: Cluster):
+        self.a, self.plan, self.cluster = args, plan, cluster
+        self.wmax = max(args.workers + ([args.train_workers] if args.train else []))
+        self.smax = server_hosts(args)
+        hosts = plan.hosts
+        self.whosts, self.shosts = hosts[:self.wmax], hosts[self.wmax:]
+        self.port = 21000
+        self.extra_env = dict(kv.split("=", 1) for kv in args.env)
+        self.rows: list[dict] = []
+        self.train_rows: list[dict] = []
+        self.probes: dict = {}
+        self.traces: dict = {}
+
+    def next_port(self, n: int = 1) -> int:
+        self.port += n
+        return self.port - n
+
+    def run(self, specs: list) -> list[dict]:
+        return jobs.collect(jobs.run_specs(self.plan, specs, self.a.timeout))
+
+    def probe(self, rate: str) -> None:
+        secs = self.a.probe_seconds
+        one = self.run(jobs.probe_job([(self.whosts[0], self.whosts[1 % self.wmax])],
+                                      self.next_port(), secs)) if self.wmax > 1 else []
+        w = max(self.a.workers)
+        if self.shosts:                   # every worker link busy both ways, like a PS
+            pairs = [(self.whosts[i], self.shosts[i % len(self.shosts)]) for i in range(w)]
+        else:
+            pairs = [(self.whosts[i], self.whosts[i + 1]) for i in range(0, w - 1, 2)]
+        every = self.run(jobs.probe_job(pairs, self.next_port(len(pairs)), secs))
+        per_dir = lambda recs: [r["recv_Bps"] for r in recs if r.get("recv_Bps")]  # noqa: E731
+        p = {"pair_Gbps": min(per_dir(one)) * 8 / 1e9 if per_dir(one) else None,
+             "all_Gbps": sum(per_dir(every)) / len(per_dir(every)) * 8 / 1e9
+             if per_dir(every) else None, "nominal_Gbps": rate_bps(rate) / 1e9}
+        self.probes[rate] = p
+        print(f"[{rate}] raw TCP full duplex: one pair {p['pair_Gbps']} Gbit/s per direction; "
+              f"{len(pairs)} links at once {p['all_Gbps']} Gbit/s each", flush=True)
+
+    def size_bytes(self, rate: str) -> int:
+        mb = self.a.size_mb if rate_bps(rate) >= 1e9 else self.a.slow_size_mb
+        return int(mb * 1e6) // 4 * 4
+
+    def bench(self, rate: str, w: int, system: str) -> list[dict]:
+        argv = [sys.executable, str(HERE / ("bench_gloo.py" if system == "gloo"
+                                             else "bench_pushpull.py")),
+                str(self.size_bytes(rate)), str(self.a.iters), str(self.a.warmup)]
+        workers = self.whosts[:w]
+        if system == "gloo":
+            return self.run(jobs.gloo_job(workers, argv, self.next_port()))
+        tdir = self.a.out / "traces" / f"{system}-{rate}-w{w}"
+        env = dict(self.extra_env, BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR=tdir,
+                   BYTEPS_TRACE_START_STEP=self.a.warmup,
+                   BYTEPS_TRACE_END_STEP=self.a.warmup + self.a.iters - 1)
+        if system == "byteps":
+            servers = self.shosts[:self.a.servers or w]
+            specs = jobs.byteps_job(workers, servers, servers[0], argv, self.next_port(), env)
+        else:
+            specs = jobs.byteps_job(workers, workers, workers[0], argv, self.next_port(), env)
+        recs = self.run(specs)
+        self.traces[f"{system}-{rate}-w{w}"] = report.trace_summary(tdir)
+        return recs
+
+    def sweep(self) -> None:
+        for rate in self.a.rates:
+            self.cluster.shape(rate)
+            self.probe(rate)
+            for w in self.a.workers:
+                got: dict[str, list] = {}
+                for system in self.a.systems:
+                    t0 = time.monotonic()
+                    got[system] = self.bench(rate, w, system)
+                    print(f"[{rate}] W={w} {system}: {report.job_time(got[system]):.3f} s/op "
+                          f"({time.monotonic() - t0:.0f} s)", flush=True)
+                gloo = report.job_time(got["gloo"]) if "gloo" in got else None
+                link = (self.probes[rate].get("all_Gbps") or 0) * 1e9 / 8 or None
+                for system, recs in got.items():
+                    s = (self.a.servers or w) if system == "byteps" else w
+                    self.rows.append(report.make_row(system, rate, w, s, recs, gloo, link))
+        if self.a.train:
+            self.train()
+
+    def train(self) -> None:
+        rate, w = self.a.train_rate, self.a.train_workers
+        self.cluster.shape(rate)
+        script = [sys.executable, str(HERE / "train_mlp.py"), *self.a.train_args.split()]
+        workers = self.whosts[:w]
+        ddp = self.run(jobs.gloo_job(workers, script + ["--backend", "ddp"], self.next_port()))
+        servers = self.shosts[:self.a.servers or w]
+        bps = self.run(jobs.byteps_job(workers, servers, servers[0],
+                                       script + ["--backend", "byteps"], self.next_port(),
+                                       self.extra_env))
+        d = report.train_row("ddp-gloo", rate, w, ddp)
+        self.train_rows += [d, report.train_row("byteps", rate, w, bps, d["img_sec_total"])]
+        print(report.train_table(self.train_rows[-2:]), flush=True)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.cleanup:
+        try:
+            gone = cleanup()
+        except FileNotFoundError as exc:
+            print(f"cleanup: {exc}", file=sys.stderr)
+            return 1
+        print(f"removed {len(gone)} leftover namespace(s): {' '.join(gone) or '-'}")
+        return 0
+    wmax = max(a.workers + ([a.train_workers] if a.train else []))
+    plan = Plan.new(wmax + server_hosts(a))
+    cluster = Cluster(plan)
+    atexit.register(cluster.close)
+    old = {sig: signal.signal(sig, lambda signum, _f: sys.exit(128 + signum))
+           for sig in (signal.SIGTERM, signal.SIGHUP)}
+    started = time.time()
+    try:
+        with cluster:
+            print(f"cluster {plan.prefix}: {plan.nhosts} hosts, {os.cpu_count()} CPU cores",
+                  flush=True)
+            runner = Runner(a, plan, cluster)
+            runner.sweep()
+    except NetnsError as exc:
+        print(f"benchmarks.cluster: {exc}", file=sys.stderr)
+        return 2
+    except jobs.JobError as exc:
+        print(f"benchmarks.cluster: a job failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.close()
+        atexit.unregister(cluster.close)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    print()
+    print(report.table(runner.rows, runner.probes))
+    print(report.train_table(runner.train_rows))
+    print(report.trace_table(runner.traces))
+    doc = {"started": started, "seconds": time.time() - started, "cpu_count": os.cpu_count(),
+           "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+           "probes": runner.probes, "rows": runner.rows, "train": runner.train_rows,
+           "traces": runner.traces}
+    report.write_json(a.out / "results.json", doc)
+    png = report.plot(runner.rows, a.out / "time_vs_workers.png") if runner.rows else None
+    print(f"wrote {a.out / 'results.json'}" + (f" and {png}" if png else
+                                               " (no plot: matplotlib is missing)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
