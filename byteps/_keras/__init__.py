@@ -1,0 +1,251 @@
+"""Shared implementation of ``byteps.keras`` and ``byteps.tensorflow.keras``.
+
+The Keras module (Keras 3, or tf-keras 2 under ``TF_USE_LEGACY_KERAS=1``)
+is passed in, Horovod style.  Keras 3 optimizers are hooked in ``apply()``
+(``apply_gradients`` calls it); Keras 2 optimizers in ``apply_gradients()``.
+Keras 3 must run on the TensorFlow backend.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.core import api as core
+from byteps.tensorflow import _ops
+from byteps.tensorflow.compression import Compression
+
+
+def legacy_keras_requested() -> bool:
+    return os.environ.get("TF_USE_LEGACY_KERAS", "") in ("1", "true", "True")
+
+
+def default_keras():
+    """The Keras that ``tf.keras`` means in this process (tf-keras when legacy is requested)."""
+    if legacy_keras_requested():
+        import tf_keras
+        return tf_keras
+    import keras
+    return keras
+
+
+def keras_of(obj):
+    """The Keras module an optimizer/model instance belongs to."""
+    if type(obj).__module__.split(".")[0] == "tf_keras":
+        import tf_keras
+        return tf_keras
+    import keras
+    return keras
+
+
+def _check_backend(keras) -> None:
+    backend = getattr(getattr(keras, "backend", None), "backend", lambda: "tensorflow")()
+    if backend != "tensorflow":
+        raise RuntimeError(f"byteps.keras needs the TensorFlow Keras backend, but "
+                           f"KERAS_BACKEND={backend!r}; use byteps.torch for the torch backend")
+
+
+def optimizer_variables(opt) -> list:
+    """An optimizer's variables: a property in Keras 3, a method in tf-keras legacy."""
+    if opt is None:
+        return []
+    v = opt.variables
+    return list(v() if callable(v) else v)
+
+
+class _Settings:
+    """Per-optimizer byteps settings (a plain object: invisible to Keras/TF tracking)."""
+
+    def __init__(self, prefix, compression, sparse_as_dense, op, device_dense, device_sparse,
+                 passes, average_aggregated):
+        self.prefix, self.compression, self.sparse_as_dense = prefix, compression, sparse_as_dense
+        self.op, self.device_dense, self.device_sparse = op, device_dense, device_sparse
+        self.passes, self.average_aggregated = int(passes), average_aggregated
+        self.counter, self.accs = None, None
+        if self.passes < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+
+    def reduce(self, grads: list, variables: list) -> list:
+        return _ops.push_pull_grads(grads, variables, self.prefix, self.compression,
+                                    self.sparse_as_dense, self.op, self.device_dense,
+                                    self.device_sparse)
+
+    def aggregate(self, grads: list, variables: list, apply_fn) -> None:
+        """Sum gradients locally; every ``passes`` calls push_pull the sum and apply it."""
+        with tf.init_scope():
+            if self.accs is None:
+                self.counter = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                           name="bps_backward_passes")
+                self.accs = [None if g is None else
+                             tf.Variable(tf.zeros(tuple(v.shape), g.dtype), trainable=False,
+                                         name="bps_grad_accumulator")
+                             for g, v in zip(grads, variables)]
+        if len(self.accs) != len(grads):
+            raise ValueError(f"{self.prefix}: backward_passes_per_step needs the same variable "
+                             f"list every step ({len(self.accs)} before, {len(grads)} now)")
+        for acc, g in zip(self.accs, grads):
+            if acc is not None and g is not None:
+                acc.assign_add(tf.convert_to_tensor(g))
+        count = self.counter.assign_add(1)
+
+        def flush():
+            total = [None if a is None else
+                     (a.read_value() / self.passes if self.average_aggregated else a.read_value())
+                     for a in self.accs]
+            apply_fn(self.reduce(total, variables))
+            for a in self.accs:
+                if a is not None:
+                    a.assign(tf.zeros_like(a))
+            return tf.constant(True)
+
+        if tf.executing_eagerly():
+            if int(count) % self.passes == 0:
+                flush()
+        else:
+            tf.cond(tf.equal(count % self.passes, 0), flush, lambda: tf.constant(False))
+
+
+class _Distributed:
+    """Marker base of every byteps-wrapped Keras optimizer."""
+    _bps: _Settings
+
+
+class _Keras3(_Distributed):
+    def apply(self, grads, trainable_variables=None):
+        """Average ``grads`` across workers, then apply them (Keras 3)."""
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError("apply() without trainable_variables needs a built optimizer")
+            trainable_variables = self._trainable_variables
+        grads, variables = list(grads), list(trainable_variables)
+        if not self.built:       # build outside any tf.cond below
+            self.build(variables)
+        st = self._bps
+        if st.passes == 1:
+            return super().apply(st.reduce(grads, variables), variables)
+        st.aggregate(grads, variables, lambda g: super(_Keras3, self).apply(g, variables))
+        return None
+
+
+class _Keras2(_Distributed):
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        """Average the gradients across workers, then apply them (tf-keras 2)."""
+        gv = list(grads_and_vars)
+        grads, variables = [g for g, _ in gv], [v for _, v in gv]
+        st = self._bps
+        if st.passes == 1:
+            return super().apply_gradients(list(zip(st.reduce(grads, variables), variables)),
+                                           *args, **kwargs)
+        st.aggregate(grads, variables, lambda g: super(_Keras2, self).apply_gradients(
+            list(zip(g, variables)), *args, **kwargs))
+        return self.iterations
+
+
+def _is_built(opt) -> bool:
+    if hasattr(opt, "stateless_apply"):          # Keras 3
+        return bool(opt.built)
+    return len(optimizer_variables(opt)) > 1     # more than `iterations`
+
+
+def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", device_sparse="",
+                                 compression=Compression.none, sparse_as_dense=False,
+                                 op=_ops.Average, backward_passes_per_step=1,
+                                 average_aggregated_gradients=False, in_place=None):
+    """Wrap a Keras optimizer: same class name and config, gradients averaged across workers.
+
+    An unbuilt optimizer is re-created from its config (the original stays
+    untouched); a built one (it has state) is converted in place so that its
+    slots survive.
+    """
+    _check_backend(keras)
+    if isinstance(optimizer, _Distributed):
+        raise ValueError(f"optimizer {type(optimizer).__name__} is already a byteps "
+                         f"DistributedOptimizer; wrap the plain optimizer once")
+    if not hasattr(optimizer, "apply_gradients"):
+        raise TypeError(f"DistributedOptimizer needs a Keras optimizer or a "
+                        f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
+    base = type(optimizer)
+    mixin = _Keras3 if hasattr(optimizer, "stateless_apply") else _Keras2
+    cls = type(base.__name__, (mixin, base), {"__module__": base.__module__,
+                                              "__doc__": base.__doc__})
+    if in_place is None:
+        in_place = _is_built(optimizer)
+    if in_place:
+        opt = optimizer
+        opt.__class__ = cls
+    else:
+        opt = cls.from_config(optimizer.get_config())
+    prefix = (name or "Distributed" + base.__name__) + ".Push_Pull."
+    settings = _Settings(prefix, compression, sparse_as_dense, _ops.resolve_op(op, None),
+                         device_dense, device_sparse, backward_passes_per_step,
+                         average_aggregated_gradients)
+    object.__setattr__(opt, "_bps", settings)   # bypass Keras attribute tracking
+    return opt
+
+
+# ------------------------------------------------------------------ module-level helpers
+def push_pull(keras, value, name=None, average=True):
+    """Average (or sum) a value across workers; returns a numpy array."""
+    arr = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+    if name is None:
+        name = f"anon.{arr.dtype}.{'x'.join(map(str, arr.shape)) or 'scalar'}"
+    res = core.push_pull(np.array(arr, order="C").reshape(-1), "KerasPushPull." + name,
+                         average=average)
+    return res.reshape(arr.shape)
+
+
+def broadcast(keras, value, root_rank, name=None):
+    """Return rank ``root_rank``'s value on every rank, as a numpy array."""
+    arr = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+    if name is None:
+        name = f"anon.{arr.dtype}.{'x'.join(map(str, np.shape(arr))) or 'scalar'}"
+    t = tf.convert_to_tensor(arr)
+    return _ops.broadcast_tensors([t], ["KerasBroadcast." + name], root_rank)[0].numpy()
+
+
+def all_model_variables(keras) -> list:
+    """Variables of every Keras model alive in this process and of their optimizers.
+
+    TensorFlow 2 keeps no global variable collection, so the models are found
+    by scanning live objects once; they are sorted by name so that every rank
+    lists them in the same order.
+    """
+    seen, out = set(), []
+    models = [o for o in gc.get_objects() if isinstance(o, keras.Model)]
+    for m in models:
+        for v in list(m.variables) + optimizer_variables(getattr(m, "optimizer", None)):
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return sorted(out, key=lambda v: _ops.var_name(v, 0))
+
+
+def broadcast_global_variables(keras, root_rank):
+    """Broadcast every Keras model's (and optimizer's) variables from ``root_rank``.
+
+    In a TF1 graph this runs the broadcast of ``tf.compat.v1.global_variables()``.
+    """
+    import byteps.tensorflow as bps
+    if not tf.executing_eagerly():
+        sess = tf.compat.v1.get_default_session() or tf.compat.v1.keras.backend.get_session()
+        return sess.run(bps.broadcast_global_variables(root_rank))
+    variables = all_model_variables(keras)
+    if not variables:
+        warnings.warn("broadcast_global_variables: no built Keras model found; build the model "
+                      "first or use BroadcastGlobalVariablesCallback", stacklevel=3)
+    return bps.broadcast_variables(variables, root_rank, scope="BroadcastGlobalVariables")
+
+
+def load_model(keras, filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """``keras.models.load_model`` whose optimizer comes back as a DistributedOptimizer."""
+    objs = {c.__name__: c for c in (custom_optimizers or [])}
+    objs.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objs)
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not isinstance(opt, _Distributed):
+        create_distributed_optimizer(keras_of(opt), opt, compression=compression, in_place=True)
+    return model

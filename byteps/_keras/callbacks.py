@@ -1,0 +1,197 @@
+"""Callback implementations shared by ``byteps.keras`` and ``byteps.tensorflow.keras``.
+
+Each ``*Impl`` is mixed with the front end's ``keras.callbacks.Callback``
+(Keras 3 or tf-keras), Horovod style.
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.core import api as core
+from byteps.tensorflow import _ops
+from byteps._keras import _is_built, optimizer_variables
+
+
+def _value(x) -> float:
+    return float(np.asarray(x.numpy() if hasattr(x, "numpy") else x))
+
+
+class BroadcastGlobalVariablesCallbackImpl:
+    """Make every rank start from rank ``root_rank``'s model and optimizer state."""
+
+    def __init__(self, backend, root_rank: int, device: str = "", *args):
+        super().__init__(*args)
+        self.backend, self.root_rank, self.device = backend, root_rank, device
+        self.broadcast_done = False
+
+    def _broadcast(self) -> bool:
+        model = self.model
+        opt = getattr(model, "optimizer", None)
+        seen, variables = set(), []
+        for v in list(model.variables) + optimizer_variables(opt):
+            if id(v) not in seen:
+                seen.add(id(v))
+                variables.append(v)
+        with tf.device(self.device):
+            _ops_broadcast(variables, self.root_rank)
+        return bool(model.variables) and (opt is None or _is_built(opt))
+
+    def on_train_begin(self, logs=None):
+        if core.size() > 1:
+            self.broadcast_done = self._broadcast()
+        else:
+            self.broadcast_done = True
+
+    def on_batch_end(self, batch, logs=None):
+        # Models or optimizers built lazily by the first step (tf-keras) get their
+        # state broadcast right after it.
+        if not self.broadcast_done:
+            self._broadcast()
+            self.broadcast_done = True
+
+
+def _ops_broadcast(variables, root_rank):
+    import byteps.tensorflow as bps
+    bps.broadcast_variables(variables, root_rank, scope="BroadcastGlobalVariablesCallback")
+
+
+class MetricAverageCallbackImpl:
+    """Average the epoch's logged metrics over all ranks (put it before other callbacks)."""
+
+    def __init__(self, backend, device: str = "", *args):
+        super().__init__(*args)
+        self.backend, self.device = backend, device
+
+    def _average_metrics_in_place(self, logs):
+        if not logs or core.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if isinstance(v, numbers.Number)
+                      or (hasattr(v, "shape") and np.size(v) == 1))
+        _ops.check_same("logged metric names", keys)
+        if not keys:
+            return
+        vals = np.array([_value(logs[k]) for k in keys], np.float64)
+        tag = zlib.crc32(",".join(keys).encode())
+        avg = core.push_pull(vals, f"MetricAverageCallback.{tag}", average=True)
+        for k, v in zip(keys, avg):
+            logs[k] = float(v)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._average_metrics_in_place(logs)
+
+
+def get_lr(opt) -> float:
+    return _value(opt.learning_rate)
+
+
+def set_lr(opt, value: float) -> None:
+    opt.learning_rate = value
+
+
+class LearningRateScheduleCallbackImpl:
+    """lr = ``initial_lr * multiplier(epoch)`` between ``start_epoch`` and ``end_epoch``.
+
+    ``multiplier`` is a constant or a function of the (fractional, when not
+    ``staircase``) epoch.  ``initial_lr=None`` reads the optimizer's rate at
+    the start of training.  Momentum correction (scaling momentum by
+    new_lr/old_lr for the step after a change) needs the momentum to be a
+    variable, as in tf-keras legacy optimizers; Keras 3 compiles momentum as a
+    constant, so it is skipped there.
+    """
+
+    def __init__(self, backend, initial_lr, multiplier, start_epoch=0, end_epoch=None,
+                 staircase=True, momentum_correction=True, steps_per_epoch=None, *args):
+        super().__init__(*args)
+        self.backend = backend
+        self.initial_lr = initial_lr
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.restore_momentum = None
+        self.current_epoch = None
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            self.staircase = True
+            self.multiplier = lambda epoch: multiplier
+
+    def _autodetect_steps_per_epoch(self) -> int:
+        params = getattr(self, "params", None) or {}
+        if params.get("steps"):
+            return params["steps"]
+        if params.get("samples") and params.get("batch_size"):
+            return params["samples"] // params["batch_size"]
+        raise ValueError(f"{type(self).__name__}: could not detect the number of steps per "
+                         f"epoch; pass steps_per_epoch=")
+
+    def _adjust_learning_rate(self, epoch) -> None:
+        opt = self.model.optimizer
+        old_lr = get_lr(opt)
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        set_lr(opt, new_lr)
+        mom = getattr(opt, "momentum", None)
+        if self.momentum_correction and hasattr(mom, "assign") and old_lr:
+            self.restore_momentum = _value(mom)
+            mom.assign(self.restore_momentum * new_lr / old_lr)
+
+    def _restore_momentum_if_needed(self) -> None:
+        if self.restore_momentum is not None:
+            self.model.optimizer.momentum.assign(self.restore_momentum)
+            self.restore_momentum = None
+
+    def on_train_begin(self, logs=None):
+        if self.initial_lr is None:
+            self.initial_lr = get_lr(self.model.optimizer)
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+        mom = getattr(self.model.optimizer, "momentum", None)
+        if self.momentum_correction and isinstance(mom, numbers.Number) and mom:
+            warnings.warn(f"{type(self).__name__}: momentum correction is skipped because the "
+                          f"optimizer's momentum is a constant ({mom}), not a variable",
+                          stacklevel=2)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def on_batch_begin(self, batch, logs=None):
+        if (self.current_epoch < self.start_epoch
+                or (self.end_epoch is not None and self.current_epoch >= self.end_epoch)):
+            return
+        if self.staircase and batch == 0:
+            self._adjust_learning_rate(self.current_epoch)
+        elif not self.staircase:
+            self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
+
+    def on_batch_end(self, batch, logs=None):
+        self._restore_momentum_if_needed()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = get_lr(self.model.optimizer)
+
+
+class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
+    """Ramp lr from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al.)."""
+
+    def __init__(self, backend, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0, *args):
+        def multiplier(epoch):
+            # Round numbers at the end of each epoch (nicer learning-rate plots).
+            epoch += 1.0 / self.steps_per_epoch
+            return 1.0 / core.size() * (epoch * (core.size() - 1) / warmup_epochs + 1)
+        super().__init__(backend, initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch, *args)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{get_lr(self.model.optimizer):g}.")

@@ -1,0 +1,60 @@
+"""byteps.keras — BytePS for Keras 3 (TensorFlow backend), or tf-keras 2 when
+``TF_USE_LEGACY_KERAS=1``.
+
+    import byteps.keras as bps
+    bps.init()
+    opt = bps.DistributedOptimizer(keras.optimizers.SGD(0.01 * bps.size()))
+    model.compile(optimizer=opt, loss=...)
+    model.fit(x, y, callbacks=[bps.callbacks.BroadcastGlobalVariablesCallback(0),
+                               bps.callbacks.MetricAverageCallback()])
+"""
+from __future__ import annotations
+
+from byteps import _keras as _impl
+from byteps.core.api import (BytePSError, init, is_initialized, local_rank, local_size, rank,
+                             shutdown, size)
+from byteps.tensorflow import Average, Compression, Sum
+
+keras = _impl.default_keras()
+
+from byteps.keras import callbacks  # noqa: E402  (needs `keras` above)
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "DistributedOptimizer", "broadcast_global_variables", "push_pull", "broadcast",
+           "load_model", "callbacks", "Compression", "Average", "Sum", "BytePSError"]
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average,
+                         average_aggregated_gradients=False):
+    """Wrap a Keras optimizer so that gradients are averaged across workers before use.
+
+    Works with ``model.compile``/``model.fit`` and with ``apply_gradients``.
+    ``backward_passes_per_step=N`` sums N local gradients and communicates
+    once per N steps (divided by N with ``average_aggregated_gradients``).
+    """
+    return _impl.create_distributed_optimizer(
+        _impl.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
+        sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients)
+
+
+def broadcast_global_variables(root_rank: int):
+    """Broadcast the variables of every Keras model in this process (and its optimizer)."""
+    return _impl.broadcast_global_variables(keras, root_rank)
+
+
+def push_pull(value, name: str | None = None, average: bool = True):
+    """Average (or sum) a tensor/array/number across workers; returns a numpy array."""
+    return _impl.push_pull(keras, value, name, average)
+
+
+def broadcast(value, root_rank: int, name: str | None = None):
+    """Return rank ``root_rank``'s value on every rank, as a numpy array."""
+    return _impl.broadcast(keras, value, root_rank, name)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """Load a saved model; its optimizer comes back wrapped as a DistributedOptimizer."""
+    return _impl.load_model(keras, filepath, custom_optimizers, custom_objects, compression)

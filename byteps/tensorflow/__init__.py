@@ -1,0 +1,173 @@
+"""byteps.tensorflow — BytePS for TensorFlow 2 (eager and ``tf.function``).
+
+    import byteps.tensorflow as bps
+    bps.init()
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+    tape = bps.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)   # averaged across workers
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    bps.broadcast_variables(model.variables, root_rank=0)     # after the first step
+
+Tensors travel through the framework-free core (``byteps.core.api``) as
+numpy arrays; inside ``tf.function`` that happens in ``tf.numpy_function``
+ops, so XLA (``jit_compile=True``) cannot compile a step that communicates.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from byteps.core.api import (BytePSError, barrier, init, is_initialized, local_rank,
+                             local_size, rank, shutdown, size)
+from byteps.tensorflow import _ops
+from byteps.tensorflow._ops import Average, Sum
+from byteps.tensorflow.compression import Compression
+
+__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+           "barrier", "push_pull", "broadcast", "broadcast_variables",
+           "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
+           "Compression", "Average", "Sum", "BytePSError"]
+
+
+def _scoped(scope: str, name: str) -> str:
+    return (scope.rstrip("/") + "/" if scope else "") + name
+
+
+def _auto_name(tensor) -> str | None:
+    """The graph name of ``tensor`` inside ``tf.function``; None when eager."""
+    if tf.executing_eagerly():
+        return None
+    try:
+        return _ops.var_name(tensor, 0)
+    except Exception:   # noqa: BLE001 - any naming failure falls back to dtype+shape
+        return None
+
+
+def push_pull(tensor, scope: str = "", average=None, device_dense: str = "",
+              device_sparse: str = "", compression=Compression.none, op=None,
+              name: str | None = None):
+    """Average (default) or sum ``tensor`` over all workers; eager or in ``tf.function``.
+
+    ``tf.IndexedSlices`` are gathered sparsely (values and indices of every
+    rank, concatenated).  Without ``name``, the tensor's graph name (in a
+    ``tf.function``) or its dtype and shape (eagerly) name the exchange, so
+    every rank must make the same calls in the same order.
+    """
+    op = _ops.resolve_op(op, average)
+    base = name or _auto_name(tensor)
+    full = "PushPull." + _scoped(scope, base or "anon")
+    average = op == Average
+    if isinstance(tensor, tf.IndexedSlices):
+        with tf.device(device_sparse):
+            vals, ctx = compression.compress(tensor.values)
+            vals, wdt = _ops.to_wire(vals)
+            t = _ops.start_sparse(vals, tensor.indices, full, average)
+            v, i = _ops.wait([t], [(vals.dtype, tf.TensorShape([None]).concatenate(
+                vals.shape[1:])), (tf.int64, tf.TensorShape([None]))])
+            v = compression.decompress(_ops.from_wire(v, wdt), ctx)
+            return tf.IndexedSlices(v, tf.cast(i, tensor.indices.dtype), tensor.dense_shape)
+    tensor = tf.convert_to_tensor(tensor)
+    with tf.device(device_dense):
+        c, ctx = compression.compress(tensor)
+        c, wdt = _ops.to_wire(c)
+        t = _ops.start_dense(c, full, average, shape_in_name=name is None)
+        (r,) = _ops.wait([t], [(c.dtype, c.shape)])
+        return compression.decompress(_ops.from_wire(r, wdt), ctx)
+
+
+def broadcast(tensor, root_rank: int, scope: str = "", name: str | None = None,
+              is_variable: bool = True):
+    """Return rank ``root_rank``'s value of ``tensor`` on every rank."""
+    tensor = tf.convert_to_tensor(tensor)
+    base = name or _auto_name(tensor) or f"anon.{tensor.dtype.name}.{tensor.shape}"
+    return _ops.broadcast_tensors([tensor], ["Broadcast." + _scoped(scope, base)],
+                                  root_rank)[0]
+
+
+def broadcast_variables(variables, root_rank: int, scope: str = ""):
+    """Assign rank ``root_rank``'s value to every variable on every rank.
+
+    Eagerly this happens at once (returns None); inside ``tf.function`` or a
+    TF1 graph it returns the op that does it.  Every rank must pass the same
+    variables (checked: a mismatch raises instead of hanging).
+    """
+    variables = list(variables)
+    names = _ops.unique_names("BroadcastVariables." + _scoped(scope, ""), variables)
+    values = _ops.broadcast_tensors([tf.convert_to_tensor(v) for v in variables], names,
+                                    root_rank)
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_global_variables(root_rank: int):
+    """Broadcast all TF1 global variables (graph mode only).
+
+    TensorFlow 2 has no global variable collection: use
+    ``broadcast_variables(model.variables, root_rank)`` (and the optimizer's
+    variables), or ``byteps.keras.broadcast_global_variables``.
+    """
+    if tf.executing_eagerly():
+        raise BytePSError("bps.broadcast_global_variables() needs a TF1 graph: TensorFlow 2 "
+                          "eager mode has no global variables. Use "
+                          "bps.broadcast_variables(model.variables, root_rank) and "
+                          "bps.broadcast_variables(optimizer.variables, root_rank), or the "
+                          "Keras BroadcastGlobalVariablesCallback")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """A GradientTape whose ``gradient()`` averages the gradients across workers."""
+
+    def __init__(self, tape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                 persistent=False, watch_accessed_variables=True):
+        super().__init__(persistent, watch_accessed_variables)
+        self._tape = tape._tape                 # share what the user's tape recorded
+        self._bps = (device_dense, device_sparse, compression, sparse_as_dense, op)
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        grads = super().gradient(target, sources, output_gradients, **kwargs)
+        dd, ds, comp, sad, op = self._bps
+        flat = tf.nest.flatten(grads)
+        reduced = _ops.push_pull_grads(flat, tf.nest.flatten(sources),
+                                       "DistributedGradientTape.Push_Pull.", comp, sad, op,
+                                       dd, ds)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
+                            compression=Compression.none, sparse_as_dense: bool = False,
+                            op=Average):
+    """Wrap a recorded ``tf.GradientTape``: its gradients are averaged over workers.
+
+    Each gradient's push_pull starts as soon as backpropagation produces it
+    (first layers get the highest priority); ``gradient()`` waits once for
+    all.  ``tf.IndexedSlices`` gradients stay sparse unless
+    ``sparse_as_dense=True``.
+    """
+    op = _ops.resolve_op(op, None)
+    cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
+    return cls(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+               gradtape._persistent, gradtape._watch_accessed_variables)
+
+
+def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression=Compression.none, sparse_as_dense: bool = False,
+                         backward_passes_per_step: int = 1, op=Average):
+    """Wrap an optimizer so that it averages gradients across workers before applying them.
+
+    Keras optimizers (Keras 3, or tf-keras under ``TF_USE_LEGACY_KERAS=1``)
+    get the shared Keras implementation (``byteps.keras.DistributedOptimizer``);
+    ``tf.compat.v1.train.Optimizer`` instances are wrapped by delegation.
+    """
+    op = _ops.resolve_op(op, None)
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from byteps.tensorflow._v1 import wrap_v1_optimizer
+        return wrap_v1_optimizer(optimizer, name, use_locking, device_dense, device_sparse,
+                                 compression, sparse_as_dense, backward_passes_per_step, op)
+    from byteps import _keras
+    return _keras.create_distributed_optimizer(
+        _keras.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
+        sparse_as_dense, op, backward_passes_per_step)

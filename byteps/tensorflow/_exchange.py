@@ -1,0 +1,163 @@
+"""Numpy side of the TensorFlow plugin: exchanges started now, waited for later.
+
+Nothing here imports TensorFlow.  Each exchange is started with ``start_*``
+(returning an integer *ticket*) as soon as its input exists, and all tickets
+of a step are waited for together with :func:`wait`, so communication
+overlaps the rest of the backward pass.  Inside ``tf.function`` these
+functions run in ``tf.numpy_function`` ops; eagerly they are called directly.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+
+from byteps.core import api as core
+
+_tickets: dict[int, tuple] = {}
+_ids = itertools.count(1)
+_lock = threading.Lock()
+
+# Lossless stand-ins for dtypes the core does not carry (broadcast only: a
+# broadcast sums one rank's value with zeros, which is exact in any of these).
+_VIEW = {np.dtype(np.uint32): np.int32, np.dtype(np.uint64): np.int64,
+         np.dtype(np.complex64): np.float32, np.dtype(np.complex128): np.float64}
+_CAST = {np.dtype(bool): np.uint8, np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.int32}
+
+
+def _ticket(entry: tuple) -> int:
+    with _lock:
+        tid = next(_ids)
+        _tickets[tid] = entry
+    return tid
+
+
+def start_dense(array: np.ndarray, name: str, average: bool, priority: int = 0,
+                shape_in_name: bool = False) -> int:
+    """Start summing/averaging ``array`` across workers under ``name``."""
+    # A copy: TensorFlow may reuse the input buffer as soon as the op returns,
+    # and the core must not see its input change before it is synchronized.
+    src = np.array(array, order="C", copy=True)
+    shape = src.shape
+    if shape_in_name:
+        name = f"{name}.{src.dtype}.{'x'.join(map(str, shape)) or 'scalar'}"
+    src = src.reshape(-1) if src.ndim == 0 else src     # the core carries arrays, not scalars
+    return _ticket(("dense", core.push_pull_async(src, name, average=average,
+                                                  priority=priority, out=src), shape))
+
+
+def start_sparse(values: np.ndarray, indices: np.ndarray, name: str, average: bool,
+                 priority: int = 0) -> int:
+    """Start gathering the rows of an ``IndexedSlices`` gradient from every worker.
+
+    The servers only sum, so a gather is two sums: first a per-rank row-count
+    vector (each rank fills its own slot), then a zero buffer of the total
+    length in which each rank writes its rows at its own offset.  The sum is
+    the concatenation of all ranks' rows, in rank order.  Buffers are padded
+    to a power of two so a varying row count reuses a few names only.
+    """
+    values = np.asarray(values)
+    indices = np.asarray(indices).astype(np.int64, copy=False).reshape(-1)
+    if values.ndim < 1 or values.shape[0] != indices.shape[0]:
+        raise ValueError(f"sparse gradient {name!r}: {values.shape[0] if values.ndim else 0} "
+                         f"value rows but {indices.shape[0]} indices")
+    n, r, k = core.size(), core.rank(), indices.shape[0]
+    counts = np.zeros(n, np.int64)
+    counts[r] = k
+    counts = core.push_pull(counts, name + ".counts", average=False, priority=priority)
+    total, offset = int(counts.sum()), int(counts[:r].sum())
+    if total == 0:
+        return _ticket(("sparse", None, None, 0, average, values.dtype, values.shape[1:]))
+    bucket = 1 if total <= 1 else 1 << (total - 1).bit_length()
+    vbuf = np.zeros((bucket,) + values.shape[1:], values.dtype)
+    vbuf[offset:offset + k] = values
+    ibuf = np.zeros(bucket, np.int64)
+    ibuf[offset:offset + k] = indices
+    hv = core.push_pull_async(vbuf, f"{name}.values.{bucket}", average=False,
+                              priority=priority, out=vbuf)
+    hi = core.push_pull_async(ibuf, f"{name}.indices.{bucket}", average=False,
+                              priority=priority, out=ibuf)
+    return _ticket(("sparse", hv, hi, total, average, values.dtype, values.shape[1:]))
+
+
+def start_broadcast(array: np.ndarray, name: str, root_rank: int) -> int:
+    """Start sending rank ``root_rank``'s ``array`` to every rank."""
+    size = core.size()
+    if not 0 <= int(root_rank) < size:
+        raise ValueError(f"broadcast of {name!r}: root_rank={root_rank} is out of range for "
+                         f"{size} worker(s)")
+    arr = np.asarray(array)
+    dtype, shape = arr.dtype, arr.shape
+    if dtype in _CAST:
+        wire = arr.astype(_CAST[dtype])
+    elif dtype in _VIEW:
+        wire = np.ascontiguousarray(arr).view(_VIEW[dtype])
+    else:
+        wire = np.array(arr, order="C", copy=True)
+    if core.rank() != int(root_rank):
+        wire = np.zeros_like(wire)
+    wire = wire.reshape(-1) if wire.ndim == 0 else wire
+    h = core.push_pull_async(wire, "broadcast." + name, average=False, out=wire)
+    return _ticket(("bcast", h, dtype, shape))
+
+
+def wait(*tickets) -> list[np.ndarray]:
+    """Finish the exchanges behind ``tickets``; a sparse one yields (values, indices)."""
+    with _lock:
+        entries = []
+        for t in tickets:
+            e = _tickets.pop(int(t), None)
+            if e is None:
+                raise ValueError(f"unknown or already waited-for byteps ticket {int(t)}")
+            entries.append(e)
+    out: list[np.ndarray] = []
+    errors = []
+    for e in entries:     # wait for every handle even after a failure: no stray ops in flight
+        try:
+            out.extend(_finish(e))
+        except Exception as exc:   # noqa: BLE001 - re-raised below with the first cause
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _finish(e: tuple) -> list[np.ndarray]:
+    kind = e[0]
+    if kind == "dense":
+        return [core.synchronize(e[1]).reshape(e[2])]
+    if kind == "bcast":
+        res, dtype, shape = core.synchronize(e[1]), e[2], e[3]
+        if dtype in _CAST:
+            res = res.astype(dtype)
+        elif dtype in _VIEW:
+            res = res.view(dtype)
+        return [res.reshape(shape)]
+    _, hv, hi, total, average, dtype, tail = e
+    if hv is None:
+        return [np.zeros((0,) + tuple(tail), dtype), np.zeros(0, np.int64)]
+    errs = []
+    res = []
+    for h in (hv, hi):
+        try:
+            res.append(core.synchronize(h))
+        except core.BytePSError as exc:
+            errs.append(exc)
+    if errs:
+        raise errs[0]
+    values, indices = res[0][:total], res[1][:total]
+    if average and core.size() > 1:
+        if values.dtype.kind == "f":
+            values = values / np.asarray(core.size(), values.dtype)
+        else:
+            values = values // core.size()
+    return [np.ascontiguousarray(values), np.ascontiguousarray(indices)]
+
+
+def discard(tickets) -> None:
+    """Wait for and drop tickets whose results are not needed (error clean-up)."""
+    try:
+        wait(*tickets)
+    except Exception:   # noqa: BLE001 - clean-up after an earlier error
+        pass
