@@ -132,7 +132,7 @@ class Server:
             self.sock.close(0)
             self.link.close()
             for slot in self.slots.values():
-                for seg in slot.bufs or ():
+                for seg in slot.segs or ():
                     seg.close()
             self.push_maps.clear()
 
@@ -240,10 +240,11 @@ class Server:
             elif slot.dtype != e[4] or slot.length != e[5]:
                 self.key_error(e[0], self.mismatch(e, slot, rank))
                 continue
-            if e[3] & SHM and slot.bufs is None:
-                slot.bufs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
+            if e[3] & SHM and slot.segs is None:
+                slot.segs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
                                                          e[0], e[1], p),
                                          e[5] * DTYPES[e[4]].itemsize, True) for p in (0, 1)]
+                slot.bufs = [seg.array(DTYPES[e[4]], e[5]) for seg in slot.segs]
             if arr is not None:
                 out.setdefault(ident, []).append(([e[0], e[1], e[2], ACK, e[4], e[5]], None))
                 self.bytes_received += arr.nbytes
