@@ -128,11 +128,15 @@ def _direct(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _NATIVE and t.is_contiguous()
 
 
-def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, name,
-                     priority: int) -> int:
+def _check_tensor(tensor, name) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"push_pull expects a torch.Tensor, got {type(tensor).__name__} "
-                        f"(name {name!r})")
+                        f"(name {name!r}); use byteps.numpy for numpy arrays")
+
+
+def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, name,
+                     priority: int) -> int:
+    _check_tensor(tensor, name)
     if name is None:
         name = _auto_name("push_pull")
     elif not isinstance(name, str) or not name:
@@ -166,6 +170,8 @@ def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, 
         else:
             staged_out = _stage(name, "out", t, wire)
             out = staged_out.numpy()
+    if src.ndim == 0:              # the core works on arrays of at least one dimension
+        src, out = src.reshape(1), out.reshape(1)
     h = _core.push_pull_async(src, name, average=bool(average), priority=int(priority),
                               out=out)
     with _lock:
@@ -182,6 +188,7 @@ def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None
     and ignored.  Without a ``name``, one is generated from a per-process
     counter, so every rank must then issue its unnamed calls in the same order.
     """
+    _check_tensor(tensor, name)
     output = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
     return _push_pull_async(tensor, output, average, name, priority)
 
