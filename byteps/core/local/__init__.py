@@ -1,0 +1,40 @@
+"""Local reduction among the worker processes of one host (see docs/local_reduction.md).
+
+With ``BYTEPS_LOCAL_SIZE > 1`` and ``BYTEPS_LOCAL_REDUCE`` on (the default),
+the local ranks of a host sum their tensors in shared memory first
+(reduce-scatter, within PCIe-switch / NUMA groups first), only the reduced
+slices go to the servers, and the results come back to every local rank
+(all-gather).  Modules:
+
+* :mod:`.shm`       — shared-memory segments and their clean-up by prefix
+* :mod:`.reducer`   — the pipelined per-process reduction thread
+* :mod:`.topology`  — PCIe switches / NUMA nodes from sysfs and nvidia-smi
+* :mod:`.numa`      — NUMA nodes and CPU binding
+* :mod:`.gpu`       — the NCCL stage for GPU tensors (needs CUDA; not used by the numpy core)
+"""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("byteps.local")
+
+
+def enabled(cfg) -> bool:
+    """Whether this worker's push_pulls go through the local reduction."""
+    return cfg.local_reduce != "off" and cfg.local_size > 1
+
+
+def start(cfg, engine, book: dict, epoch: int):
+    """Create this process's :class:`~byteps.core.local.reducer.LocalReducer`."""
+    from byteps.core.local.reducer import LocalReducer
+    from byteps.core.local.topology import detect, reduce_groups
+    topo = None
+    if not cfg.pcie_switch_size:
+        try:
+            topo = detect()
+        except Exception as exc:     # topology is an optimisation: never fatal
+            log.warning("topology detection failed (%s); reducing in one group", exc)
+    groups = reduce_groups(cfg.local_size, cfg.pcie_switch_size, topo, cfg.numa_on)
+    log.info("local reduction on host %s: mode %s, groups %s", cfg.host_id, cfg.local_reduce,
+             groups)
+    return LocalReducer(cfg, engine, book, epoch, cfg.local_reduce, groups)

@@ -1,0 +1,452 @@
+"""The local reduction of one worker process: shared memory among the local ranks of a host.
+
+Each push_pull becomes an :class:`_Op` that flows, chunk by chunk
+(``BYTEPS_PARTITION_BYTES``) and in priority order, through these stages::
+
+    copy    my input chunk -> my input slot in shared memory        (every rank)
+    l1      sum my part of the chunk over my group's inputs        (two-level only)
+    reduce  sum my slice of the chunk over all inputs / group sums (reduce-scatter)
+    net     push_pull the reduced slice through the Engine          (the network client)
+    gather  copy the finished chunk into my output                  (all-gather)
+
+Each stage writes ``round+1`` into a per-chunk counter of the segment after
+its data, then sends the tensor key (8 raw bytes) to the other local ranks
+over ``ipc://`` PUSH sockets, which wakes them without busy-waiting.  With
+``BYTEPS_LOCAL_REDUCE=slice`` (the default) local rank k pushes slice k under
+the name ``<name>.slice<k>``; with ``root`` local rank 0 pushes every slice.
+Either way each key gets one push per host, and averages divide by the
+global number of workers.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import struct
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from byteps.core.engine import Handle, Task
+from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir
+from byteps.core.node import BytePSError
+
+log = logging.getLogger("byteps.local")
+_KEY = struct.Struct("<q")
+
+
+class _SliceTensor:
+    """What the Engine needs of a tensor: the slice ``<name>.slice<k>``."""
+    __slots__ = ("name", "key", "shape", "dtype_code", "busy")
+
+    def __init__(self, name: str, key: int, length: int, dtype_code: int):
+        self.name, self.key, self.shape, self.dtype_code = name, key, (length,), dtype_code
+        self.busy = None
+
+
+class _NetDone:
+    """Stands in for a slice handle's event: the Engine's completion calls set()."""
+    __slots__ = ("red", "op", "k", "j", "h")
+
+    def __init__(self, red, op, k, j):
+        self.red, self.op, self.k, self.j, self.h = red, op, k, j, None
+
+    def set(self) -> None:
+        self.red.net_done(self)
+
+    def is_set(self) -> bool:
+        return False
+
+
+class _Op:
+    __slots__ = ("handle", "tensor", "seg", "t", "src", "out", "average", "prio", "seq",
+                 "copy", "l1", "red", "net", "gather", "slices", "started", "warned", "round")
+
+    def __lt__(self, other: "_Op") -> bool:
+        return (self.prio, self.seq) < (other.prio, other.seq)
+
+
+class LocalReducer:
+    """Background thread that runs the local stages of every push_pull of this process."""
+
+    def __init__(self, cfg, engine, book: dict, epoch: int, mode: str, groups: list[list[int]]):
+        self.cfg, self.engine, self.mode = cfg, engine, mode
+        self.L, self.me = cfg.local_size, cfg.local_rank
+        workers = book["workers"]
+        self.peers = {w["local_rank"]: w for w in workers if w["host_id"] == cfg.host_id}
+        if sorted(self.peers) != list(range(self.L)):
+            raise BytePSError(f"host {cfg.host_id}: the address book lists local ranks "
+                              f"{sorted(self.peers)}, expected 0..{self.L - 1}")
+        self.nhosts = len({w["host_id"] for w in workers})
+        self.size = book["size"]
+        self.nservers = max(1, len(book["servers"]))
+        self.network = self.nhosts > 1
+        self.groups = groups
+        self.mygroup = next(g for g in groups if self.me in g)
+        self.two_level = 1 < len(groups) < self.L
+        self.dir = shm_dir(cfg.shm_dir)
+        self.prefix = host_prefix(cfg.job_id, cfg.host_id) + f"e{epoch}-"
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.bind(self._ipc(self.me))
+        self.push = {}
+        for r in range(self.L):
+            if r != self.me:
+                s = self.ctx.socket(zmq.PUSH)
+                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.SNDHWM, 10000)
+                s.connect(self._ipc(r))
+                self.push[r] = s
+        self.segs: dict[str, Segment] = {}
+        self.slice_cache: dict[str, list] = {}
+        self.rounds: dict[str, int] = {}
+        self.by_key: dict[int, _Op] = {}
+        self.lock = threading.Lock()
+        self.incoming: collections.deque = collections.deque()
+        self.events: collections.deque = collections.deque()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.seq = 0
+        self.fatal: BytePSError | None = None
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, name="byteps-local", daemon=True)
+        self.thread.start()
+
+    def _ipc(self, r: int) -> str:
+        return f"ipc://{os.path.join(self.dir, self.prefix)}n{r}"
+
+    # ------------------------------------------------------------ user thread
+    def submit(self, hid: int, tensor, src: np.ndarray, out: np.ndarray, average: bool,
+               priority: int) -> Handle:
+        """Start the local push_pull of ``src`` (api.Tensor ``tensor``) into ``out``."""
+        if self.fatal is not None:
+            raise self.fatal
+        flat_src = src.reshape(-1)
+        n = flat_src.size
+        chunk = max(1, self.cfg.partition_bytes // src.dtype.itemsize)
+        nchunks = -(-n // chunk) if n else 0
+        h = Handle(hid, tensor, out, nchunks, average)
+        if n == 0:
+            tensor.busy = None
+            h.event.set()
+            return h
+        seg = self.segs.get(tensor.name)
+        if seg is None:
+            path = os.path.join(self.dir, f"{self.prefix}t{tensor.key:016x}")
+            try:
+                seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
+                              len(self.groups) if self.two_level else 1, self.me)
+            except ValueError as exc:
+                raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
+            self.segs[tensor.name] = seg
+        op = _Op()
+        op.handle, op.tensor, op.seg = h, tensor, seg
+        rnd = self.rounds.get(tensor.name, 0)
+        self.rounds[tensor.name] = rnd + 1
+        op.round, op.t = rnd, rnd + 1
+        op.src, op.out, op.average = flat_src, h.flat_out, average
+        self.seq += 1
+        op.prio, op.seq = -priority, self.seq
+        op.copy = op.l1 = op.red = op.net = op.gather = 0
+        op.slices = self._slices(tensor, seg) if self.network else None
+        op.started, op.warned = time.monotonic(), False
+        with self.lock:
+            self.incoming.append(op)
+        self._wake()
+        return h
+
+    def _slices(self, tensor, seg: Segment) -> list[_SliceTensor]:
+        sl = self.slice_cache.get(tensor.name)
+        if sl is None:
+            from byteps.core.api import tensor_key
+            sl = []
+            for k in range(self.L):
+                length = sum(b - a for a, b in (seg.split(j, self.L, k) for j in range(seg.C)))
+                name = f"{tensor.name}.slice{k}"
+                sl.append(_SliceTensor(name, tensor_key(name), length, tensor.dtype_code))
+            self.slice_cache[tensor.name] = sl
+        return sl
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def net_done(self, nd: _NetDone) -> None:
+        """Engine thread: a slice chunk came back (or failed)."""
+        if nd.h.error is None:
+            nd.op.seg.done[nd.k, nd.j] = nd.op.t
+        self.events.append(nd)
+        self._wake()
+
+    def close(self, remove: bool = False) -> None:
+        """Stop the thread, close sockets, unlink the segments this process created."""
+        if self.running:
+            self.running = False
+            self._wake()
+            self.thread.join(5)
+        for s in list(self.push.values()) + [self.pull]:
+            s.close(0)
+        self.ctx.term()
+        try:
+            os.unlink(self._ipc(self.me)[len("ipc://"):])
+        except OSError:
+            pass
+        for seg in self.segs.values():
+            if seg.created:
+                seg.unlink()
+        if remove:
+            remove_prefix(self.dir, self.prefix)
+        for fd in (self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------ local thread
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
+        active: list[_Op] = []
+        dirty: set[int] = set()
+        next_check = time.monotonic() + 0.5
+        try:
+            while self.running:
+                ready = dict(poller.poll(200 if active else 1000))
+                if self.wake_r in ready:
+                    os.read(self.wake_r, 65536)
+                if self.pull in ready:
+                    while True:
+                        try:
+                            msg = self.pull.recv(zmq.NOBLOCK, copy=True)
+                        except zmq.Again:
+                            break
+                        if len(msg) == 8:
+                            dirty.add(_KEY.unpack(msg)[0])
+                with self.lock:
+                    new = list(self.incoming)
+                    self.incoming.clear()
+                for op in new:
+                    active.append(op)
+                    self.by_key[op.tensor.key] = op
+                    dirty.add(op.tensor.key)
+                active.sort()
+                while self.events:
+                    nd = self.events.popleft()
+                    if nd.h.error is not None:
+                        self._fail(nd.op, nd.h.error)
+                    else:
+                        self._notify(nd.op)
+                    dirty.add(nd.op.tensor.key)
+                now = time.monotonic()
+                if not ready:
+                    dirty.update(op.tensor.key for op in active)   # safety net
+                for op in active:
+                    if op.tensor.key in dirty:
+                        self._run(op)
+                dirty.clear()
+                finished = [op for op in active if op.handle.event.is_set()]
+                for op in finished:
+                    active.remove(op)
+                    if self.by_key.get(op.tensor.key) is op:
+                        del self.by_key[op.tensor.key]
+                if now >= next_check:
+                    next_check = now + 0.5
+                    if active:
+                        self._check(active, now)
+        except BytePSError as exc:
+            self._fatal(exc, active)
+        except Exception as exc:   # a bug must not leave users hanging
+            log.exception("local reduction thread crashed")
+            self._fatal(BytePSError(f"host {self.cfg.host_id} local rank {self.me}: local "
+                                    f"reduction thread crashed: {exc!r}"), active)
+
+    def _notify(self, op: _Op) -> None:
+        msg = _KEY.pack(op.tensor.key)
+        for s in self.push.values():
+            try:
+                s.send(msg, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def _run(self, op: _Op) -> None:
+        """Advance ``op`` as far as the counters allow, one chunk at a time."""
+        seg, t, C = op.seg, op.t, op.seg.C
+        while not op.handle.event.is_set():
+            if op.gather < C:
+                col = seg.done[:, op.gather]
+                if (col < 0).any():
+                    bad = [r for r in range(self.L) if col[r] < 0]
+                    return self._fail(op, BytePSError(
+                        f"tensor {op.tensor.name!r}: local rank(s) {bad} of host "
+                        f"{self.cfg.host_id} failed this push_pull (see their log)"))
+                if (col >= t).all():
+                    self._gather(op)
+                    continue
+            if op.slices is not None and self.mode == "root" and self.me == 0 and \
+                    op.net < C * self.L and self._net_ready(op):
+                self._root_net(op)
+                continue
+            if op.red < C and op.red < op.copy and self._reduce_ready(op):
+                self._reduce(op)
+                continue
+            if self.two_level and op.l1 < op.copy and \
+                    (seg.copied[self.mygroup, op.l1] >= t).all():
+                self._level1(op)
+                continue
+            if op.copy < C:
+                a, b = seg.chunk_range(op.copy)
+                seg.inputs[self.me, a:b] = op.src[a:b]
+                seg.copied[self.me, op.copy] = t
+                op.copy += 1
+                self._notify(op)
+                continue
+            return
+
+    def _reduce_ready(self, op: _Op) -> bool:
+        j = op.red
+        if self.two_level:
+            return op.l1 > j and bool((op.seg.gdone[:, j] >= op.t).all())
+        return bool((op.seg.copied[:, j] >= op.t).all())
+
+    @staticmethod
+    def _sum(rows, dst: np.ndarray) -> None:
+        np.add(rows[0], rows[1], out=dst)
+        for r in rows[2:]:
+            np.add(dst, r, out=dst)
+
+    def _level1(self, op: _Op) -> None:
+        seg, j, g = op.seg, op.l1, self.mygroup
+        gi = self.groups.index(g)
+        a, b = seg.split(j, len(g), g.index(self.me))
+        if len(g) == 1:
+            np.copyto(seg.gsum[gi, a:b], seg.inputs[g[0], a:b])
+        elif b > a:
+            self._sum([seg.inputs[r, a:b] for r in g], seg.gsum[gi, a:b])
+        seg.gdone[self.me, j] = op.t
+        op.l1 += 1
+        self._notify(op)
+
+    def _reduce(self, op: _Op) -> None:
+        seg, j = op.seg, op.red
+        a, b = seg.split(j, self.L, self.me)
+        dst = seg.out[a:b]
+        if b > a:
+            if self.two_level:
+                self._sum([seg.gsum[g, a:b] for g in range(len(self.groups))], dst)
+            else:
+                self._sum([seg.inputs[r, a:b] for r in range(self.L)], dst)
+        op.red += 1
+        if not self.network or b == a:
+            if op.average and self.size > 1 and b > a:
+                if dst.dtype.kind == "f":
+                    np.divide(dst, self.size, out=dst)
+                else:
+                    np.floor_divide(dst, self.size, out=dst)
+            seg.done[self.me, j] = op.t
+        elif self.mode == "slice":
+            self._submit_net(op, self.me, j, a, b)
+            return
+        else:
+            seg.reduced[self.me, j] = op.t
+        self._notify(op)
+
+    def _net_ready(self, op: _Op) -> bool:
+        j, k = divmod(op.net, self.L)
+        a, b = op.seg.split(j, self.L, k)
+        return b == a or op.seg.reduced[k, j] >= op.t
+
+    def _root_net(self, op: _Op) -> None:
+        j, k = divmod(op.net, self.L)
+        op.net += 1
+        a, b = op.seg.split(j, self.L, k)
+        if b > a:
+            self._submit_net(op, k, j, a, b)
+
+    def _submit_net(self, op: _Op, k: int, j: int, a: int, b: int) -> None:
+        st = op.slices[k]
+        err = self.engine.key_errors.get(st.key)
+        if err:
+            raise_op = BytePSError(err)
+            return self._fail(op, raise_op)
+        view = op.seg.out[a:b]
+        h = Handle(0, st, view, 1, op.average)
+        nd = _NetDone(self, op, k, j)
+        nd.h, h.event = h, nd
+        task = Task()
+        task.prio, task.seq = op.prio, op.seq
+        task.handle, task.part, task.start, task.length = h, j, 0, b - a
+        task.server = (st.key + j) % self.nservers
+        task.round, task.src, task.nbytes = op.round, view, view.nbytes
+        self.engine.submit([task])
+
+    def _gather(self, op: _Op) -> None:
+        a, b = op.seg.chunk_range(op.gather)
+        op.out[a:b] = op.seg.out[a:b]
+        op.gather += 1
+        if op.gather == op.seg.C:
+            op.tensor.busy = None
+            op.handle.event.set()
+
+    def _fail(self, op: _Op, err: BytePSError) -> None:
+        h = op.handle
+        if h.error is None and not h.event.is_set():
+            h.error = err
+            op.tensor.busy = None
+            try:
+                op.seg.done[self.me, :] = -1
+            except (TypeError, ValueError):
+                pass
+            h.event.set()
+            self._notify(op)
+
+    def _fatal(self, err: BytePSError, active: list) -> None:
+        log.error("%s", err)
+        self.fatal = err
+        with self.lock:
+            active = active + list(self.incoming)
+            self.incoming.clear()
+        for op in active:
+            self._fail(op, err)
+        self.running = False
+        remove_prefix(self.dir, self.prefix)
+
+    def _check(self, active: list, now: float) -> None:
+        """Fail fast when a local peer died; warn about stalled operations."""
+        for r, w in self.peers.items():
+            if r != self.me and not _alive(w.get("pid")):
+                raise BytePSError(
+                    f"host {self.cfg.host_id}: local rank {r} (worker rank {w.get('rank')}, pid "
+                    f"{w.get('pid')}) died; the local reduction of this host cannot continue")
+        for op in active:
+            if not op.warned and now - op.started > self.cfg.stall_warning_s:
+                op.warned = True
+                j = min(op.gather, op.seg.C - 1)
+                late = [r for r in range(self.L) if op.seg.copied[r, j] < op.t]
+                log.warning("tensor %r (round %d) waited %.0f s in the local reduction of host "
+                            "%s; local rank(s) %s have not contributed chunk %d", op.tensor.name,
+                            op.round, now - op.started, self.cfg.host_id, late or "none", j)
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
