@@ -19,6 +19,7 @@ import time
 import numpy as np
 import zmq
 
+from byteps.core import local as _local
 from byteps.core.config import Config
 from byteps.core.engine import Engine, Handle, Task
 from byteps.core.logs import setup_logging
@@ -69,6 +70,7 @@ class _State:
         self.barrier_n = itertools.count()
         self.nservers = 1
         self.book: dict = {}
+        self.local = None        # byteps.core.local.reducer.LocalReducer (local reduction)
 
 
 _STATE: _State | None = None
@@ -91,7 +93,8 @@ def init(lazy: bool = False) -> None:
             st.ctx = zmq.Context()
             st.link = SchedulerLink(cfg, st.ctx, "worker", _identity(cfg))
             try:
-                book = st.link.register({}, f"worker (host {cfg.host_id}, local rank "
+                book = st.link.register({"local_reduce": cfg.local_reduce},
+                                        f"worker (host {cfg.host_id}, local rank "
                                         f"{cfg.local_rank})")
                 st.book = book
                 st.rank, st.size = book["rank"], book["size"]
@@ -100,7 +103,11 @@ def init(lazy: bool = False) -> None:
                 if cfg.trace_on:
                     st.engine.timeline = Timeline(cfg.trace_dir, st.rank, st.size,
                                                   cfg.trace_start_step, cfg.trace_end_step)
+                if _local.enabled(cfg):
+                    st.local = _local.start(cfg, st.engine, book, st.link.epoch)
             except BaseException:
+                if st.engine is not None:
+                    st.engine.stop(leave=False)
                 st.link.close()
                 st.ctx.term()
                 raise
@@ -117,6 +124,8 @@ def shutdown() -> None:
     if st is None or st.engine is None:
         return
     _finish(st)
+    if st.local is not None:
+        st.local.close()
     st.engine.stop(leave=True)
     st.link.close()
     st.ctx.term()
@@ -208,6 +217,13 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
                               f"{t.busy}); synchronize() it before pushing the name again, or "
                               f"use a distinct name")
         t.busy = hid
+    if st.local is not None:            # local reduction: shared memory, then the network
+        try:
+            st.handles[hid] = st.local.submit(hid, t, src, out, average, priority)
+        except BaseException:
+            t.busy = None
+            raise
+        return hid
     h = Handle(hid, t, out, len(t.parts), average)
     if st.engine.timeline is not None:
         st.engine.timeline.begin(hid, name, h.t0)
@@ -332,6 +348,8 @@ def _at_exit() -> None:
     try:
         if st is not None and st.engine is not None:
             _finish(st)
+        if st is not None and st.local is not None:
+            st.local.close(remove=bool(_FAILED))
         if st is not None and st.engine is not None and st.engine.fatal is None:
             st.engine.stop(leave=False)
             st.link.send(Op.EXIT, body)
@@ -354,6 +372,7 @@ def _at_exit() -> None:
 
 
 def _identity(cfg: Config) -> bytes:
+    """Routing id at the scheduler: stable for this process, unguessable by strangers."""
     import os
     global _TOKEN
     if _TOKEN is None or _TOKEN[0] != os.getpid():
@@ -363,4 +382,3 @@ def _identity(cfg: Config) -> bytes:
 
 
 _TOKEN: tuple | None = None
-    """Routing id at the scheduler: stable for this process, unguessable by strangers."""

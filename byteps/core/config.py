@@ -159,6 +159,10 @@ class Config:
     trace_dir: str = "./traces"
     trace_start_step: int = 0
     trace_end_step: int = 1 << 30
+    local_reduce: str = "slice"    # BYTEPS_LOCAL_REDUCE: off | slice | root
+    pcie_switch_size: int | None = None
+    numa_on: bool | None = None    # None: on where the machine has more than one NUMA node
+    shm_dir: str = "/dev/shm"
 
     @property
     def credit_bytes(self) -> int:
@@ -236,7 +240,22 @@ class Config:
             trace_dir=e.str("BYTEPS_TRACE_DIR", "./traces"),
             trace_start_step=e.int("BYTEPS_TRACE_START_STEP", 0, lo=0),
             trace_end_step=e.int("BYTEPS_TRACE_END_STEP", 1 << 30, lo=0),
+            local_reduce=_local_reduce(e.str("BYTEPS_LOCAL_REDUCE", "1")),
+            pcie_switch_size=e.int("BYTEPS_PCIE_SWITCH_SIZE", None, lo=1, hi=1024),
+            numa_on=e.bool("BYTEPS_NUMA_ON") if e.str("BYTEPS_NUMA_ON") else None,
+            shm_dir=e.str("BYTEPS_SHM_DIR", "/dev/shm"),
             **kw)
+
+
+def _local_reduce(raw: str) -> str:
+    """BYTEPS_LOCAL_REDUCE: 0/off, 1/on (= slice), slice (each local rank pushes its
+    reduced slice) or root (local rank 0 pushes every slice)."""
+    v = raw.strip().lower()
+    mode = {"0": "off", "off": "off", "false": "off", "no": "off", "1": "slice", "on": "slice",
+            "true": "slice", "yes": "slice", "slice": "slice", "root": "root", "2": "root"}.get(v)
+    if mode is None:
+        raise _bad("BYTEPS_LOCAL_REDUCE", raw, "expected 0, 1, slice or root")
+    return mode
 
 
 def _warn_unknown(env: Mapping[str, str]) -> None:
