@@ -56,10 +56,10 @@ class Scheduler:
         self.exit_code = None
 
     # ---------------------------------------------------------------- sending
-    def send(self, ident: bytes, op: int, body: dict) -> None:
+    def send(self, ident: bytes, op: int, body: dict, job_id: str | None = None) -> None:
         self.seq += 1
         try:
-            self.sock.send_multipart([ident] + encode(self.cfg.job_id, 0, op, self.epoch,
+            self.sock.send_multipart([ident] + encode(job_id or self.cfg.job_id, 0, op, self.epoch,
                                                       self.seq, body, self.secret))
         except zmq.ZMQError as exc:   # peer gone (ROUTER_MANDATORY)
             log.debug("cannot send %s to %r: %s", Op(op).name, ident, exc)
@@ -117,7 +117,7 @@ class Scheduler:
                       f"same BYTEPS_JOB_ID")
             if hdr.op == Op.REGISTER:
                 self.refuse(ident, f"{hdr.body.get('role')} at {hdr.body.get('host')} (pid "
-                            f"{hdr.body.get('pid')}): {reason}", fatal=True)
+                            f"{hdr.body.get('pid')}): {reason}", fatal=True, job_id=hdr.job_id)
             else:
                 self.drops.warn("message of another job", reason)
             return
@@ -228,9 +228,10 @@ class Scheduler:
         workers[ident] = info
         return None
 
-    def refuse(self, ident: bytes, reason: str, fatal: bool = False) -> None:
+    def refuse(self, ident: bytes, reason: str, fatal: bool = False,
+               job_id: str | None = None) -> None:
         log.error("refused a node: %s", reason)
-        self.send(ident, Op.REFUSED, {"reason": reason})
+        self.send(ident, Op.REFUSED, {"reason": reason}, job_id)   # in the node's job id
         if fatal:
             self.fail(f"a node was refused: {reason}")
 
