@@ -1,0 +1,93 @@
+"""Local reduction among the workers of a (possibly emulated) host: real multi-process jobs."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+
+import pytest
+
+from conftest import assert_ok, read_results, run_script
+from byteps.core.local.shm import job_prefix
+
+pytestmark = pytest.mark.timeout(600)
+SMALL = dict(BYTEPS_PARTITION_BYTES=4096)
+
+
+def _run(tmp_path, hosts, local, servers=1, **env):
+    res = run_script("local_pushpull.py", tmp_path, 2, workers=hosts * local, servers=servers,
+                     timeout=240, launcher_args=("--hosts", str(hosts), "--local-size",
+                                                 str(local)), **{**SMALL, **env})
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == list(range(hosts * local)), res.stderr
+    for r, doc in out.items():
+        assert doc["failures"] == [], f"rank {r}: {doc['failures'][:5]}"
+        assert doc["size"] == hosts * local and doc["local_size"] == local
+    digests = {json.dumps(d["digests"], sort_keys=True) for d in out.values()}
+    assert len(digests) == 1, "ranks disagree on results"
+    return out
+
+
+@pytest.mark.parametrize("hosts,local,env", [
+    (2, 1, {}),                                        # local size 1: no local stage
+    (2, 2, {}),                                        # one network client per slice
+    (2, 2, {"BYTEPS_LOCAL_REDUCE": "root"}),           # local rank 0 is the only client
+    (1, 3, {}),                                        # one host: no network at all
+    (2, 3, {"BYTEPS_PCIE_SWITCH_SIZE": "2"}),          # two-level: groups [0,1] + [2]
+], ids=["2x1", "2x2-slice", "2x2-root", "1x3", "2x3-groups"])
+def test_sums_and_averages(tmp_path, hosts, local, env):
+    out = _run(tmp_path, hosts, local, servers=2 if hosts > 1 else 1, **env)
+    assert all(d["reducer"] == (local > 1) for d in out.values())
+
+
+def _bytes_by_host(tmp_path, tag, hosts, local, **env):
+    rec = tmp_path / f"rec-{tag}"
+    res = run_script("local_bytes.py", 2, workers=hosts * local, servers=2, timeout=180,
+                     launcher_args=("--hosts", str(hosts), "--local-size", str(local)),
+                     BYTEPS_TEST_RECORD=rec, **{**SMALL, **env})
+    assert_ok(res)
+    by_host: dict[str, int] = {}
+    files = list(tmp_path.glob(f"rec-{tag}.bytes.*.json"))
+    assert len(files) == 2, f"expected one byte count per server, got {files}"
+    for f in files:
+        for h, n in json.loads(f.read_text())["by_host"].items():
+            by_host[h] = by_host.get(h, 0) + n
+    return by_host
+
+
+@pytest.mark.parametrize("local", [2, 3])
+def test_bytes_at_servers_per_host(tmp_path, local):
+    """With local reduction a host sends 1/local_size of what its workers send unreduced."""
+    plain = _bytes_by_host(tmp_path, "off", 2, local, BYTEPS_LOCAL_REDUCE="0")
+    reduced = _bytes_by_host(tmp_path, "on", 2, local)
+    per_round = (6 * 1000 + 6 * 7 + 6 * 3001) * 4          # float32 bytes of one worker
+    assert plain == {"host0": 2 * local * per_round, "host1": 2 * local * per_round}
+    assert reduced == {"host0": 2 * per_round, "host1": 2 * per_round}
+    for h in plain:
+        assert reduced[h] * local == plain[h]
+
+
+def test_kill_nonroot_local_worker(tmp_path):
+    job = f"lkill-{secrets.token_hex(4)}"
+    t0 = time.time()
+    res = run_script("local_kill.py", tmp_path, workers=4, servers=1, timeout=90,
+                     launcher_args=("--hosts", "2", "--local-size", "2"), BYTEPS_JOB_ID=job)
+    t_end = time.time()
+    assert res.returncode != 0
+    info = json.loads((tmp_path / "killed.json").read_text())
+    assert info["files"], "the job had no shared-memory files before the kill"
+    assert t_end - info["t"] < 10, f"job took {t_end - info['t']:.1f} s to end after the kill"
+    assert "host host0, local rank 1" in res.stderr and "SIGKILL" in res.stderr, res.stderr
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(job_prefix(job))]
+    assert left == [], f"left in /dev/shm: {left}"
+    assert t_end - t0 < 90
+
+
+def test_mismatched_shapes_between_local_ranks(tmp_path):
+    """Local ranks pushing different shapes under one name get an error naming the tensor."""
+    res = run_script("local_mismatch.py", workers=2, servers=1, timeout=90,
+                     launcher_args=("--hosts", "1", "--local-size", "2"))
+    assert res.returncode != 0
+    assert "tensor 'bad'" in res.stderr and "same shape" in res.stderr, res.stderr
