@@ -34,10 +34,24 @@ def _pdeathsig() -> None:
         pass
 
 
+def _child_setup(cpus: list[int] | None):
+    """preexec_fn: die with bpslaunch; bind to the NUMA node's cores (BYTEPS_NUMA_ON)."""
+    def setup() -> None:
+        _pdeathsig()
+        if cpus:
+            try:
+                os.sched_setaffinity(0, sorted(set(cpus) & os.sched_getaffinity(0)) or cpus)
+            except OSError:
+                pass
+    return setup
+
+
 class Proc:
-    def __init__(self, what: str, argv: list[str], env: dict, critical: bool):
+    def __init__(self, what: str, argv: list[str], env: dict, critical: bool,
+                 cpus: list[int] | None = None):
         self.what, self.critical = what, critical
-        self.p = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_pdeathsig)
+        self.p = subprocess.Popen(argv, env=env, start_new_session=True,
+                                  preexec_fn=_child_setup(cpus))
 
     def kill(self, sig: int) -> None:
         try:
@@ -71,8 +85,9 @@ class Job:
         self.terminate()
         sys.exit(128 + signum)
 
-    def start(self, what: str, argv: list[str], env: dict, critical: bool = True) -> Proc:
-        p = Proc(what, argv, env, critical)
+    def start(self, what: str, argv: list[str], env: dict, critical: bool = True,
+              cpus: list[int] | None = None) -> Proc:
+        p = Proc(what, argv, env, critical, cpus)
         self.procs.append(p)
         return p
 
@@ -93,13 +108,15 @@ class Job:
     def supervise(self, workers: list[Proc], services: list[Proc]) -> int:
         """Wait for the workers; end everything on the first failure."""
         while True:
-            for p in self.procs:
-                code = p.p.poll()
-                if code is not None and code != 0:
-                    print(f"bpslaunch: {p.what} (pid {p.p.pid}) failed with "
-                          f"{_describe_code(code)}; ending the job", file=sys.stderr, flush=True)
-                    self.terminate()
-                    return code if code > 0 else 128 - code
+            failed = [p for p in self.procs if p.p.poll() not in (None, 0)]
+            # a process killed by a signal is the likely first cause: report it first
+            failed.sort(key=lambda p: p.p.returncode >= 0)
+            if failed:
+                p, code = failed[0], failed[0].p.returncode
+                print(f"bpslaunch: {p.what} (pid {p.p.pid}) failed with "
+                      f"{_describe_code(code)}; ending the job", file=sys.stderr, flush=True)
+                self.terminate()
+                return code if code > 0 else 128 - code
             if all(w.p.poll() == 0 for w in workers):
                 deadline = time.monotonic() + 15
                 while time.monotonic() < deadline and any(s.p.poll() is None for s in services):
@@ -166,11 +183,12 @@ def standalone(args, cmd: list[str]) -> int:
                        BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local),
                        BYTEPS_EMULATED_HOST=f"host{h}")
             workers.append(job.start(f"worker rank {h * local + lr} (host host{h}, local rank "
-                                     f"{lr})", cmd, env))
+                                     f"{lr})", cmd, env, cpus=_numa_cpus(lr, local, base)))
     try:
         return job.supervise(workers, services)
     finally:
         print_summaries(summaries)
+        _remove_shm(base, None)
 
 
 def print_summaries(folder: str) -> None:
@@ -212,8 +230,34 @@ def role_mode(args, cmd: list[str]) -> int:
     for lr in range(local):
         env = dict(os.environ, BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local))
         workers.append(job.start(f"worker (DMLC_WORKER_ID={wid}, host {cfg.node_host}, local "
-                                 f"rank {lr})", cmd, env))
-    return job.supervise(workers, [])
+                                 f"rank {lr})", cmd, env, cpus=_numa_cpus(lr, local, os.environ)))
+    try:
+        return job.supervise(workers, [])
+    finally:
+        _remove_shm(os.environ, cfg.host_id)
+
+
+def _numa_cpus(local_rank: int, local_size: int, env) -> list[int] | None:
+    """Cores of the NUMA node of a local rank when BYTEPS_NUMA_ON (default: >1 node)."""
+    from byteps.core.local.numa import worker_cpus
+    raw = (env.get("BYTEPS_NUMA_ON") or "").strip().lower()
+    setting = None if not raw else raw in ("1", "true", "yes", "on")
+    try:
+        return worker_cpus(local_rank, local_size, setting)
+    except (OSError, ValueError) as exc:
+        print(f"bpslaunch: NUMA binding skipped: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def _remove_shm(env, host_id: str | None) -> None:
+    """Remove the job's shared-memory files (all hosts, or one host) once its processes ended."""
+    from byteps.core.local.shm import host_prefix, job_prefix, remove_prefix, shm_dir
+    job = env.get("BYTEPS_JOB_ID") or "byteps"
+    prefix = host_prefix(job, host_id) if host_id is not None else job_prefix(job)
+    gone = remove_prefix(shm_dir(env.get("BYTEPS_SHM_DIR")), prefix)
+    if gone:
+        print(f"bpslaunch: removed {len(gone)} shared-memory file(s) of job {job!r} left by "
+              f"ended workers", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
