@@ -416,10 +416,9 @@ class Engine:
             if down is not None and now - down > down_grace(self.cfg):
                 s = self.server_info[i]
                 raise BytePSError(
-                    f"worker rank {self.rank}: server {i} at {s['address']} (host "
-                    f"{s.get('host_id') or s.get('host')}, pid {s.get('pid')}) is unreachable: its "
-                    f"connection closed {now - down:.1f} s ago and did not come back (did the "
-                    f"server process die?); it held {held_tensors(self.held[i])}")
+                    f"worker rank {self.rank}: {describe(dict(s, role='server'))} is "
+                    f"unreachable: its connection closed {now - down:.1f} s ago and did not come "
+                    f"back (did the server process die?); it held {held_tensors(self.held[i])}")
 
     def resend_overdue(self, now: float) -> None:
         """Resend partitions whose answer is late (a lost message; the server dedups).

@@ -189,7 +189,8 @@ def describe(info: dict) -> str:
     role = info.get("role", "node")
     rank = info.get("rank", -1)
     r = f" rank {rank}" if isinstance(rank, int) and rank >= 0 else f" {info.get('node_id')}"
-    return f"{role}{r} (host {info.get('host_id') or info.get('host')}, pid {info.get('pid')})"
+    at = f" at {info['address']}" if role == "server" and info.get("address") else ""
+    return f"{role}{r}{at} (host {info.get('host_id') or info.get('host')}, pid {info.get('pid')})"
 
 
 def held_tensors(held: dict, limit: int = 20) -> str:

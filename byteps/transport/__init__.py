@@ -107,7 +107,15 @@ def connect(ctx, address, identity=None):
 
 
 class RateLimitedLog:
-    """Log dropped messages at most once per ``period`` seconds per reason."""
+    """Log dropped messages at most once per ``period`` seconds per kind of reason.
+
+    The kind is ``what`` plus the detail with its numbers masked (so "bad
+    credential" and "not msgpack" are reported separately, but a flood of
+    either costs one line per period); at most ``MAX_KINDS`` kinds are kept
+    so that attacker-chosen text cannot grow memory.
+    """
+
+    MAX_KINDS = 256
 
     def __init__(self, logger: logging.Logger, period: float = 5.0):
         self.logger, self.period = logger, period
@@ -116,12 +124,15 @@ class RateLimitedLog:
 
     def warn(self, what: str, detail: str) -> None:
         now = time.monotonic()
-        self.count[what] = self.count.get(what, 0) + 1
-        if now - self.last.get(what, -1e9) >= self.period:
-            self.last[what] = now
-            n = self.count.pop(what)
+        kind = what + "|" + "".join("N" if c.isdigit() else c for c in detail[:48])
+        if kind not in self.last and len(self.last) >= self.MAX_KINDS:
+            kind = what
+        self.count[kind] = self.count.get(kind, 0) + 1
+        if now - self.last.get(kind, -1e9) >= self.period:
+            self.last[kind] = now
+            n = self.count.pop(kind)
             self.logger.warning("dropped %s: %s (%d such message(s) since last report)",
-                                what, detail, n)
+                                what, detail[:500], n)
 
 
 class SeqTracker:
