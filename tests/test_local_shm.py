@@ -1,0 +1,59 @@
+"""Shared-memory segments of the local reduction (no sockets, no processes)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from byteps.core.local.shm import Segment, host_prefix, job_prefix, remove_prefix
+
+
+def _seg(tmp_path, name="w", n=10, dtype=np.float32, L=2, chunk=4, groups=1, rank=0):
+    return Segment(str(tmp_path / (host_prefix("job-1", "host0") + "e1-t1")), name,
+                   np.dtype(dtype), 0, n, L, chunk, groups, rank)
+
+
+def test_create_then_open_shares_memory(tmp_path):
+    a = _seg(tmp_path, rank=0)
+    b = _seg(tmp_path, rank=1)
+    assert a.created and not b.created
+    assert a.C == 3 and a.inputs.shape == (2, 10) and a.out.shape == (10,)
+    a.inputs[1, :] = 7
+    a.done[1, 2] = 5
+    assert np.all(b.inputs[1] == 7) and b.done[1, 2] == 5
+    assert [a.split(2, 2, i) for i in (0, 1)] == [(8, 9), (9, 10)]
+    assert [a.split(0, 3, i) for i in range(3)] == [(0, 1), (1, 2), (2, 4)]
+    for s in (a, b):
+        s.close()
+
+
+def test_mismatched_shape_is_a_clear_error(tmp_path):
+    a = _seg(tmp_path, n=10)
+    with pytest.raises(ValueError, match=r"tensor 'w': local rank 1 uses 12 x float32.*same "
+                                         r"shape and dtype"):
+        _seg(tmp_path, n=12, rank=1)
+    a.close()
+
+
+def test_two_level_layout_and_no_temp_files_left(tmp_path):
+    a = _seg(tmp_path, n=100, L=4, chunk=30, groups=2)
+    assert a.gsum.shape == (2, 100) and a.C == 4
+    assert [p.name for p in tmp_path.iterdir()] == [host_prefix("job-1", "host0") + "e1-t1"]
+    a.close()
+
+
+def test_remove_prefix_only_touches_the_job(tmp_path):
+    mine = _seg(tmp_path)
+    other = tmp_path / (job_prefix("job-10") + "host0-x")
+    other.write_text("x")
+    gone = remove_prefix(str(tmp_path), job_prefix("job-1"))
+    assert gone == [host_prefix("job-1", "host0") + "e1-t1"]
+    assert other.exists()
+    with pytest.raises(ValueError, match="not a BytePS prefix"):
+        remove_prefix(str(tmp_path), "")
+    mine.close()
+
+
+def test_prefix_names_are_safe():
+    assert job_prefix("standalone-1a2b") == "bps-standalone-1a2b-"
+    p = host_prefix("j", "10.0.0.1/" + "h" * 80)
+    assert "/" not in p and len(p) < 60
