@@ -169,6 +169,8 @@ def test_stall_shutdown_names_missing_rank_and_tensor(tmp_path):
     assert "layer" in err or "bias" in err
     out = read_results(tmp_path)
     assert out[0]["error"] and "BYTEPS_STALL_SHUTDOWN_S" in out[0]["error"], out
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("bpslaunch: job failed; first failure:"), last
 
 
 @pytest.mark.parametrize("bad", ["num_worker", "job_id"])

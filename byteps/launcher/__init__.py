@@ -36,8 +36,12 @@ def _pdeathsig() -> None:
 
 def _child_setup(cpus: list[int] | None):
     """preexec_fn: die with bpslaunch; bind to the NUMA node's cores (BYTEPS_NUMA_ON)."""
+    parent = os.getpid()
+
     def setup() -> None:
         _pdeathsig()
+        if os.getppid() != parent:      # bpslaunch died before prctl took effect
+            os._exit(1)
         if cpus:
             try:
                 os.sched_setaffinity(0, sorted(set(cpus) & os.sched_getaffinity(0)) or cpus)
@@ -113,9 +117,12 @@ class Job:
             failed.sort(key=lambda p: p.p.returncode >= 0)
             if failed:
                 p, code = failed[0], failed[0].p.returncode
-                print(f"bpslaunch: {p.what} (pid {p.p.pid}) failed with "
-                      f"{_describe_code(code)}; ending the job", file=sys.stderr, flush=True)
+                first = f"{p.what} (pid {p.p.pid}) failed with {_describe_code(code)}"
+                print(f"bpslaunch: {first}; ending the job", file=sys.stderr, flush=True)
                 self.terminate()
+                # repeated last, so that follow-on errors of other processes do not bury it
+                print(f"bpslaunch: job failed; first failure: {first}", file=sys.stderr,
+                      flush=True)
                 return code if code > 0 else 128 - code
             if all(w.p.poll() == 0 for w in workers):
                 deadline = time.monotonic() + 15
