@@ -91,3 +91,17 @@ def test_mismatched_shapes_between_local_ranks(tmp_path):
                      launcher_args=("--hosts", "1", "--local-size", "2"))
     assert res.returncode != 0
     assert "tensor 'bad'" in res.stderr and "same shape" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("local,switch", [(4, 2), (2, 2)], ids=["two-level", "one-group"])
+def test_prereduced_shares_gpu_cpu_half(tmp_path, local, switch):
+    """The CPU half of the GPU path: group sums handed over (as NCCL would) are completed."""
+    res = run_script("local_prereduced.py", tmp_path, workers=2 * local, servers=1, timeout=240,
+                     launcher_args=("--hosts", "2", "--local-size", str(local)),
+                     BYTEPS_PCIE_SWITCH_SIZE=switch, **SMALL)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert len(out) == 2 * local
+    for r, doc in out.items():
+        assert doc["failures"] == [], f"rank {r}: {doc['failures'][:5]}"
+        assert doc["two_level"] == (local // switch > 1)

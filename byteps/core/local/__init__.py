@@ -38,3 +38,36 @@ def start(cfg, engine, book: dict, epoch: int):
     log.info("local reduction on host %s: mode %s, groups %s", cfg.host_id, cfg.local_reduce,
              groups)
     return LocalReducer(cfg, engine, book, epoch, cfg.local_reduce, groups)
+
+
+def push_pull_prereduced_async(like, name: str, pre, average: bool = True, priority: int = 0,
+                               out=None) -> int:
+    """Start a push_pull whose share on this rank is already summed over its group.
+
+    ``like`` (a numpy array) gives shape and dtype; ``pre(j, a, b)`` returns the group
+    sum of elements ``[a, b)`` of chunk ``j`` (see ``LocalReducer.pre_range``).  This is
+    how the GPU path hands over the result of its NCCL reduce-scatter; the CPU then
+    sums across groups and hosts.  Returns a handle for ``api.synchronize``.
+    """
+    import numpy as np
+
+    from byteps.core import api
+    from byteps.core.node import BytePSError
+    st = api._state()
+    if st.local is None:
+        raise BytePSError("push_pull of a pre-reduced tensor needs the local reduction "
+                          "(BYTEPS_LOCAL_SIZE > 1 and BYTEPS_LOCAL_REDUCE on)")
+    like = np.ascontiguousarray(like)
+    out = np.empty_like(like) if out is None else out
+    t = api._tensor(st, name, like)
+    hid = next(st.ids)
+    with st.lock:
+        if t.busy is not None:
+            raise BytePSError(f"tensor {name!r} is already in flight on rank {st.rank}")
+        t.busy = hid
+    try:
+        st.handles[hid] = st.local.submit(hid, t, like, out, average, priority, pre=pre)
+    except BaseException:
+        t.busy = None
+        raise
+    return hid

@@ -62,7 +62,8 @@ class _NetDone:
 
 class _Op:
     __slots__ = ("handle", "tensor", "seg", "t", "src", "out", "average", "prio", "seq",
-                 "copy", "l1", "red", "net", "gather", "slices", "started", "warned", "round")
+                 "copy", "l1", "red", "net", "gather", "slices", "started", "warned", "round",
+                 "pre")
 
     def __lt__(self, other: "_Op") -> bool:
         return (self.prio, self.seq) < (other.prio, other.seq)
@@ -120,8 +121,14 @@ class LocalReducer:
 
     # ------------------------------------------------------------ user thread
     def submit(self, hid: int, tensor, src: np.ndarray, out: np.ndarray, average: bool,
-               priority: int) -> Handle:
-        """Start the local push_pull of ``src`` (api.Tensor ``tensor``) into ``out``."""
+               priority: int, pre=None) -> Handle:
+        """Start the local push_pull of ``src`` (api.Tensor ``tensor``) into ``out``.
+
+        ``pre(j, a, b)``, when given, returns this rank's share of chunk ``j`` already
+        summed over its group (elements ``[a, b)``, e.g. by an NCCL reduce-scatter inside
+        a PCIe switch): it replaces the copy and group stages, ``src`` only gives the
+        layout.  See :meth:`pre_range`.
+        """
         if self.fatal is not None:
             raise self.fatal
         flat_src = src.reshape(-1)
@@ -153,6 +160,10 @@ class LocalReducer:
         op.copy = op.l1 = op.red = op.net = op.gather = 0
         op.slices = self._slices(tensor, seg) if self.network else None
         op.started, op.warned = time.monotonic(), False
+        op.pre = pre
+        if pre is not None and not self.two_level and len(self.groups) != 1:
+            raise BytePSError("a pre-reduced contribution needs switch groups of more than one "
+                              "local rank (see BYTEPS_PCIE_SWITCH_SIZE)")
         with self.lock:
             self.incoming.append(op)
         self._wake()
@@ -299,6 +310,9 @@ class LocalReducer:
                     (seg.copied[self.mygroup, op.l1] >= t).all():
                 self._level1(op)
                 continue
+            if op.copy < C and op.pre is not None:
+                self._copy_pre(op)
+                continue
             if op.copy < C:
                 a, b = seg.chunk_range(op.copy)
                 seg.inputs[self.me, a:b] = op.src[a:b]
@@ -308,8 +322,35 @@ class LocalReducer:
                 continue
             return
 
+    def pre_range(self, seg_or_chunks, j: int) -> tuple[int, int]:
+        """Elements [a, b) of chunk ``j`` that ``pre`` must return for this rank."""
+        g = self.mygroup
+        if self.two_level:
+            return seg_or_chunks.split(j, len(g), g.index(self.me))
+        return seg_or_chunks.split(j, self.L, self.me)
+
+    def _copy_pre(self, op: _Op) -> None:
+        """The group sum of my share of a chunk is given: write it where the group stage
+        would have (group sums, or straight into my slice with a single group)."""
+        seg, j = op.seg, op.copy
+        a, b = self.pre_range(seg, j)
+        if b > a:
+            part = op.pre(j, a, b)
+            if self.two_level:
+                np.copyto(seg.gsum[self.groups.index(self.mygroup), a:b], part)
+            else:
+                np.copyto(seg.out[a:b], part)
+        seg.copied[self.me, j] = op.t
+        if self.two_level:
+            seg.gdone[self.me, j] = op.t
+        op.copy += 1
+        op.l1 = op.copy
+        self._notify(op)
+
     def _reduce_ready(self, op: _Op) -> bool:
         j = op.red
+        if op.pre is not None and not self.two_level:
+            return True                  # my slice is the group sum already
         if self.two_level:
             return op.l1 > j and bool((op.seg.gdone[:, j] >= op.t).all())
         return bool((op.seg.copied[:, j] >= op.t).all())
@@ -336,7 +377,7 @@ class LocalReducer:
         seg, j = op.seg, op.red
         a, b = seg.split(j, self.L, self.me)
         dst = seg.out[a:b]
-        if b > a:
+        if b > a and not (op.pre is not None and not self.two_level):
             if self.two_level:
                 self._sum([seg.gsum[g, a:b] for g in range(len(self.groups))], dst)
             else:
