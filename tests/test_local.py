@@ -7,12 +7,12 @@ import secrets
 import time
 
 import pytest
-
 from conftest import assert_ok, read_results, run_script
+
 from byteps.core.local.shm import job_prefix
 
 pytestmark = pytest.mark.timeout(600)
-SMALL = dict(BYTEPS_PARTITION_BYTES=4096)
+SMALL = {"BYTEPS_PARTITION_BYTES": 4096}
 
 
 def _run(tmp_path, hosts, local, servers=1, **env):

@@ -22,7 +22,8 @@ for step in range(1000):
     if step == 3 and cfg.host_id == "host0" and bps.local_rank() == 1:
         d = shm_dir(cfg.shm_dir)
         files = [f for f in os.listdir(d) if f.startswith(job_prefix(cfg.job_id))]
-        json.dump({"t": time.time(), "files": files}, open(f"{out_dir}/killed.json", "w"))
+        with open(f"{out_dir}/killed.json", "w") as f:
+            json.dump({"t": time.time(), "files": files}, f)
         os.kill(os.getpid(), signal.SIGKILL)
     bps.push_pull(x, name="w")
     time.sleep(0.02)

@@ -30,7 +30,7 @@ for dt in ("float32", "int64", "float16"):
         group = [base + k for k in red.mygroup]
         full = sum(data(g, size, dt).astype(np.int64) for g in group).astype(dt)
 
-        def pre(j, a, b, full=full, chunk=chunk):
+        def pre(j, a, b, full=full, chunk=chunk, size=size):
             assert j * chunk <= a <= b <= min(size, (j + 1) * chunk), (j, a, b)
             return full[a:b]
         like = np.empty(size, dt)
@@ -42,6 +42,6 @@ for dt in ("float32", "int64", "float16"):
             exp = np.asarray(exp).astype(dt)
             if not np.array_equal(y, exp):
                 failures.append(f"{dt} {size} avg={avg}: {y[:5]} != {exp[:5]}")
-json.dump({"failures": failures, "groups": red.groups, "two_level": red.two_level},
-          open(f"{out_dir}/rank{r}.json", "w"))
+with open(f"{out_dir}/rank{r}.json", "w") as f:
+    json.dump({"failures": failures, "groups": red.groups, "two_level": red.two_level}, f)
 bps.shutdown()

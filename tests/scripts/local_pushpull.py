@@ -56,8 +56,8 @@ for rnd in range(rounds):
     b = bps.broadcast(np.full(4, r + 10, np.int64), root_rank=n - 1, name=f"bc{rnd}")
     if not np.array_equal(b, np.full(4, n - 1 + 10)):
         failures.append(f"round {rnd} broadcast: {b}")
-json.dump({"failures": failures, "digests": digests, "size": n, "rank": r,
-           "local_rank": bps.local_rank(), "local_size": bps.local_size(),
-           "reducer": api._STATE.local is not None},
-          open(f"{out_dir}/rank{r}.json", "w"))
+with open(f"{out_dir}/rank{r}.json", "w") as f:
+    json.dump({"failures": failures, "digests": digests, "size": n, "rank": r,
+               "local_rank": bps.local_rank(), "local_size": bps.local_size(),
+               "reducer": api._STATE.local is not None}, f)
 bps.shutdown()

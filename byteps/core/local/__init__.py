@@ -32,7 +32,7 @@ def start(cfg, engine, book: dict, epoch: int):
     if not cfg.pcie_switch_size:
         try:
             topo = detect()
-        except Exception as exc:     # topology is an optimisation: never fatal
+        except Exception as exc:  # noqa: BLE001 - topology is an optimisation: never fatal
             log.warning("topology detection failed (%s); reducing in one group", exc)
     groups = reduce_groups(cfg.local_size, cfg.pcie_switch_size, topo, cfg.numa_on)
     log.info("local reduction on host %s: mode %s, groups %s", cfg.host_id, cfg.local_reduce,

@@ -39,7 +39,7 @@ _KEY = struct.Struct("<q")
 
 class _SliceTensor:
     """What the Engine needs of a tensor: the slice ``<name>.slice<k>``."""
-    __slots__ = ("name", "key", "shape", "dtype_code", "busy")
+    __slots__ = ("busy", "dtype_code", "key", "name", "shape")
 
     def __init__(self, name: str, key: int, length: int, dtype_code: int):
         self.name, self.key, self.shape, self.dtype_code = name, key, (length,), dtype_code
@@ -48,7 +48,7 @@ class _SliceTensor:
 
 class _NetDone:
     """Stands in for a slice handle's event: the Engine's completion calls set()."""
-    __slots__ = ("red", "op", "k", "j", "h")
+    __slots__ = ("h", "j", "k", "op", "red")
 
     def __init__(self, red, op, k, j):
         self.red, self.op, self.k, self.j, self.h = red, op, k, j, None
@@ -61,11 +61,29 @@ class _NetDone:
 
 
 class _Op:
-    __slots__ = ("handle", "tensor", "seg", "t", "src", "out", "average", "prio", "seq",
-                 "copy", "l1", "red", "net", "gather", "slices", "started", "warned", "round",
-                 "pre")
+    __slots__ = (
+        "average",
+        "copy",
+        "gather",
+        "handle",
+        "l1",
+        "net",
+        "out",
+        "pre",
+        "prio",
+        "red",
+        "round",
+        "seg",
+        "seq",
+        "slices",
+        "src",
+        "started",
+        "t",
+        "tensor",
+        "warned",
+    )
 
-    def __lt__(self, other: "_Op") -> bool:
+    def __lt__(self, other: _Op) -> bool:
         return (self.prio, self.seq) < (other.prio, other.seq)
 
 

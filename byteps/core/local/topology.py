@@ -217,7 +217,8 @@ def detect(sysfs: str = "/sys", nvidia_smi: str | None = None) -> Topology:
     if not exe:
         return topo
     try:
-        res = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=15)
+        res = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=15,
+                             check=False)
         smi = parse_nvidia_smi_topo(res.stdout) if res.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, TopologyError):
         smi = None
