@@ -42,7 +42,7 @@ MODELS = ("mlp", "vgg", "deep_mlp")
 
 # ------------------------------------------------------------------ models
 def build_model(name: str):
-    import torch.nn as nn
+    from torch import nn
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 1024), nn.ReLU(),
                              nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
@@ -165,7 +165,7 @@ def _collect(result: str, workers: int, what: str) -> list[dict]:
 def _run(cmd: list[str], what: str, timeout: float) -> None:
     try:
         p = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{what}: timed out after {timeout:g} s") from None
     if p.returncode != 0:

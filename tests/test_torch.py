@@ -5,7 +5,6 @@ import re
 import sys
 
 import pytest
-
 from conftest import ROOT, assert_ok, read_results, run_job, run_script
 
 pytest.importorskip("torch")

@@ -13,18 +13,48 @@ train.py``; see docs/torch.md.
 """
 from byteps.core.api import BytePSError
 from byteps.torch.compression import Compression
-from byteps.torch.functions import (broadcast_object, broadcast_optimizer_state,
-                                    broadcast_parameters)
-from byteps.torch.ops import (declare, init, is_initialized, local_rank, local_size, poll,
-                              push_pull, push_pull_async, push_pull_async_inplace,
-                              push_pull_inplace, rank, shutdown, size, synchronize)
+from byteps.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from byteps.torch.ops import (
+    declare,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    poll,
+    push_pull,
+    push_pull_async,
+    push_pull_async_inplace,
+    push_pull_inplace,
+    rank,
+    shutdown,
+    size,
+    synchronize,
+)
 from byteps.torch.optimizer import DistributedOptimizer
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "declare", "push_pull", "push_pull_async", "push_pull_async_inplace",
-           "push_pull_inplace", "poll", "synchronize", "broadcast_parameters",
-           "broadcast_optimizer_state", "broadcast_object", "Compression",
-           "DistributedOptimizer", "BytePSError", "parallel"]
+__all__ = [
+    "BytePSError",
+    "Compression",
+    "DistributedOptimizer",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "declare",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "parallel",
+    "poll",
+    "push_pull",
+    "push_pull_async",
+    "push_pull_async_inplace",
+    "push_pull_inplace",
+    "rank",
+    "shutdown",
+    "size",
+    "synchronize",
+]
 
 
 def __getattr__(name):

@@ -25,7 +25,7 @@ SUPPORTED = ("None, bool, int, float, str, bytes, list, tuple, dict, numpy array
 
 class Slot:
     """Stands for a tensor sent separately (see broadcast_optimizer_state)."""
-    __slots__ = ("index", "dtype", "shape")
+    __slots__ = ("dtype", "index", "shape")
 
     def __init__(self, index: int, dtype: str, shape: tuple):
         self.index, self.dtype, self.shape = index, dtype, shape

@@ -7,7 +7,7 @@ result back; integer tensors pass through untouched.
 """
 from __future__ import annotations
 
-__all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
 class Compressor:

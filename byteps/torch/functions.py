@@ -10,10 +10,16 @@ import torch
 
 from byteps.core import api as _core
 from byteps.torch import _objects
-from byteps.torch.ops import (_auto_name, push_pull_async, push_pull_async_inplace, rank,
-                              size, synchronize)
+from byteps.torch.ops import (
+    _auto_name,
+    push_pull_async,
+    push_pull_async_inplace,
+    rank,
+    size,
+    synchronize,
+)
 
-__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]
+__all__ = ["broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
 _SLOT_NUMEL = 64          # optimizer-state tensors at least this big travel as tensors
 
 
@@ -45,7 +51,7 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
     seen, todo = set(), []
     for name, p in items:
         if not isinstance(p, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: {name or 'an entry'} is a "
+            raise TypeError(f"broadcast_parameters: {name or 'an entry'} is a "
                              f"{type(p).__name__}, not a tensor")
         if p.numel() == 0:
             continue

@@ -21,9 +21,23 @@ from byteps.core import api as _core
 from byteps.core.api import BytePSError
 from byteps.torch.compression import Compression
 
-__all__ = ["init", "shutdown", "rank", "size", "local_rank", "local_size", "declare",
-           "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace",
-           "poll", "synchronize", "is_initialized", "BytePSError"]
+__all__ = [
+    "BytePSError",
+    "declare",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "poll",
+    "push_pull",
+    "push_pull_async",
+    "push_pull_async_inplace",
+    "push_pull_inplace",
+    "rank",
+    "shutdown",
+    "size",
+    "synchronize",
+]
 
 _NATIVE = {torch.float16, torch.float32, torch.float64, torch.int32, torch.int64,
            torch.uint8, torch.int8}
@@ -31,7 +45,7 @@ _CAST = {torch.bfloat16: torch.float32, torch.int16: torch.int32, torch.bool: to
 
 _lock = threading.Lock()
 _noname = itertools.count()
-_handles: dict[int, "_Pending"] = {}
+_handles: dict[int, _Pending] = {}
 _staging: dict[tuple, torch.Tensor] = {}
 
 
@@ -91,7 +105,7 @@ def _auto_name(kind: str) -> str:
 
 class _Pending:
     """What a core handle needs to become a torch result."""
-    __slots__ = ("tensor", "output", "src", "staged_out")
+    __slots__ = ("output", "src", "staged_out", "tensor")
 
     def __init__(self, tensor, output, src, staged_out):
         self.tensor, self.output, self.src, self.staged_out = tensor, output, src, staged_out

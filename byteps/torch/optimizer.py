@@ -171,7 +171,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
-        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+        raise TypeError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "optimizer once")
     if type(backward_passes_per_step) is not int or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be an int >= 1, got "

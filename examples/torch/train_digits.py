@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+from torch import nn
 
 import byteps.torch as bps
 

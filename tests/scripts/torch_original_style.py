@@ -1,3 +1,4 @@
+# ruff: noqa  -- written in the original BytePS example style on purpose (py2-era idioms)
 """A training script written against the ORIGINAL BytePS PyTorch API (unchanged style).
 
 Modelled on byteps/example/pytorch/train_mnist_byteps.py: the calls below are the
