@@ -217,3 +217,14 @@ def test_ddp_wrapper_local():
     assert not torch.equal(g, m[0].weight.grad)
     with pytest.raises(ValueError, match="one device"):
         DistributedDataParallel(m, device_ids=[0, 1])
+
+
+def test_async_mode_is_refused_clearly(monkeypatch):
+    bps.shutdown()
+    monkeypatch.setenv("BYTEPS_ENABLE_ASYNC", "1")
+    bps.init()
+    m = _model()
+    with pytest.raises(bps.BytePSError, match="BYTEPS_ENABLE_ASYNC=1"):
+        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
+    with pytest.raises(bps.BytePSError, match="BYTEPS_ENABLE_ASYNC=1"):
+        bps.broadcast_parameters(m.state_dict(), root_rank=0)

@@ -12,6 +12,7 @@ from byteps.core import api as _core
 from byteps.torch import _objects
 from byteps.torch.ops import (
     _auto_name,
+    check_sync_mode,
     push_pull_async,
     push_pull_async_inplace,
     rank,
@@ -24,6 +25,7 @@ _SLOT_NUMEL = 64          # optimizer-state tensors at least this big travel as 
 
 
 def _check_root(root_rank: int, what: str) -> None:
+    check_sync_mode(what)     # a broadcast is a synchronous sum of the root and zeros
     n = size()
     if type(root_rank) is not int or not 0 <= root_rank < n:
         raise ValueError(f"{what}: root_rank={root_rank!r} is out of range for a job of {n} "

@@ -142,6 +142,15 @@ def _direct(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _NATIVE and t.is_contiguous()
 
 
+def check_sync_mode(what: str) -> None:
+    """Refuse BYTEPS_ENABLE_ASYNC=1 where synchronous averaging is assumed."""
+    if _core.get_config().enable_async:
+        raise BytePSError(f"{what} needs synchronous training, but BYTEPS_ENABLE_ASYNC=1 on "
+                          f"rank {_core.rank()}; asynchronous training is not supported by "
+                          f"byteps.torch yet: unset BYTEPS_ENABLE_ASYNC (or use byteps.numpy "
+                          f"push_pull directly)")
+
+
 def _check_tensor(tensor, name) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"push_pull expects a torch.Tensor, got {type(tensor).__name__} "

@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from byteps.torch.compression import Compression
-from byteps.torch.ops import declare, push_pull_async_inplace, synchronize
+from byteps.torch.ops import check_sync_mode, declare, push_pull_async_inplace, synchronize
 
 __all__ = ["DistributedOptimizer"]
 
@@ -182,6 +182,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not hasattr(compression, "compress") or not hasattr(compression, "decompress"):
         raise TypeError(f"compression must be bps.Compression.none, bps.Compression.fp16 or "
                         f"an object with compress()/decompress(); got {compression!r}")
+    check_sync_mode("DistributedOptimizer")
     base = type(optimizer)
     cls = _CLASSES.get(base)
     if cls is None:

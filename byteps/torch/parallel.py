@@ -19,7 +19,7 @@ import torch
 
 from byteps.torch.compression import Compression
 from byteps.torch.functions import broadcast_parameters
-from byteps.torch.ops import push_pull_async_inplace, size, synchronize
+from byteps.torch.ops import check_sync_mode, push_pull_async_inplace, size, synchronize
 from byteps.torch.optimizer import _register_hook
 
 __all__ = ["DistributedDataParallel"]
@@ -37,6 +37,7 @@ class DistributedDataParallel(torch.nn.Module):
         if device_ids is not None and len(device_ids) > 1:
             raise ValueError(f"device_ids={device_ids!r}: one device per process; start one "
                              f"worker per device with bpslaunch instead")
+        check_sync_mode("DistributedDataParallel")
         self.module = module
         self.device_ids = device_ids
         self.broadcast_buffers = broadcast_buffers
