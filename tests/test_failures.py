@@ -26,10 +26,10 @@ FOREVER = 100000
 def cluster(tmp_path):
     made = []
 
-    def make(**kw) -> Cluster:
+    def make(hold=(), **kw) -> Cluster:
         c = Cluster(tmp_path, **kw)
         made.append(c)
-        return c.start()
+        return c.start(hold)
     yield make
     for c in made:
         c.close()
@@ -169,8 +169,8 @@ def test_stall_shutdown_names_missing_rank_and_tensor(tmp_path):
     assert "layer" in err or "bias" in err
     out = read_results(tmp_path)
     assert out[0]["error"] and "BYTEPS_STALL_SHUTDOWN_S" in out[0]["error"], out
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("bpslaunch: job failed; first failure:"), last
+    last = err.strip().splitlines()[-3:]
+    assert any(x.startswith("bpslaunch: job failed; first failure:") for x in last), last
 
 
 @pytest.mark.parametrize("bad", ["num_worker", "job_id"])
@@ -178,7 +178,12 @@ def test_mismatched_node_is_refused_and_job_fails_fast(cluster, bad):
     worker_env = {1: {"DMLC_NUM_WORKER": 3} if bad == "num_worker"
                   else {"BYTEPS_JOB_ID": "someone-elses-job"}}
     t0 = time.monotonic()
-    c = cluster(workers=2, servers=1, args=(20,), worker_env=worker_env)
+    # worker 0 and the server start after the job has already failed: they must fail fast too
+    c = cluster(workers=2, servers=1, args=(20,), worker_env=worker_env,
+                hold=("worker0", "server0"))
+    c.wait(30, ["worker1"])
+    time.sleep(1)
+    c.start_held()
     rcs = c.wait(40)
     took = max(c.exit_at.values()) - t0
     assert all(rc not in (0, None) for rc in rcs.values()), f"{rcs}\n{c.logs()}"
@@ -190,6 +195,7 @@ def test_mismatched_node_is_refused_and_job_fails_fast(cluster, bad):
     else:
         assert "someone-elses-job" in text and c.job in text, text[-3000:]
     assert "refused" in c.log("scheduler")
-    assert "ended before it formed" in c.log("server0") or \
-        "refused" in c.log("server0"), c.log("server0")[-3000:]
+    for late in ("server0", "worker0"):
+        assert "the job ended before it formed: a node was refused" in c.log(late), \
+            c.log(late)[-3000:]
     assert_gone(c)

@@ -123,7 +123,7 @@ def test_other_protocol_version_is_refused_and_scheduler_fails_fast(tmp_path):
     port = free_port()
     env = job_env(DMLC_ROLE="scheduler", DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1,
                   DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=port, BYTEPS_JOB_ID="v",
-                  BYTEPS_JOB_SECRET="s3cret")
+                  BYTEPS_JOB_SECRET="s3cret", BYTEPS_STARTUP_TIMEOUT=3)
     log = open(tmp_path / "sched.log", "w")
     p = subprocess.Popen([sys.executable, "-m", "byteps.launcher"], env=env, cwd=ROOT,
                          stdout=log, stderr=subprocess.STDOUT)

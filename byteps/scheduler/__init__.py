@@ -54,6 +54,10 @@ class Scheduler:
         self.started = time.monotonic()
         self.rejoin_since = None
         self.exit_code = None
+        # after a refusal that ends the job before it formed: tell late registrants too
+        self.linger_reason: str | None = None
+        self.linger_until = 0.0
+        self.told: set[bytes] = set()
 
     # ---------------------------------------------------------------- sending
     def send(self, ident: bytes, op: int, body: dict, job_id: str | None = None) -> None:
@@ -120,6 +124,11 @@ class Scheduler:
                             f"{hdr.body.get('pid')}): {reason}", fatal=True, job_id=hdr.job_id)
             else:
                 self.drops.warn("message of another job", reason)
+            return
+        if self.linger_reason is not None:
+            if hdr.op == Op.REGISTER and ident not in self.told:
+                self.told.add(ident)
+                self.send(ident, Op.TERMINATE, {"ok": False, "reason": self.linger_reason})
             return
         node = self.servers.get(ident) or self.workers.get(ident)
         if hdr.op == Op.REGISTER:
@@ -232,8 +241,9 @@ class Scheduler:
                job_id: str | None = None) -> None:
         log.error("refused a node: %s", reason)
         self.send(ident, Op.REFUSED, {"reason": reason}, job_id)   # in the node's job id
+        self.told.add(ident)
         if fatal:
-            self.fail(f"a node was refused: {reason}")
+            self.fail(f"a node was refused: {reason}", linger=True)
 
     def complete(self, workers, hosts) -> bool:
         return (len(self.servers) == self.cfg.num_server and len(hosts) == self.cfg.num_worker
@@ -334,7 +344,11 @@ class Scheduler:
             self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers finished"})
             self.exit_code = 0
 
-    def fail(self, reason: str, dead: dict | None = None) -> None:
+    def fail(self, reason: str, dead: dict | None = None, linger: bool = False) -> None:
+        """End the job: tell every node.  Before formation (``linger``), stay up to
+        BYTEPS_STARTUP_TIMEOUT so that nodes still starting fail fast with the reason too."""
+        if self.linger_reason is not None:
+            return
         log.error("ending the job: %s", reason)
         body = {"ok": False, "reason": reason}
         if dead:
@@ -343,9 +357,19 @@ class Scheduler:
             self.broadcast(Op.NODE_DEAD, body)
         else:
             self.broadcast(Op.TERMINATE, body)
+        if linger and not self.formed:
+            self.linger_reason = reason
+            self.linger_until = time.monotonic() + self.cfg.startup_timeout
+            self.told.update(self.servers, self.workers)
+            return
         self.exit_code = 1
 
     def check_time(self, now: float) -> None:
+        if self.linger_reason is not None:
+            if now > self.linger_until or \
+                    len(self.told) >= self.cfg.num_server + self.cfg.num_worker:
+                self.exit_code = 1
+            return
         if not self.formed:
             if now - self.started > self.cfg.startup_timeout:
                 self.fail(self.missing(now - self.started))

@@ -56,16 +56,24 @@ class Cluster:
         self.procs[name] = p
         return p
 
-    def start(self) -> "Cluster":
-        self.spawn("scheduler", dict(self.base, DMLC_ROLE="scheduler"))
+    def start(self, hold=()) -> "Cluster":
+        """Start every process except those named in ``hold`` (see :meth:`start_held`)."""
+        self.held = {}
+        self.held["scheduler"] = (dict(self.base, DMLC_ROLE="scheduler"), [])
         for i, port in enumerate(self.server_ports):
-            self.spawn(f"server{i}", dict(self.base, DMLC_ROLE="server",
-                                          BYTEPS_SERVER_PORT=str(port)))
+            self.held[f"server{i}"] = (dict(self.base, DMLC_ROLE="server",
+                                            BYTEPS_SERVER_PORT=str(port)), [])
         for w in range(self.nworkers):
             env = dict(self.base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(w))
             env.update({k: str(v) for k, v in self.worker_env.get(w, {}).items()})
-            self.spawn(f"worker{w}", env, self.argv)
+            self.held[f"worker{w}"] = (env, self.argv)
+        for name in [n for n in self.held if n not in hold]:
+            self.spawn(name, *self.held.pop(name))
         return self
+
+    def start_held(self) -> None:
+        for name in list(self.held):
+            self.spawn(name, *self.held.pop(name))
 
     # ------------------------------------------------------------- observe
     def wait_files(self, pattern: str, count: int, timeout: float = 60) -> list[Path]:
