@@ -228,3 +228,31 @@ def test_async_mode_is_refused_clearly(monkeypatch):
         bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
     with pytest.raises(bps.BytePSError, match="BYTEPS_ENABLE_ASYNC=1"):
         bps.broadcast_parameters(m.state_dict(), root_rank=0)
+
+
+def test_gradient_names_and_priorities_follow_parameter_order():
+    m = _model()
+    opt = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                   named_parameters=m.named_parameters())
+    params = list(m.parameters())
+    assert [opt._bps_names[p] for p in params] == [n for n, _ in m.named_parameters()]
+    prios = [opt._bps_priority[p] for p in params]
+    assert prios == sorted(prios, reverse=True) and prios[0] == 0   # first layer goes first
+    unnamed = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
+    assert [unnamed._bps_names[p] for p in params] == [f"push_pull.noname.{i}"
+                                                       for i in range(len(params))]
+    seen = []
+    import byteps.torch.optimizer as mod
+    orig = mod.push_pull_async_inplace
+
+    def spy(t, average=True, name=None, version=0, priority=0):
+        seen.append((name, priority))
+        return orig(t, average, name, version, priority)
+    mod.push_pull_async_inplace = spy
+    try:
+        _backward(m)
+        opt.step()
+    finally:
+        mod.push_pull_async_inplace = orig
+    assert max(seen, key=lambda s: s[1]) == ("Gradient.0.weight", 0)
+    assert {n for n, _ in seen} == {"Gradient." + n for n, _ in m.named_parameters()}
