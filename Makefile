@@ -26,8 +26,15 @@ test-core: venv
 	$(PY) -m pytest -q tests --ignore-glob='tests/test_tensorflow*' --ignore-glob='tests/test_keras*'
 
 # MXNet 1.9.1 needs numpy<1.24: it lives in its own virtual environment.
-test-mxnet:
-	@echo "mxnet tests: not yet wired"
+test-mxnet: $(MXVENV)/.installed
+	$(MXVENV)/bin/python -m pytest -q tests/test_mxnet*.py
+
+$(MXVENV)/.installed: requirements-mxnet.txt pyproject.toml
+	$(PYTHON) -m venv $(MXVENV)
+	$(MXVENV)/bin/python -m pip install -q -r requirements-mxnet.txt
+	$(MXVENV)/bin/python -m pip install -q --no-deps -e .
+	$(MXVENV)/bin/python -c "import byteps.mxnet, sklearn; print('mxnet', byteps.mxnet.mx.__version__)"
+	touch $@
 
 bench: venv
 	$(PY) benchmarks/push_pull.py

@@ -1,0 +1,181 @@
+"""byteps.mxnet: real 2-worker jobs plus in-process checks (runs in .venv-mxnet).
+
+MXNet 1.9.1 needs numpy<1.24, so these tests are skipped in the main venv and run by
+`make test-mxnet` in .venv-mxnet (built from requirements-mxnet.txt).
+"""
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mxnet")
+
+from conftest import ROOT, assert_ok, job_env, read_results, run_job, run_script  # noqa: E402
+
+MODES = ("trainer_sgd", "trainer_adam", "trainer_fp16", "optimizer_sgd", "optimizer_adam")
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
+
+
+def test_two_workers_equal_one_process_on_combined_batch(tmp_path):
+    res = run_script("mx_train.py", tmp_path, workers=2, servers=2, timeout=150)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1], res.stderr
+    for mode in MODES:
+        tol = 5e-3 if mode.endswith("fp16") else 1e-5
+        ref = out[0][mode]["ref"]
+        for r, o in out.items():
+            dist = o[mode]["dist"]
+            assert len(dist) == len(ref) == 4
+            for i, (d, e) in enumerate(zip(dist, ref)):
+                assert _rel(d, e) <= tol, f"{mode} rank {r} param {i}: rel {_rel(d, e):.2e}"
+                # every rank holds bit-identical parameters
+                assert d == out[0][mode]["dist"][i], f"{mode}: rank {r} differs from rank 0"
+    for kind in ("bcast_dict", "bcast_paramdict"):
+        root_before = out[1][kind]["before"]
+        assert out[0][kind]["before"] != root_before     # differently initialised
+        for r, o in out.items():
+            assert o[kind]["after"] == root_before, f"{kind}: rank {r} not equal to root 1"
+    for o in out.values():
+        assert o["push_pull"] == {"avg": [1.5] * 3, "sum": [[3, 3], [3, 3]]}
+
+
+@pytest.mark.parametrize("what", ["trainer", "broadcast"])
+def test_mismatched_shapes_give_the_core_error(tmp_path, what):
+    res = run_script("mx_mismatch.py", what, tmp_path, workers=2, servers=1, timeout=90)
+    out = read_results(tmp_path)
+    log = f"rc={res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}"
+    assert sorted(out) == [0, 1], log
+    for o in out.values():
+        err = o["error"]
+        assert err and "parameter_0_dense_weight" in err, f"{o}\n{log}"
+        assert "(3, 4)" in err and "(3, 5)" in err and "rank 0" in err and "rank 1" in err, \
+            f"{o}\n{log}"
+        assert o["seconds"] < 30, f"{o}\n{log}"
+
+
+def test_example_trains_digits_with_two_workers():
+    res = run_job([sys.executable, str(ROOT / "examples/mxnet/train_digits_gluon.py")],
+                  workers=2, servers=1, timeout=150)
+    assert_ok(res)
+    m = re.search(r"test accuracy: ([0-9.]+) \(2 worker", res.stdout)
+    assert m, res.stdout
+    assert float(m.group(1)) >= 0.95, res.stdout
+
+
+# ------------------------------------------------------------ in-process (1 worker)
+@pytest.fixture
+def bps(monkeypatch):
+    for k in list(__import__("os").environ):
+        if k.startswith(("DMLC_", "BYTEPS_")):
+            monkeypatch.delenv(k)
+    import byteps.mxnet as bps
+    bps.shutdown()
+    bps.init()
+    yield bps
+    bps.shutdown()
+
+
+def _net(in_units=4):
+    net = mx.gluon.nn.Dense(3, in_units=in_units)
+    net.initialize()
+    return net
+
+
+def test_compression_params_validated_with_original_keys(bps):
+    from byteps.mxnet.compression import parse_compression
+    assert parse_compression(None) is False
+    assert parse_compression({"fp16": True}) is True
+    assert parse_compression({"fp16": False}) is False
+    params = _net().collect_params()
+    for cp in ({"compressor": "onebit"}, {"compressor": "topk", "k": 8},
+               {"compressor": "dithering", "k": 2, "partition": "natural", "normalize": "l2"},
+               {"fp16": True, "ef": "vanilla"}):
+        with pytest.raises(NotImplementedError, match="not available yet"):
+            bps.DistributedTrainer(params, "sgd", {"learning_rate": 0.1}, compression_params=cp)
+    bad = [({"compresor": "topk"}, ValueError, "unknown compression_params key"),
+           ({"compressor": "gzip"}, ValueError, "unknown compressor 'gzip'"),
+           ({"compressor": "topk"}, ValueError, "needs compression_params\\['k'\\]"),
+           ({"compressor": "topk", "k": -1}, ValueError, "positive number"),
+           ({"compressor": 1}, TypeError, "should be str"),
+           ({"partition": "log"}, ValueError, "linear"),
+           ({"compressor": "onebit", "momentum": "nesterov"}, ValueError,
+            "optimizer_params\\['momentum'\\]"),
+           ({"seed": "x"}, TypeError, "seed")]
+    for cp, exc, msg in bad:
+        with pytest.raises(exc, match=msg):
+            parse_compression(cp, {"learning_rate": 0.1})
+    with pytest.warns(UserWarning, match="no 'compressor'"):
+        assert parse_compression({"k": 4, "fp16": True}) is True
+
+
+def test_distributed_optimizer_is_the_wrapped_class_and_pickles(bps, tmp_path):
+    opt = bps.DistributedOptimizer(mx.optimizer.create("adam", learning_rate=0.01))
+    assert isinstance(opt, mx.optimizer.Adam) and isinstance(opt, bps.DistributedOptimizer)
+    net = _net()
+    trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
+    trainer.set_learning_rate(0.5)
+    with mx.autograd.record():
+        loss = net(mx.nd.ones((2, 4))).sum()
+    loss.backward()
+    trainer.step(2)
+    assert opt.rescale_grad == 0.5 and trainer.learning_rate == 0.5
+    trainer.save_states(str(tmp_path / "s"))
+    trainer.load_states(str(tmp_path / "s"))
+    assert isinstance(trainer._optimizer, bps.DistributedOptimizer)
+    assert isinstance(trainer._optimizer, mx.optimizer.Adam)
+    assert trainer.learning_rate == 0.5
+    with pytest.warns(UserWarning, match="unwrapped"):
+        t = bps.DistributedTrainer(net.collect_params(), opt)
+    assert type(t._optimizer) is mx.optimizer.Adam
+    with pytest.raises(TypeError, match="wraps an mxnet Optimizer"):
+        bps.DistributedOptimizer("sgd")
+
+
+def test_bad_inputs_get_clear_errors(bps):
+    with pytest.raises(TypeError, match="dict or a gluon ParameterDict"):
+        bps.broadcast_parameters([mx.nd.ones(2)])
+    deferred = mx.gluon.nn.Dense(3)
+    deferred.initialize()
+    with pytest.raises(ValueError, match="deferred"):
+        bps.broadcast_parameters(deferred.collect_params())
+    with pytest.raises(TypeError, match="byteps.numpy"):
+        bps.byteps_push_pull(np.ones(3), name="np")
+    with pytest.raises(ValueError, match="root_rank"):
+        bps.DistributedTrainer(_net().collect_params(), "sgd", root_rank=1)
+    x = mx.nd.ones(3)
+    bps.byteps_push_pull(x, name="local", is_average=False)
+    assert x.asnumpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_names_do_not_depend_on_gluon_counters():
+    from byteps.mxnet.ops import plain_name
+    assert plain_name("hybridsequential12_dense3_weight") == "hybridsequential_dense_weight"
+    assert plain_name("conv2d0_bias") == "conv2d_bias"
+    assert plain_name("0.weight") == "0.weight"
+
+
+FAKES = {
+    "torch.py": "_n = [8]\ndef get_num_threads(): return _n[0]\n"
+                "def set_num_threads(n): _n[0] = n\n",
+    "mxnet.py": "import torch\ntorch.set_num_threads(1)   # what libgomp does on import\n",
+}
+
+
+def test_importing_mxnet_keeps_torch_threads(tmp_path):
+    for name, text in FAKES.items():
+        (tmp_path / name).write_text(text)
+    code = ("import importlib.util, torch\n"
+            f"spec = importlib.util.spec_from_file_location('m', r'{ROOT}/byteps/mxnet/_mx.py')\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "print(torch.get_num_threads())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=job_env(PYTHONPATH=tmp_path), timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "8"
