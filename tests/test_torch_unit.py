@@ -238,9 +238,10 @@ def test_gradient_names_and_priorities_follow_parameter_order():
     assert [opt._bps_names[p] for p in params] == [n for n, _ in m.named_parameters()]
     prios = [opt._bps_priority[p] for p in params]
     assert prios == sorted(prios, reverse=True) and prios[0] == 0   # first layer goes first
-    unnamed = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
-    assert [unnamed._bps_names[p] for p in params] == [f"push_pull.noname.{i}"
-                                                       for i in range(len(params))]
+    m2 = _model()
+    unnamed = bps.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1))
+    assert [unnamed._bps_names[p] for p in m2.parameters()] == [
+        f"push_pull.noname.{i}" for i in range(len(params))]
     seen = []
     import byteps.torch.optimizer as mod
     orig = mod.push_pull_async_inplace
