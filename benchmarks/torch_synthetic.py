@@ -14,7 +14,8 @@ other:
 
 and prints a table with the ratios byteps/ddp and byteps/nocomm.  Each system
 runs ``--repeats`` times, interleaved, and the best run is reported (the
-machine may be shared); every run's total is kept in the JSON.
+machine may be shared); a run's rate comes from its median step time, and
+every run's total is kept in the JSON.
 
 ``--overlap`` instead compares, for a deep MLP under byteps, the time per
 step of the overlapping hooks against one synchronous push_pull of every
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,9 +123,9 @@ def run_worker(args) -> None:
         times.append(time.perf_counter() - t0)
     if barrier:
         barrier()
-    total = sum(times)
-    res = {"rank": rank, "size": size, "img_per_sec": args.batch_size * len(times) / total,
-           "step_s": total / len(times), "step_times": times}
+    med = statistics.median(times)         # robust against a shared machine's hiccups
+    res = {"rank": rank, "size": size, "img_per_sec": args.batch_size / med, "step_s": med,
+           "step_s_mean": sum(times) / len(times), "step_times": times}
     Path(f"{args.result_file}.{rank}").write_text(json.dumps(res))
     if mode == "byteps":
         bps.shutdown()
