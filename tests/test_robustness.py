@@ -130,3 +130,39 @@ def test_listen_address_follows_dmlc_node_host(tmp_path):
         assert all(rc == 0 for rc in rcs.values()), f"{rcs}\n{c.logs()}"
     finally:
         c.close()
+
+
+def test_store_dedups_resent_pushes_and_answers_pull_only_requests():
+    """Unit check of the server store under resends (sync and async)."""
+    import numpy as np
+
+    from byteps.server.store import Slot, apply
+    from byteps.transport.wire import PULL, PUSH
+
+    a, b = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    slot = Slot(7, 0, 0, 4, -1)
+    e = [7, 0, 0, PUSH | PULL, 0, 4]
+    pull = [7, 0, 0, PULL, 0, 4]
+    out: dict = {}
+    apply(slot, e, a, 0, b"w0", 2, False, out)
+    apply(slot, e, a.copy(), 0, b"w0", 2, False, out)      # resent push: not summed twice
+    apply(slot, pull, None, 0, b"w0", 2, False, out)       # pull-only while waiting: no dup
+    assert out == {}
+    apply(slot, e, b, 1, b"w1", 2, False, out)
+    assert [len(out[w]) for w in (b"w0", b"w1")] == [1, 1]
+    np.testing.assert_array_equal(out[b"w0"][0][1], a + b)
+    out.clear()
+    apply(slot, pull, None, 0, b"w0", 2, False, out)       # pull-only after the round: resent
+    np.testing.assert_array_equal(out[b"w0"][0][1], a + b)
+    out.clear()
+    apply(slot, e, a, 1, b"w1", 2, False, out)             # late duplicate push of rank 1
+    np.testing.assert_array_equal(out[b"w1"][0][1], a + b)
+    # async: a resent push (same rank, same round) is applied once
+    aslot = Slot(8, 0, 0, 4, -1)
+    out.clear()
+    for rnd, arr in ((0, a), (0, a), (1, b)):
+        apply(aslot, [8, 0, rnd, PUSH | PULL, 0, 4], arr, 0, b"w0", 2, True, out)
+    np.testing.assert_array_equal(aslot.value, a + b)
+    aslot.reset_rounds()                     # re-init: rounds restart at 0
+    apply(aslot, [8, 0, 0, PUSH, 0, 4], a, 0, b"w0", 2, True, out)
+    np.testing.assert_array_equal(aslot.value, a + b + a)
