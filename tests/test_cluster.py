@@ -23,9 +23,11 @@ def test_rates_and_tbf():
     assert netns.rate_bps("500kbit") == 5e5
     with pytest.raises(ValueError, match="use e.g. 1gbit"):
         netns.rate_bps("1 gig")
-    a = netns.tbf_args("1gbit")
-    assert a[:3] == ["tbf", "rate", "1gbit"] and int(a[4]) == 125000
-    assert int(netns.tbf_args("1mbit")[4]) == 32 * 1024       # never below 32 KiB
+    a = netns.tbf_args("1gbit")                              # 10 ms of traffic
+    assert a[:3] == ["tbf", "rate", "1gbit"] and int(a[4]) == 1_250_000
+    assert a[5:] == ["latency", "50ms"]
+    assert int(netns.tbf_args("1gbit", burst_ms=1)[4]) == 125_000
+    assert int(netns.tbf_args("1mbit")[4]) == 64 * 1024       # never below 64 KiB
 
 
 def test_plan_names_addresses_and_commands():
