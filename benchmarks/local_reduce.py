@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:          # benchmarks.cluster and byteps from this checkout
+    sys.path.insert(0, str(ROOT))
 HOSTS, LOCAL = 2, 2
 WORKER = r'''
 import json, sys, time, numpy as np
@@ -49,7 +51,11 @@ for rep in range(3):
     for h in hs:
         api.synchronize(h)
     res["small100"] = time.perf_counter() - t0
-json.dump(res, open(f"{out}.{bps.rank()}", "w"))
+if out == "-":
+    print("CLUSTER_RESULT " + json.dumps(dict(res, rank=bps.rank())), flush=True)
+else:
+    with open(f"{out}.{bps.rank()}", "w") as f:
+        json.dump(res, f)
 bps.shutdown()
 '''
 GLOO = r'''
@@ -73,7 +79,11 @@ for rep in range(3):
     for w in [dist.all_reduce(a, async_op=True) for a in small]:
         w.wait()
     res["small100"] = time.perf_counter() - t0
-json.dump(res, open(f"{out}.{dist.get_rank()}", "w"))
+if out == "-":
+    print("CLUSTER_RESULT " + json.dumps(dict(res, rank=dist.get_rank())), flush=True)
+else:
+    with open(f"{out}.{dist.get_rank()}", "w") as f:
+        json.dump(res, f)
 dist.destroy_process_group()
 '''
 
@@ -113,6 +123,43 @@ def run_gloo(sizes, iters, tmp: Path) -> dict:
         if p.wait(timeout=1800) != 0:
             raise RuntimeError("gloo benchmark failed")
     return slowest(out, w)
+
+
+def run_netns(rate: str, sizes, iters, tmp: Path, servers: int) -> dict:
+    """The same jobs on emulated hosts (network namespaces) whose links tc shapes to ``rate``:
+    one bpslaunch per worker host with --local-size, servers on their own hosts."""
+    from benchmarks.cluster import jobs
+    from benchmarks.cluster.netns import Cluster, Plan
+    from byteps.launcher import free_port
+    (tmp / "bps_worker.py").write_text(WORKER)
+    (tmp / "gloo_worker.py").write_text(GLOO)
+    plan = Plan.new(HOSTS + servers)
+    out = {}
+    py = sys.executable
+    with Cluster(plan) as cluster:
+        cluster.shape(rate)
+        workers, srv = plan.hosts[:HOSTS], plan.hosts[HOSTS:]
+        for mode in ("0", "slice", "root"):
+            specs = jobs.byteps_job(workers, srv, srv[0],
+                                    ["--local-size", str(LOCAL), py, str(tmp / "bps_worker.py"),
+                                     json.dumps(sizes), str(iters), "-"], free_port(),
+                                    {"BYTEPS_LOCAL_REDUCE": mode, "BYTEPS_NUMA_ON": "0"})
+            out[mode] = _slowest_records(jobs.collect(jobs.run_specs(plan, specs, 1800)))
+        port = free_port()
+        specs = [jobs.Spec(f"gloo rank {h * LOCAL + lr}", workers[h],
+                           [py, str(tmp / "gloo_worker.py"), json.dumps(sizes), str(iters), "-"],
+                           jobs.base_env(RANK=h * LOCAL + lr, WORLD_SIZE=HOSTS * LOCAL,
+                                         MASTER_ADDR=workers[0].ip, MASTER_PORT=port,
+                                         GLOO_SOCKET_IFNAME=workers[h].dev))
+                 for h in range(HOSTS) for lr in range(LOCAL)]
+        out["gloo"] = _slowest_records(jobs.collect(jobs.run_specs(plan, specs, 1800)))
+    return out
+
+
+def _slowest_records(recs: list[dict]) -> dict:
+    if len(recs) != HOSTS * LOCAL:
+        raise RuntimeError(f"expected {HOSTS * LOCAL} result records, got {len(recs)}")
+    return {k: max(r[k] for r in recs) for k in recs[0] if k != "rank"}
 
 
 def memcpy_s(nbytes: int) -> float:
@@ -162,22 +209,34 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
     ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--netns", metavar="RATE", help="run on emulated hosts (network namespaces, "
+                    "needs root) with links shaped to RATE, e.g. 1gbit")
     ap.add_argument("--json", default=str(ROOT / "results" / "local_reduce.json"))
     args = ap.parse_args()
     sizes = [4 << 10, 256 << 10, 4 << 20, 16 << 20] + ([] if args.quick else [64 << 20])
     iters = 5 if args.quick else 20
     res = {"hosts": HOSTS, "local_size": LOCAL, "servers": args.servers, "sizes": sizes,
            "cpus": os.cpu_count(), "modes": {}, "limits": {}}
+    res["netns_rate"] = args.netns
     for n in sizes:
         res["limits"][str(n)] = {"memcpy_s": memcpy_s(n), "tcp_s": tcp_s(n)}
+        if args.netns:   # the busiest link: the servers' (one push + one pull per host)
+            from benchmarks.cluster.netns import rate_bps
+            res["limits"][str(n)]["tcp_s"] = HOSTS * n * 8 / rate_bps(args.netns) / args.servers
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for mode in ("0", "slice", "root"):
-            res["modes"][mode] = run_byteps(mode, sizes, iters, tmp, args.servers)
-        res["modes"]["gloo"] = run_gloo(sizes, iters, tmp)
+        if args.netns:
+            res["modes"] = run_netns(args.netns, sizes, iters, tmp, args.servers)
+        else:
+            for mode in ("0", "slice", "root"):
+                res["modes"][mode] = run_byteps(mode, sizes, iters, tmp, args.servers)
+            res["modes"]["gloo"] = run_gloo(sizes, iters, tmp)
     m = res["modes"]
+    where = f"links shaped to {args.netns} (netns)" if args.netns else "loopback"
     print(f"\n{HOSTS} emulated hosts x {LOCAL} local workers, {args.servers} server(s), "
-          f"{os.cpu_count()} CPUs; ms per push_pull of the slowest rank")
+          f"{os.cpu_count()} CPUs, {where}; ms per push_pull of the slowest rank")
+    print("tcp 1-way: loopback transfer of the tensor; with --netns: the servers' link "
+          "carrying one locally reduced tensor per host (the limit of 'slice')")
     print(f"{'size':>8} {'direct':>8} {'slice':>8} {'root':>8} {'gloo':>8} "
           f"{'direct/slice':>12} {'direct/root':>11} {'gloo/slice':>10} {'memcpy':>7} "
           f"{'tcp 1-way':>9} {'host->srv KB direct/local':>26}")

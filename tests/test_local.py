@@ -32,11 +32,11 @@ def _run(tmp_path, hosts, local, servers=1, **env):
 
 @pytest.mark.parametrize("hosts,local,env", [
     (2, 1, {}),                                        # local size 1: no local stage
-    (2, 2, {}),                                        # one network client per slice
-    (2, 2, {"BYTEPS_LOCAL_REDUCE": "root"}),           # local rank 0 is the only client
+    (2, 2, {}),                                        # default: local rank 0 is the client
+    (2, 2, {"BYTEPS_LOCAL_REDUCE": "slice"}),          # one network client per slice
     (1, 3, {}),                                        # one host: no network at all
     (2, 3, {"BYTEPS_PCIE_SWITCH_SIZE": "2"}),          # two-level: groups [0,1] + [2]
-], ids=["2x1", "2x2-slice", "2x2-root", "1x3", "2x3-groups"])
+], ids=["2x1", "2x2-root", "2x2-slice", "1x3", "2x3-groups"])
 def test_sums_and_averages(tmp_path, hosts, local, env):
     out = _run(tmp_path, hosts, local, servers=2 if hosts > 1 else 1, **env)
     assert all(d["reducer"] == (local > 1) for d in out.values())
@@ -57,11 +57,11 @@ def _bytes_by_host(tmp_path, tag, hosts, local, **env):
     return by_host
 
 
-@pytest.mark.parametrize("local", [2, 3])
-def test_bytes_at_servers_per_host(tmp_path, local):
+@pytest.mark.parametrize("local,mode", [(2, "1"), (3, "slice")])
+def test_bytes_at_servers_per_host(tmp_path, local, mode):
     """With local reduction a host sends 1/local_size of what its workers send unreduced."""
     plain = _bytes_by_host(tmp_path, "off", 2, local, BYTEPS_LOCAL_REDUCE="0")
-    reduced = _bytes_by_host(tmp_path, "on", 2, local)
+    reduced = _bytes_by_host(tmp_path, "on", 2, local, BYTEPS_LOCAL_REDUCE=mode)
     per_round = (6 * 1000 + 6 * 7 + 6 * 3001) * 4          # float32 bytes of one worker
     assert plain == {"host0": 2 * local * per_round, "host1": 2 * local * per_round}
     assert reduced == {"host0": 2 * per_round, "host1": 2 * per_round}

@@ -57,3 +57,15 @@ def test_prefix_names_are_safe():
     assert job_prefix("standalone-1a2b") == "bps-standalone-1a2b-"
     p = host_prefix("j", "10.0.0.1/" + "h" * 80)
     assert "/" not in p and len(p) < 60
+
+
+def test_local_reduce_setting():
+    from byteps.core.config import Config, ConfigError
+    env = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+           "DMLC_PS_ROOT_PORT": "9000"}
+    assert Config.from_env(env).local_reduce == "root"
+    for raw, mode in (("0", "off"), ("1", "root"), ("slice", "slice"), ("ROOT", "root")):
+        assert Config.from_env(dict(env, BYTEPS_LOCAL_REDUCE=raw)).local_reduce == mode
+    with pytest.raises(ConfigError, match="BYTEPS_LOCAL_REDUCE='3' is invalid"):
+        Config.from_env(dict(env, BYTEPS_LOCAL_REDUCE="3"))
+    assert Config.from_env(dict(env, BYTEPS_PCIE_SWITCH_SIZE="2")).pcie_switch_size == 2

@@ -159,7 +159,7 @@ class Config:
     trace_dir: str = "./traces"
     trace_start_step: int = 0
     trace_end_step: int = 1 << 30
-    local_reduce: str = "slice"    # BYTEPS_LOCAL_REDUCE: off | slice | root
+    local_reduce: str = "root"     # BYTEPS_LOCAL_REDUCE: off | root | slice
     pcie_switch_size: int | None = None
     numa_on: bool | None = None    # None: on where the machine has more than one NUMA node
     shm_dir: str = "/dev/shm"
@@ -248,11 +248,12 @@ class Config:
 
 
 def _local_reduce(raw: str) -> str:
-    """BYTEPS_LOCAL_REDUCE: 0/off, 1/on (= slice), slice (each local rank pushes its
-    reduced slice) or root (local rank 0 pushes every slice)."""
+    """BYTEPS_LOCAL_REDUCE: 0/off, 1/on (= root: local rank 0 is the host's only network
+    client, measured fastest in benchmarks/local_reduce.py) or slice (local rank k pushes
+    reduced slice k)."""
     v = raw.strip().lower()
-    mode = {"0": "off", "off": "off", "false": "off", "no": "off", "1": "slice", "on": "slice",
-            "true": "slice", "yes": "slice", "slice": "slice", "root": "root", "2": "root"}.get(v)
+    mode = {"0": "off", "off": "off", "false": "off", "no": "off", "1": "root", "on": "root",
+            "true": "root", "yes": "root", "root": "root", "slice": "slice"}.get(v)
     if mode is None:
         raise _bad("BYTEPS_LOCAL_REDUCE", raw, "expected 0, 1, slice or root")
     return mode

@@ -12,8 +12,8 @@ Each push_pull becomes an :class:`_Op` that flows, chunk by chunk
 Each stage writes ``round+1`` into a per-chunk counter of the segment after
 its data, then sends the tensor key (8 raw bytes) to the other local ranks
 over ``ipc://`` PUSH sockets, which wakes them without busy-waiting.  With
-``BYTEPS_LOCAL_REDUCE=slice`` (the default) local rank k pushes slice k under
-the name ``<name>.slice<k>``; with ``root`` local rank 0 pushes every slice.
+``BYTEPS_LOCAL_REDUCE=root`` (the default) local rank 0 pushes every slice k
+under the name ``<name>.slice<k>``; with ``slice`` local rank k pushes slice k.
 Either way each key gets one push per host, and averages divide by the
 global number of workers.
 """
