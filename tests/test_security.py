@@ -49,7 +49,9 @@ def _hdr(job, sender, op, body, epoch=1, version=PROTOCOL_VERSION):
 
 
 def test_forged_clients_are_rejected_and_no_handler_runs(tmp_path):
-    c = Cluster(tmp_path, workers=2, servers=1, args=(40,), FAIL_STEP_SLEEP=0.05)
+    stop = tmp_path / "stop"
+    c = Cluster(tmp_path, workers=2, servers=1, args=(100000,), FAIL_STEP_SLEEP=0.05,
+                FAIL_UNTIL_FILE=stop)
     marker = tmp_path / "unpickled"
     evil = pickle.dumps(Evil(str(marker)))
     try:
@@ -99,6 +101,8 @@ def test_forged_clients_are_rejected_and_no_handler_runs(tmp_path):
             s.send(evil)
             h = _hdr(c.job, 2, Op.DATA, push)
             s.send_multipart([h, mac(secret, h), evil])
+        time.sleep(1.5)          # the job keeps training while the forged frames arrive
+        stop.touch()
         rcs = c.wait(90)
         for s in (sched, server, spoof):
             s.close()

@@ -7,7 +7,8 @@ out_dir/rank<r>.json at the end (or with the error when BytePS failed).
 
 Modes: ``train`` (default); ``idle:R:K`` rank R stops calling BytePS at step K
 (sleeps for an hour); ``dup`` rank 0 pushes a name that is still in flight.
-Env: FAIL_STEP_SLEEP seconds between steps.
+Env: FAIL_STEP_SLEEP seconds between steps; FAIL_UNTIL_FILE: after step 3, stop
+(at the same step on every rank) once this file exists.
 """
 import hashlib
 import json
@@ -23,6 +24,7 @@ import byteps.numpy as bps
 out_dir, steps = sys.argv[1], int(sys.argv[2])
 mode = sys.argv[3] if len(sys.argv) > 3 else "train"
 pause = float(os.environ.get("FAIL_STEP_SLEEP", "0"))
+until = os.environ.get("FAIL_UNTIL_FILE")
 SHAPES = {"layer0.w": (3000,), "layer1.w": (300, 70), "bias": (17,)}
 
 bps.init()
@@ -81,6 +83,12 @@ try:
             open(os.path.join(out_dir, f"ready.rank{r}"), "w").close()
         if pause:
             time.sleep(pause)
+        if until and step >= 3:     # agree on the last step: sum of "file seen" flags
+            seen = bps.push_pull(np.array([os.path.exists(until)], np.int32), name="until",
+                                 average=False)
+            if seen[0] > 0:
+                steps = step + 1
+                break
     res["digest"] = digest.hexdigest()
     res["steps"] = steps
 except bps.BytePSError as exc:
