@@ -11,14 +11,14 @@ Importing this module imports mxnet (1.9.1 needs numpy<1.24; see docs/mxnet.md).
 """
 from __future__ import annotations
 
-from byteps.mxnet._mx import mx  # noqa: F401  (first: keeps torch's thread count)
-from byteps.core.api import (BytePSError, init, is_initialized, local_rank, local_size, rank,
-                             shutdown, size)
+from byteps.core.api import BytePSError, init, is_initialized, local_rank, local_size, rank
+from byteps.core.api import shutdown, size
+from byteps.mxnet._mx import mx  # noqa: F401  (restores torch's thread count)
 from byteps.mxnet.compression import parse_compression
 from byteps.mxnet.ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
 from byteps.mxnet.optimizer import DistributedOptimizer
 from byteps.mxnet.trainer import DistributedTrainer
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "byteps_push_pull", "byteps_declare_tensor", "broadcast_parameters",
-           "DistributedOptimizer", "DistributedTrainer", "BytePSError", "parse_compression"]
+__all__ = ["BytePSError", "DistributedOptimizer", "DistributedTrainer", "broadcast_parameters",
+           "byteps_declare_tensor", "byteps_push_pull", "init", "is_initialized",
+           "local_rank", "local_size", "parse_compression", "rank", "shutdown", "size"]

@@ -132,9 +132,7 @@ def broadcast_parameters(params, root_rank: int = 0) -> None:
     of name -> gluon Parameter, or a Gluon ``ParameterDict``
     (``net.collect_params()``).  Every rank must call it with the same structure.
     """
-    if isinstance(params, mx.gluon.ParameterDict):
-        entries = list(params.items())
-    elif isinstance(params, dict):
+    if isinstance(params, (mx.gluon.ParameterDict, dict)):
         entries = list(params.items())
     else:
         raise TypeError(f"broadcast_parameters needs a dict or a gluon ParameterDict, got "

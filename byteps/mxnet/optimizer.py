@@ -13,7 +13,7 @@ import itertools
 
 from byteps.core import api as core
 from byteps.mxnet._mx import mx
-from byteps.mxnet.ops import check_dense, drain, group_prefix, plain_name, wait_all, _writer
+from byteps.mxnet.ops import _writer, check_dense, drain, group_prefix, plain_name, wait_all
 
 _SUBCLASSES: dict[type, type] = {}
 _SERIAL = itertools.count()
@@ -28,7 +28,7 @@ def _subclass(inner: type) -> type:
     return sub
 
 
-def _rewrap(inner: type, state: dict) -> "DistributedOptimizer":
+def _rewrap(inner: type, state: dict) -> DistributedOptimizer:
     plain = inner.__new__(inner)
     plain.__setstate__(state)
     return DistributedOptimizer(plain)

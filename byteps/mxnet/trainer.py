@@ -8,8 +8,15 @@ import numpy as np
 from byteps.core import api as core
 from byteps.mxnet._mx import mx
 from byteps.mxnet.compression import parse_compression
-from byteps.mxnet.ops import (broadcast_arrays, check_dense, drain, group_prefix, plain_name,
-                              wait_all, _writer)
+from byteps.mxnet.ops import (
+    _writer,
+    broadcast_arrays,
+    check_dense,
+    drain,
+    group_prefix,
+    plain_name,
+    wait_all,
+)
 from byteps.mxnet.optimizer import DistributedOptimizer
 
 

@@ -11,13 +11,13 @@ process (no bpslaunch) too.
 import argparse
 import time
 
+import mxnet as mx
 import numpy as np
+from mxnet import autograd, gluon
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import byteps.mxnet as bps
-import mxnet as mx
-from mxnet import autograd, gluon
 
 
 def main() -> None:

@@ -6,9 +6,9 @@ import json
 import sys
 import time
 
-import byteps.mxnet as bps
-import mxnet as mx
 from mxnet import gluon
+
+import byteps.mxnet as bps
 
 what, out_dir = sys.argv[1], sys.argv[2]
 bps.init()

@@ -7,11 +7,11 @@ import json
 import sys
 import time
 
+import mxnet as mx
 import numpy as np
+from mxnet import autograd, gluon
 
 import byteps.mxnet as bps
-import mxnet as mx
-from mxnet import autograd, gluon
 
 out_dir = sys.argv[1]
 t_start = time.monotonic()
@@ -27,7 +27,8 @@ DATA = [(rng.randn(W * B, 8).astype(np.float32), rng.randint(0, 3, W * B))
         for _ in range(STEPS)]
 
 
-def make_net(seed, deferred=False, ctx=(mx.cpu(),)):
+def make_net(seed, deferred=False, ctx=None):
+    ctx = ctx or (mx.cpu(),)
     mx.random.seed(seed)
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(16, activation="relu", in_units=0 if deferred else 8),
@@ -56,7 +57,8 @@ def local(data):
     return [(x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]) for x, y in data]
 
 
-def mode(name, opt, opt_params, kind, deferred=False, ctx=(mx.cpu(),), compression=None):
+def mode(name, opt, opt_params, kind, deferred=False, ctx=None, compression=None):
+    ctx = ctx or (mx.cpu(),)
     net = make_net(100 + r, deferred, ctx)
     if kind == "trainer":
         trainer = bps.DistributedTrainer(net.collect_params(), opt, dict(opt_params),
