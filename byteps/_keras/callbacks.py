@@ -47,9 +47,15 @@ class BroadcastGlobalVariablesCallbackImpl:
         else:
             self.broadcast_done = True
 
+
+class BroadcastAfterFirstBatchMixin:
+    """tf-keras builds optimizers (and unbuilt models) in the first step: broadcast after it.
+
+    Keras 3 builds both before ``on_train_begin``; leaving batch hooks out there
+    keeps Keras 3's asynchronous callback dispatch on.
+    """
+
     def on_batch_end(self, batch, logs=None):
-        # Models or optimizers built lazily by the first step (tf-keras) get their
-        # state broadcast right after it.
         if not self.broadcast_done:
             self._broadcast()
             self.broadcast_done = True
@@ -168,12 +174,22 @@ class LearningRateScheduleCallbackImpl:
         elif not self.staircase:
             self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
 
-    def on_batch_end(self, batch, logs=None):
-        self._restore_momentum_if_needed()
-
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["lr"] = get_lr(self.model.optimizer)
+
+
+class MomentumRestoreMixin:
+    """Undo momentum correction after the step (tf-keras only: Keras 3 momentum is a constant,
+    and a batch-end hook would turn off Keras 3's asynchronous callback dispatch)."""
+
+    def on_batch_end(self, batch, logs=None):
+        self._restore_momentum_if_needed()
+
+
+def batch_end_mixins(keras, mixin) -> tuple:
+    """``(mixin,)`` for tf-keras, ``()`` for Keras 3."""
+    return () if hasattr(keras.optimizers.Optimizer, "stateless_apply") else (mixin,)
 
 
 class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):

@@ -6,6 +6,8 @@ from byteps.keras import keras
 
 
 class BroadcastGlobalVariablesCallback(_impl.BroadcastGlobalVariablesCallbackImpl,
+                                       *_impl.batch_end_mixins(
+                                           keras, _impl.BroadcastAfterFirstBatchMixin),
                                        keras.callbacks.Callback):
     """Broadcast rank ``root_rank``'s model and optimizer variables when training starts."""
 
@@ -21,6 +23,7 @@ class MetricAverageCallback(_impl.MetricAverageCallbackImpl, keras.callbacks.Cal
 
 
 class LearningRateScheduleCallback(_impl.LearningRateScheduleCallbackImpl,
+                                   *_impl.batch_end_mixins(keras, _impl.MomentumRestoreMixin),
                                    keras.callbacks.Callback):
     """Set lr to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` to ``end_epoch``."""
 
@@ -30,7 +33,9 @@ class LearningRateScheduleCallback(_impl.LearningRateScheduleCallbackImpl,
                          staircase, momentum_correction, steps_per_epoch)
 
 
-class LearningRateWarmupCallback(_impl.LearningRateWarmupCallbackImpl, keras.callbacks.Callback):
+class LearningRateWarmupCallback(_impl.LearningRateWarmupCallbackImpl,
+                                 *_impl.batch_end_mixins(keras, _impl.MomentumRestoreMixin),
+                                 keras.callbacks.Callback):
     """Warm lr up from ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs``."""
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
