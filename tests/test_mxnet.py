@@ -42,6 +42,8 @@ def test_two_workers_equal_one_process_on_combined_batch(tmp_path):
         assert out[0][kind]["before"] != root_before     # differently initialised
         for r, o in out.items():
             assert o[kind]["after"] == root_before, f"{kind}: rank {r} not equal to root 1"
+    for r, o in out.items():
+        assert all(np.all(np.asarray(p) == 0.5) for p in o["late_load"]), f"rank {r}"
     for o in out.values():
         assert o["push_pull"] == {"avg": [1.5] * 3, "sum": [[3, 3], [3, 3]]}
 

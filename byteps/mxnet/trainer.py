@@ -33,8 +33,9 @@ def _param_list(params) -> list:
 
 class DistributedTrainer(mx.gluon.Trainer):
     """``gluon.Trainer`` for BytePS: parameters are broadcast from ``root_rank`` when the
-    trainer is made (deferred ones when the first forward pass initialises them), then
-    each step averages the gradients across all workers.  Every rank must create it.
+    trainer is made (deferred ones when the first forward pass initialises them) and
+    again at the first step; each step averages the gradients across all workers.
+    Every rank must create it.
 
     Each gradient's push_pull starts as soon as MXNet has computed it (last layers
     first); front layers get the higher priority, since the next forward pass needs
@@ -61,7 +62,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             raise ValueError(f"root_rank={root_rank!r} is out of range for {size} worker(s)")
         self.root_rank = root_rank
         self._bps_size = size
-        self._bps_synced: set = set()
+        self._bps_index = {id(p): i for i, p in enumerate(self._params)}
         prefix = group_prefix(("params", tuple(p.name for p in self._params)))
         plain = [plain_name(p.name) for p in self._params]
         self._bps_grad_names = [f"{prefix}gradient_{i}_{n}" for i, n in enumerate(plain)]
@@ -72,15 +73,17 @@ class DistributedTrainer(mx.gluon.Trainer):
                 core.declare(self._bps_grad_names[i])
         # Broadcast now, before the first forward pass (gradients of the first step
         # must come from identical parameters); a parameter whose initialisation is
-        # deferred is broadcast the moment the forward pass initialises it.
+        # deferred is broadcast the moment the forward pass initialises it.  The first
+        # step broadcasts all of them once more, like the original (a script may load a
+        # checkpoint on the root rank after making the trainer).
         for param in self._params:
             if param._deferred_init:
                 self._bps_hook_deferred(param)
-        self._init_params()
+        self._bps_broadcast([p for p in self._params if not p._deferred_init])
 
     def _bps_hook_deferred(self, param) -> None:
         finish = param._finish_deferred_init
-        name = self._bps_param_names[self._param2idx[param.name]]
+        name = self._bps_param_names[self._bps_index[id(param)]]
 
         def finish_and_broadcast():
             pending = bool(param._deferred_init)
@@ -88,7 +91,6 @@ class DistributedTrainer(mx.gluon.Trainer):
             if pending:
                 with mx.autograd.pause():
                     broadcast_arrays([(name, param.list_data())], self.root_rank)
-                self._bps_synced.add(id(param))
 
         param._finish_deferred_init = finish_and_broadcast
 
@@ -98,15 +100,16 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().step(batch_size, ignore_stale_grad)
 
     def _init_params(self):
-        # Broadcast every initialised parameter not broadcast yet from root_rank;
-        # parameters whose deferred initialisation has not happened yet wait.
-        ready = [p for p in self._params_to_init
-                 if not p._deferred_init and id(p) not in self._bps_synced]
+        # At the first step: broadcast every initialised parameter from root_rank;
+        # those whose deferred initialisation has not happened yet wait.
+        ready = [p for p in self._params_to_init if not p._deferred_init]
         self._params_to_init = [p for p in self._params_to_init if p._deferred_init]
-        self._bps_synced.update(id(p) for p in ready)
-        if ready:
-            broadcast_arrays([(self._bps_param_names[self._param2idx[p.name]], p.list_data())
-                              for p in ready], self.root_rank)
+        self._bps_broadcast(ready)
+
+    def _bps_broadcast(self, params: list) -> None:
+        if params:
+            broadcast_arrays([(self._bps_param_names[self._bps_index[id(p)]], p.list_data())
+                              for p in params], self.root_rank)
 
     def _allreduce_grads(self):
         if self._bps_size == 1 and len(self._contexts) == 1:

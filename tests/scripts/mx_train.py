@@ -82,6 +82,16 @@ mode("trainer_fp16", "sgd", SGD, "trainer", compression={"fp16": True})
 mode("optimizer_sgd", "sgd", SGD, "optimizer")
 mode("optimizer_adam", "adam", ADAM, "optimizer")
 
+# a checkpoint loaded on the root rank only, after the trainer was made: the first step
+# broadcasts again (as in the original BytePS)
+net = make_net(300 + r)
+trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.0})
+if r == ROOT:
+    for p in net.collect_params().values():
+        p.set_data(mx.nd.full(p.shape, 0.5))
+run(net, trainer, local(DATA[:1]), B, (mx.cpu(),))
+res["late_load"] = params_of(net)
+
 # broadcast_parameters: a plain dict of NDArrays and a ParameterDict
 for kind in ("dict", "paramdict"):
     net = make_net(200 + r)
