@@ -4,12 +4,17 @@ TF takes seconds to import, so one job (tests/scripts/tf_checks.py) runs all
 Keras 3 checks and each test below inspects its results; a second job runs
 the tf-keras (TF_USE_LEGACY_KERAS=1) checks.
 """
+import importlib.util
+
 import numpy as np
 import pytest
 
 from conftest import assert_ok, read_results, run_script
 
-pytest.importorskip("tensorflow")
+# find_spec, not import: TensorFlow loads only in the worker processes
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("tensorflow is not installed (pip install -e '.[tensorflow]')",
+                allow_module_level=True)
 
 TOL = 1e-5
 
@@ -25,7 +30,8 @@ def res(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def legacy(tmp_path_factory):
-    pytest.importorskip("tf_keras")
+    if importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf-keras is not installed (pip install tf-keras==2.21.0)")
     out = tmp_path_factory.mktemp("tflegacy")
     assert_ok(run_script("tf_legacy_checks.py", out, workers=2, servers=1, timeout=300,
                          TF_USE_LEGACY_KERAS="1"))
