@@ -354,6 +354,7 @@ class Server:
         if self.cfg.enable_async:
             return
         warn, kill = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
+        reports: dict = {}
         for slot in list(self.slots.values()):
             for rnd, rs in list(slot.rounds.items()):
                 if rs.result is not None or not rs.ranks:
@@ -368,16 +369,24 @@ class Server:
                             if w["rank"] in rs.ranks}
                     missing = [w for w in missing if w.get("host_id") not in done
                                and w.get("local_rank") == 0]
-                text = (f"tensor {name!r} (partition {slot.part}, round {rnd}) waited {age:.0f} s: "
-                        f"pushed by rank(s) {sorted(rs.ranks)}, missing "
-                        + ", ".join(describe(m) for m in missing))
-                if kill and age >= kill:
-                    self.link.send(Op.STALL, {"text": text, "fatal": True})
+                fatal = bool(kill and age >= kill)
+                if fatal:
                     rs.started = now  # report once per period
-                elif not rs.warned:
-                    log.warning("stall: %s", text)
-                    self.link.send(Op.STALL, {"text": text, "fatal": False})
+                elif rs.warned:
+                    continue
                 rs.warned = True
+                # one report per tensor and round, not one per partition
+                k = (fatal, name, rnd, tuple(sorted(rs.ranks)),
+                     ", ".join(describe(m) for m in missing))
+                parts = reports.setdefault(k, [0, age])
+                parts[0] += 1
+                parts[1] = max(parts[1], age)
+        for (fatal, name, rnd, ranks, missing), (nparts, age) in reports.items():
+            text = (f"tensor {name!r} ({nparts} partition(s), round {rnd}) waited {age:.0f} s: "
+                    f"pushed by rank(s) {list(ranks)}, missing {missing}")
+            if not fatal:
+                log.warning("stall: %s", text)
+            self.link.send(Op.STALL, {"text": text, "fatal": fatal})
 
 
 def main(cfg: Config | None = None) -> int:

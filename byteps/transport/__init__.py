@@ -7,6 +7,7 @@ oversize frame is dropped by ZeroMQ before it is allocated.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket as _socket
 import time
@@ -183,10 +184,13 @@ class ConnWatch:
 
     EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
               | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    made = 0
 
     def __init__(self, sock: zmq.Socket):
         self.sock = sock
-        self.mon = sock.get_monitor_socket(self.EVENTS)
+        ConnWatch.made += 1       # a unique address: a re-created socket may reuse an fd
+        self.mon = sock.get_monitor_socket(
+            self.EVENTS, f"inproc://byteps-monitor-{os.getpid()}-{ConnWatch.made}")
         self.peers: dict[int, str] = {}
 
     def poll(self) -> list[tuple[str, int, str]]:

@@ -6,7 +6,8 @@ Writes out_dir/pid.rank<r> at start, out_dir/ready.rank<r> after step 2 and
 out_dir/rank<r>.json at the end (or with the error when BytePS failed).
 
 Modes: ``train`` (default); ``idle:R:K`` rank R stops calling BytePS at step K
-(sleeps for an hour); ``dup`` rank 0 pushes a name that is still in flight.
+(sleeps for an hour; ``idle:R:K:ignore`` also ignores SIGINT); ``dup`` rank 0
+pushes a name that is still in flight.
 Env: FAIL_STEP_SLEEP seconds between steps; FAIL_UNTIL_FILE: after step 3, stop
 (at the same step on every rank) once this file exists.
 """
@@ -67,6 +68,9 @@ try:
     for step in range(steps):
         if idle and r == int(idle[1]) and step == int(idle[2]):
             open(os.path.join(out_dir, f"idle.rank{r}"), "w").close()
+            if idle[3:] == ["ignore"]:
+                import signal
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             time.sleep(3600)
         handles = {name: bps.push_pull_async(data(r, step, name), name=name) for name in SHAPES}
         for name, h in handles.items():
