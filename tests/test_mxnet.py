@@ -28,6 +28,8 @@ def test_two_workers_equal_one_process_on_combined_batch(tmp_path):
     out = read_results(tmp_path)
     assert sorted(out) == [0, 1], res.stderr
     for mode in MODES:
+        # Gluon's names differ between the ranks; BytePS's names must not
+        assert out[0][mode]["names"] != out[1][mode]["names"], out[0][mode]["names"]
         tol = 5e-3 if mode.endswith("fp16") else 1e-5
         ref = out[0][mode]["ref"]
         for r, o in out.items():

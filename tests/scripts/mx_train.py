@@ -20,7 +20,7 @@ r, W = bps.rank(), bps.size()
 B, STEPS, ROOT = 8, 4, 0
 res = {"rank": r, "size": W}
 if r == 1:
-    gluon.nn.Dense(2)          # shifts Gluon's name counters on rank 1 only
+    gluon.nn.Dense(2), gluon.nn.HybridSequential()   # shift the name counters on rank 1
 
 rng = np.random.RandomState(0)
 DATA = [(rng.randn(W * B, 8).astype(np.float32), rng.randint(0, 3, W * B))
@@ -71,7 +71,8 @@ def mode(name, opt, opt_params, kind, deferred=False, ctx=None, compression=None
     ref = make_net(100 + ROOT, deferred)
     run(ref, gluon.Trainer(ref.collect_params(), opt, dict(opt_params), kvstore=None),
         DATA, W * B, (mx.cpu(),))
-    res[name] = {"dist": params_of(net), "ref": params_of(ref)}
+    res[name] = {"dist": params_of(net), "ref": params_of(ref),
+                 "names": list(net.collect_params().keys())}
 
 
 SGD = {"learning_rate": 0.1, "momentum": 0.9}
