@@ -105,3 +105,4 @@ def test_prereduced_shares_gpu_cpu_half(tmp_path, local, switch):
     for r, doc in out.items():
         assert doc["failures"] == [], f"rank {r}: {doc['failures'][:5]}"
         assert doc["two_level"] == (local // switch > 1)
+

@@ -79,12 +79,30 @@ class _Op:
         "src",
         "started",
         "t",
+        "t_red",
         "tensor",
         "warned",
     )
 
     def __lt__(self, other: _Op) -> bool:
         return (self.prio, self.seq) < (other.prio, other.seq)
+
+
+class _EngineSpeed:
+    """Stands in for the Engine's speed meter: with local reduction the Engine only moves
+    slices, so push_pull telemetry is counted per whole tensor by the reducer instead."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def add(self, nbytes, now=None) -> None:
+        pass
+
+    def op_done(self, seconds) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
 
 
 class LocalReducer:
@@ -129,6 +147,8 @@ class LocalReducer:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.seq = 0
+        self.speed = getattr(engine.speed, "real", engine.speed)
+        engine.speed = _EngineSpeed(self.speed)
         self.fatal: BytePSError | None = None
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="byteps-local", daemon=True)
@@ -154,6 +174,8 @@ class LocalReducer:
         chunk = max(1, self.cfg.partition_bytes // src.dtype.itemsize)
         nchunks = -(-n // chunk) if n else 0
         h = Handle(hid, tensor, out, nchunks, average)
+        if self.engine.timeline is not None:
+            self.engine.timeline.begin(hid, tensor.name, h.t0)
         if n == 0:
             tensor.busy = None
             h.event.set()
@@ -177,7 +199,7 @@ class LocalReducer:
         op.prio, op.seq = -priority, self.seq
         op.copy = op.l1 = op.red = op.net = op.gather = 0
         op.slices = self._slices(tensor, seg) if self.network else None
-        op.started, op.warned = time.monotonic(), False
+        op.started, op.warned, op.t_red = time.monotonic(), False, None
         op.pre = pre
         if pre is not None and not self.two_level and len(self.groups) != 1:
             raise BytePSError("a pre-reduced contribution needs switch groups of more than one "
@@ -401,6 +423,8 @@ class LocalReducer:
             else:
                 self._sum([seg.inputs[r, a:b] for r in range(self.L)], dst)
         op.red += 1
+        if op.red == seg.C:
+            op.t_red = time.monotonic()
         if not self.network or b == a:
             if op.average and self.size > 1 and b > a:
                 if dst.dtype.kind == "f":
@@ -449,8 +473,18 @@ class LocalReducer:
         op.out[a:b] = op.seg.out[a:b]
         op.gather += 1
         if op.gather == op.seg.C:
+            h, now = op.handle, time.monotonic()
+            self.speed.add(op.out.nbytes, now)
+            self.speed.op_done(now - h.t0)
+            tl = self.engine.timeline
+            if tl is not None and tl.traced(h.id):
+                tl.span("local reduce-scatter", h.t0, op.t_red or now, cat="local",
+                        tensor=op.tensor.name, host=self.cfg.host_id)
+                tl.span("network + all-gather", op.t_red or now, now, cat="local",
+                        tensor=op.tensor.name, host=self.cfg.host_id)
+                tl.handle_done(h, now)
             op.tensor.busy = None
-            op.handle.event.set()
+            h.event.set()
 
     def _fail(self, op: _Op, err: BytePSError) -> None:
         h = op.handle
