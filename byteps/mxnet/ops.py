@@ -10,6 +10,7 @@ trainer re-created over the same parameters reuses its names.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import re
 import threading
@@ -18,6 +19,8 @@ import numpy as np
 
 from byteps.core import api as core
 from byteps.mxnet._mx import mx
+
+_HOST = ("cpu", "cpu_pinned", "cpu_shared")
 
 _GROUPS: dict[tuple, int] = {}
 _LOCK = threading.Lock()
@@ -46,6 +49,33 @@ def check_dense(arr, what: str):
         raise TypeError(f"{what}: {arr.stype} NDArrays are not supported; BytePS moves dense "
                         f"tensors (use .tostype('default'))")
     return arr
+
+
+def host_array(arr) -> tuple:
+    """``(numpy array, shared)``: for an NDArray in host memory, a zero-copy view of
+    its memory (``shared=True``), taken once MXNet's pending reads and writes of it
+    are done; for other devices, a copy.  Nothing else may touch a shared view's
+    NDArray until the caller has finished with the view."""
+    if arr.context.device_type in _HOST and arr.stype == "default" and arr.size:
+        from mxnet.base import _LIB, check_call
+        check_call(_LIB.MXNDArrayWaitToWrite(arr.handle))
+        ptr = ctypes.c_void_p()
+        check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(ptr)))  # default layout
+        dt = np.dtype(arr.dtype)
+        if ptr.value:
+            buf = (ctypes.c_char * (arr.size * dt.itemsize)).from_address(ptr.value)
+            return np.frombuffer(buf, dt).reshape(arr.shape), True
+    return arr.asnumpy(), False
+
+
+def writer(arrays: list, view=None):
+    """A callback writing a result into every NDArray of ``arrays``, except the one whose
+    memory ``view`` is when the result is ``view`` itself."""
+    def write(res: np.ndarray) -> None:
+        for i, a in enumerate(arrays):
+            if not (i == 0 and view is not None and res is view):
+                a[:] = res
+    return write
 
 
 def wait_all(pending: list) -> None:
@@ -84,9 +114,10 @@ def byteps_push_pull(tensor, version: int = 0, priority: int = 0, name: str | No
     if name is None:
         name = f"byteps.noname.{next(_NONAME)}"
     check_dense(tensor, f"byteps_push_pull of tensor {name!r}")
-    arr = tensor.asnumpy()
+    arr, shared = host_array(tensor)
     core.push_pull(arr, str(name), average=bool(is_average), priority=int(priority), out=arr)
-    tensor[:] = arr
+    if not shared:
+        tensor[:] = arr
 
 
 def byteps_declare_tensor(name: str, **kwargs) -> None:
@@ -107,22 +138,14 @@ def broadcast_arrays(items: list, root_rank: int) -> None:
     pending = []
     try:
         for i, (name, arrays) in enumerate(items):
-            src = arrays[0].asnumpy()
-            if not mine:
-                src[...] = 0
-            handle = core.push_pull_async(src, name, average=False, priority=-i, out=src)
-            pending.append((handle, _writer(arrays)))
+            view, shared = host_array(arrays[0])
+            src = view if mine else np.zeros_like(view)
+            handle = core.push_pull_async(src, name, average=False, priority=-i, out=view)
+            pending.append((handle, writer(arrays, view if shared else None)))
     except BaseException:
         drain(pending)
         raise
     wait_all(pending)
-
-
-def _writer(arrays):
-    def write(res: np.ndarray) -> None:
-        for a in arrays:
-            a[:] = res
-    return write
 
 
 def broadcast_parameters(params, root_rank: int = 0) -> None:

@@ -13,7 +13,15 @@ import itertools
 
 from byteps.core import api as core
 from byteps.mxnet._mx import mx
-from byteps.mxnet.ops import _writer, check_dense, drain, group_prefix, plain_name, wait_all
+from byteps.mxnet.ops import (
+    check_dense,
+    drain,
+    group_prefix,
+    host_array,
+    plain_name,
+    wait_all,
+    writer,
+)
 
 _SUBCLASSES: dict[type, type] = {}
 _SERIAL = itertools.count()
@@ -132,7 +140,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                     f"DistributedOptimizer: parameter index {idx} is updated on {ctx} and on "
                     f"{w.context}; with several devices per process use "
                     f"bps.DistributedTrainer, which sums the devices' gradients first")
-            arr = g.asnumpy()
+            arr, shared = host_array(g)
             prio = -idx if isinstance(idx, int) else 0
             pending.append((core.push_pull_async(arr, name, average=True, priority=prio,
-                                                 out=arr), _writer([g])))
+                                                 out=arr), writer([g], arr if shared else None)))

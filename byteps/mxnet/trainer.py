@@ -9,13 +9,14 @@ from byteps.core import api as core
 from byteps.mxnet._mx import mx
 from byteps.mxnet.compression import parse_compression
 from byteps.mxnet.ops import (
-    _writer,
     broadcast_arrays,
     check_dense,
     drain,
     group_prefix,
+    host_array,
     plain_name,
     wait_all,
+    writer,
 )
 from byteps.mxnet.optimizer import DistributedOptimizer
 
@@ -117,20 +118,21 @@ class DistributedTrainer(mx.gluon.Trainer):
         pending = []
         try:
             # Last layers' gradients are computed first by backward: start them first,
-            # each as soon as MXNet's engine has it (asnumpy waits for that one only).
+            # each as soon as MXNet's engine has it (host_array waits for that one only).
             for i in reversed(range(len(self._params))):
                 param = self._params[i]
                 if param.grad_req == "null":
                     continue
                 grads = param.list_grad()
                 name = self._bps_grad_names[i]
-                arr = check_dense(grads[0], f"gradient {name!r}").asnumpy()
+                view, shared = host_array(check_dense(grads[0], f"gradient {name!r}"))
                 for g in grads[1:]:
-                    np.add(arr, g.asnumpy(), out=arr)
+                    np.add(view, g.asnumpy(), out=view)
+                arr = view
                 if self._bps_fp16 and arr.dtype != np.float16:
                     arr = arr.astype(np.float16)
                 handle = core.push_pull_async(arr, name, average=True, priority=-i, out=arr)
-                pending.append((handle, _writer(grads)))
+                pending.append((handle, writer(grads, view if shared else None)))
         except BaseException:
             drain(pending)
             raise
