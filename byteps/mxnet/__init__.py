@@ -11,8 +11,16 @@ Importing this module imports mxnet (1.9.1 needs numpy<1.24; see docs/mxnet.md).
 """
 from __future__ import annotations
 
-from byteps.core.api import BytePSError, init, is_initialized, local_rank, local_size, rank
-from byteps.core.api import shutdown, size
+from byteps.core.api import (
+    BytePSError,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
 from byteps.mxnet._mx import mx  # noqa: F401  (restores torch's thread count)
 from byteps.mxnet.compression import parse_compression
 from byteps.mxnet.ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
