@@ -73,6 +73,20 @@ def test_original_byteps_script_runs_unchanged(tmp_path):
     assert out[0]["final_loss"] < out[0]["first_loss"]
 
 
+@pytest.mark.timeout(90)
+def test_async_training_with_the_original_api(tmp_path):
+    """BYTEPS_ENABLE_ASYNC=1: servers hold the parameters; broadcasts still work; DDP refuses."""
+    assert_ok(run_script("torch_async.py", tmp_path, workers=2, servers=1, timeout=80,
+                         BYTEPS_ENABLE_ASYNC=1))
+    res = read_results(tmp_path)
+    _same_on_all_ranks(res, 2, "start")
+    _same_on_all_ranks(res, 2, "params")
+    for r in (0, 1):
+        assert res[r]["obj_ok"]
+        assert res[r]["loss"] < 0.05 * 204.5, res[r]        # 204.5: loss of a zero model
+        assert "BYTEPS_ENABLE_ASYNC=1" in res[r]["refused"]
+
+
 @pytest.mark.timeout(120)
 def test_digits_demo_reaches_95_percent():
     res = run_job([sys.executable, str(ROOT / "examples" / "torch" / "train_digits.py")],

@@ -219,17 +219,6 @@ def test_ddp_wrapper_local():
         DistributedDataParallel(m, device_ids=[0, 1])
 
 
-def test_async_mode_is_refused_clearly(monkeypatch):
-    bps.shutdown()
-    monkeypatch.setenv("BYTEPS_ENABLE_ASYNC", "1")
-    bps.init()
-    m = _model()
-    with pytest.raises(bps.BytePSError, match="BYTEPS_ENABLE_ASYNC=1"):
-        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1))
-    with pytest.raises(bps.BytePSError, match="BYTEPS_ENABLE_ASYNC=1"):
-        bps.broadcast_parameters(m.state_dict(), root_rank=0)
-
-
 def test_gradient_names_and_priorities_follow_parameter_order():
     m = _model()
     opt = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),

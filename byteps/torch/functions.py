@@ -5,6 +5,8 @@ the result is the root's value bit for bit on every rank.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -12,8 +14,7 @@ from byteps.core import api as _core
 from byteps.torch import _objects
 from byteps.torch.ops import (
     _auto_name,
-    check_sync_mode,
-    push_pull_async,
+    async_mode,
     push_pull_async_inplace,
     rank,
     size,
@@ -24,12 +25,43 @@ __all__ = ["broadcast_object", "broadcast_optimizer_state", "broadcast_parameter
 _SLOT_NUMEL = 64          # optimizer-state tensors at least this big travel as tensors
 
 
+_async_calls = itertools.count()
+
+
 def _check_root(root_rank: int, what: str) -> None:
-    check_sync_mode(what)     # a broadcast is a synchronous sum of the root and zeros
     n = size()
     if type(root_rank) is not int or not 0 <= root_rank < n:
         raise ValueError(f"{what}: root_rank={root_rank!r} is out of range for a job of {n} "
                          f"worker(s); use 0..{n - 1}")
+
+
+def broadcast_inplace(tensors: list, root_rank: int) -> None:
+    """Overwrite every ``(name, tensor)`` with the root's value, in place.
+
+    Sync mode: one sum in which the other ranks contribute zeros.  Async mode
+    (servers add each push at once and answer pulls with the current value):
+    the names get a per-call suffix (a store is never reused), the root's push
+    is followed by a barrier, then the other ranks pull by pushing zeros.
+    """
+    me = rank()
+    if async_mode():
+        suffix = f".async{next(_async_calls)}"
+        tensors = [(name + suffix, t) for name, t in tensors]
+    rounds = 2 if async_mode() else 1
+    with torch.no_grad():
+        for k in range(rounds):
+            if k == 1:
+                _core.barrier()            # every root push has been applied by now
+                if me == root_rank:
+                    return
+            handles = []
+            for i, (name, t) in enumerate(tensors):
+                if me != root_rank:
+                    t.zero_()
+                handles.append(push_pull_async_inplace(t, average=False, name=name,
+                                                       priority=-i))
+            for h in handles:
+                synchronize(h)
 
 
 def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> None:
@@ -63,27 +95,21 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
             continue
         seen.add(ident)
         todo.append((name, p))
-    me = rank()
-    handles = []
-    with torch.no_grad():
-        for i, (name, p) in enumerate(todo):
-            if me != root_rank:
-                p.zero_()
-            full = prefix + name if name is not None else None
-            handles.append(push_pull_async_inplace(p, average=False, name=full, priority=-i))
-        for h in handles:
-            synchronize(h)
+    broadcast_inplace([(prefix + name if name is not None else _auto_name("broadcast"), p)
+                       for name, p in todo], root_rank)
 
 
 def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
     is_root = rank() == root_rank
-    n = np.array([len(data) if is_root else 0], dtype=np.int64)
-    _core.push_pull(n, name + ".len", average=False, out=n)
+    n = torch.tensor([len(data) if is_root else 0], dtype=torch.int64)
+    broadcast_inplace([(name + ".len", n)], root_rank)
     length = int(n[0])
-    buf = np.frombuffer(data, np.uint8).copy() if is_root else np.zeros(length, np.uint8)
-    if length:
-        _core.push_pull(buf, f"{name}.data.{length}", average=False, out=buf)
-    return buf.tobytes()
+    if not length:
+        return b""
+    buf = torch.from_numpy(np.frombuffer(data, np.uint8).copy()) if is_root else \
+        torch.zeros(length, dtype=torch.uint8)
+    broadcast_inplace([(f"{name}.data.{length}", buf)], root_rank)
+    return buf.numpy().tobytes()
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
@@ -136,22 +162,17 @@ def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Optimize
             (me == root_rank and len(slots) != len(tensors)):
         raise _core.BytePSError(f"broadcast_optimizer_state on rank {me}: inconsistent tensor "
                                 f"list from root rank {root_rank}")
-    values, handles = [], []
+    values = []
     for s in slots:
-        tname = f"{prefix}{s.index}.{s.dtype}.{'x'.join(map(str, s.shape)) or 'scalar'}"
         if me == root_rank:
-            t = tensors[s.index]
+            t = tensors[s.index].detach().clone()      # never write into the live state
             if tuple(t.shape) != s.shape or str(t.dtype) != "torch." + s.dtype:
                 raise _core.BytePSError(f"broadcast_optimizer_state: state tensor {s.index} "
                                         f"changed while it was being sent")
-            values.append(t)
-            handles.append(push_pull_async(t, average=False, name=tname))
         else:
             t = torch.zeros(s.shape, dtype=getattr(torch, s.dtype))
-            values.append(t)
-            handles.append(push_pull_async_inplace(t, average=False, name=tname))
-    for h in handles:
-        synchronize(h)
+        values.append(t)
+    broadcast_inplace([(_slot_name(prefix, s), t) for s, t in zip(slots, values)], root_rank)
     if me == root_rank:
         return
     state = _objects.fill_slots(sd, values)
@@ -161,6 +182,10 @@ def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Optimize
         raise ValueError(f"broadcast_optimizer_state on rank {me}: the optimizer of root rank "
                          f"{root_rank} does not match this rank's ({exc}); build the same "
                          f"optimizer over the same parameters on every rank") from None
+
+
+def _slot_name(prefix: str, s: _objects.Slot) -> str:
+    return f"{prefix}{s.index}.{s.dtype}.{'x'.join(map(str, s.shape)) or 'scalar'}"
 
 
 def _collect_slots(obj, out: list) -> list:

@@ -142,13 +142,18 @@ def _direct(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _NATIVE and t.is_contiguous()
 
 
+def async_mode() -> bool:
+    """True in a distributed job with BYTEPS_ENABLE_ASYNC=1 (servers apply pushes at once)."""
+    cfg = _core.get_config()
+    return bool(cfg.enable_async and cfg.distributed)
+
+
 def check_sync_mode(what: str) -> None:
     """Refuse BYTEPS_ENABLE_ASYNC=1 where synchronous averaging is assumed."""
-    if _core.get_config().enable_async:
+    if async_mode():
         raise BytePSError(f"{what} needs synchronous training, but BYTEPS_ENABLE_ASYNC=1 on "
-                          f"rank {_core.rank()}; asynchronous training is not supported by "
-                          f"byteps.torch yet: unset BYTEPS_ENABLE_ASYNC (or use byteps.numpy "
-                          f"push_pull directly)")
+                          f"rank {_core.rank()}; for asynchronous training use "
+                          f"bps.DistributedOptimizer, or unset BYTEPS_ENABLE_ASYNC")
 
 
 def _check_tensor(tensor, name) -> None:

@@ -13,8 +13,16 @@ import warnings
 
 import torch
 
+from byteps.core import api as _core
 from byteps.torch.compression import Compression
-from byteps.torch.ops import check_sync_mode, declare, push_pull_async_inplace, synchronize
+from byteps.torch.ops import (
+    async_mode,
+    declare,
+    push_pull_async,
+    push_pull_async_inplace,
+    rank,
+    synchronize,
+)
 
 __all__ = ["DistributedOptimizer"]
 
@@ -61,10 +69,43 @@ class _DistributedOptimizer:
         self._bps_should_sync = True
         self._bps_synchronized = False
         self._bps_hooks = []
+        self._bps_async = async_mode()
         for name in sorted(self._bps_names.values()):
             declare("Gradient." + name)
+        if self._bps_async:
+            self._bps_async_init()
+            return
         for p in self._bps_requires_update:
             self._bps_hooks.append(_register_hook(p, self._bps_make_hook(p)))
+
+    # ------------------------------------------------------------------ async mode
+    def _bps_async_push(self, tensors: list) -> None:
+        """push_pull ``(param, tensor)`` pairs into the parameter stores; params get the result."""
+        handles = [(p, push_pull_async(t, average=False, name="AsyncParam." + self._bps_names[p],
+                                       priority=self._bps_priority[p])) for p, t in tensors]
+        for p, h in handles:
+            p.copy_(synchronize(h))
+
+    def _bps_async_init(self) -> None:
+        """BYTEPS_ENABLE_ASYNC=1: the servers keep the parameters; seed them with rank 0's."""
+        with torch.no_grad():
+            params = self._bps_requires_update
+            handles = [push_pull_async(p.detach() if rank() == 0 else torch.zeros_like(p),
+                                       average=False, name="AsyncParam." + self._bps_names[p])
+                       for p in params]
+            for h in handles:
+                synchronize(h)
+            _core.barrier()                  # every seed push has been applied
+            self._bps_async_push([(p, torch.zeros_like(p)) for p in params])
+
+    def _bps_async_step(self, closure):
+        """Local step, then push the parameter change and pull the servers' current value."""
+        params = [p for p in self._bps_requires_update if p.grad is not None]
+        old = [p.detach().clone() for p in params]
+        loss = super().step(closure)
+        with torch.no_grad():
+            self._bps_async_push([(p, p.detach() - o) for p, o in zip(params, old)])
+        return loss
 
     # ------------------------------------------------------------------ hooks
     def _bps_make_hook(self, p):
@@ -94,6 +135,8 @@ class _DistributedOptimizer:
     # ------------------------------------------------------------------ public API
     def synchronize(self) -> None:
         """Wait for every gradient's push_pull (starting those not started yet)."""
+        if self._bps_async:
+            return
         with torch.no_grad():
             for p in self._bps_requires_update:
                 if p not in self._bps_handles:
@@ -117,6 +160,9 @@ class _DistributedOptimizer:
     @contextlib.contextmanager
     def skip_synchronize(self):
         """Inside this block ``step()`` does not synchronize (call synchronize() yourself)."""
+        if self._bps_async:
+            raise AssertionError("skip_synchronize cannot be used in async training "
+                                 "(BYTEPS_ENABLE_ASYNC=1)")
         self._bps_should_sync = False
         try:
             yield
@@ -125,6 +171,8 @@ class _DistributedOptimizer:
 
     def step(self, closure=None):
         """Finish the gradients' push_pulls, then take the wrapped optimizer's step."""
+        if self._bps_async:
+            return self._bps_async_step(closure)
         if self._bps_should_sync:
             if self._bps_synchronized and not self._bps_handles:
                 warnings.warn("optimizer.step() called after optimizer.synchronize() without "
@@ -166,6 +214,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     without it they are named by position.  ``backward_passes_per_step=N``
     accumulates N backward passes locally before communicating.
     ``staleness`` is accepted for compatibility and must be 0.
+
+    With ``BYTEPS_ENABLE_ASYNC=1`` (asynchronous training, as in the original)
+    the servers hold the parameters: they are seeded with rank 0's values when
+    the optimizer is built, and every ``step()`` runs the local update, pushes
+    the parameter change and pulls the servers' current parameters.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
@@ -182,7 +235,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not hasattr(compression, "compress") or not hasattr(compression, "decompress"):
         raise TypeError(f"compression must be bps.Compression.none, bps.Compression.fp16 or "
                         f"an object with compress()/decompress(); got {compression!r}")
-    check_sync_mode("DistributedOptimizer")
     base = type(optimizer)
     cls = _CLASSES.get(base)
     if cls is None:
