@@ -25,7 +25,7 @@ def data(rank, size, dt):
 
 
 for dt in ("float32", "int64", "float16"):
-    for size in (1, 3, 1000, 1025, 5000):
+    for size in (1, 3, 1000, 1025, 5000, 40000):
         chunk = max(1, api.get_config().partition_bytes // np.dtype(dt).itemsize)
         group = [base + k for k in red.mygroup]
         full = sum(data(g, size, dt).astype(np.int64) for g in group).astype(dt)

@@ -31,7 +31,8 @@ for rnd in range(rounds):
     for dt in DTYPES:
         item = np.dtype(dt).itemsize
         pe = part // item
-        for sz in sorted({1, 2, 5, pe - 1, pe, pe + 1, 2 * pe + 3}):
+        # up to 64 KiB one local rank reduces a tensor; above, every rank a slice
+        for sz in sorted({1, 2, 5, pe - 1, pe, pe + 1, 2 * pe + 3, 70000 // item + 5}):
             for avg in (False, True):
                 jobs.append((dt, sz, avg))
     handles = []

@@ -85,16 +85,24 @@ def push_pull_async(tensor, name: str, average: bool = True, priority: int = 0) 
     chunk = max(1, red.cfg.partition_bytes // item)
     n, m, i = flat.numel(), len(red.mygroup), red.mygroup.index(red.me)
 
-    class _Chunks:                                 # the reducer's split, without a segment
+    owner = red.owner_of(api.tensor_key(name), n * item)
+
+    class _Chunks:                                 # the reducer's layout, without a segment
         def split(self, j, parts, k):
             s, e = j * chunk, min(n, (j + 1) * chunk)
             return s + (e - s) * k // parts, s + (e - s) * (k + 1) // parts
+
+        def slice(self, j, k):
+            if owner is None:
+                return self.split(j, red.L, k)
+            s, e = j * chunk, min(n, (j + 1) * chunk)
+            return (s, e) if k == owner else (s, s)
     layout = _Chunks()
     staged = {}
     pinned = torch.empty(n, dtype=flat.dtype, pin_memory=True)
     for j in range(-(-n // chunk)):
         parts = [layout.split(j, m, k) for k in range(m)] if red.two_level else \
-            [layout.split(j, red.L, k) for k in range(red.L)]
+            [layout.slice(j, k) for k in range(red.L)]
         width = max(b - a for a, b in parts)
         if width == 0:
             continue

@@ -35,6 +35,7 @@ from byteps.core.node import BytePSError
 
 log = logging.getLogger("byteps.local")
 _KEY = struct.Struct("<q")
+SMALL_BYTES = 65536     # a tensor up to this size is reduced by one local rank: fewer hand-offs
 
 
 class _SliceTensor:
@@ -147,6 +148,8 @@ class LocalReducer:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.seq = 0
+        self.out_keys: set[int] = set()       # tensors to announce to the peers (batched)
+        self.out_tasks: list[Task] = []       # slices for the Engine (batched)
         self.speed = getattr(engine.speed, "real", engine.speed)
         engine.speed = _EngineSpeed(self.speed)
         self.fatal: BytePSError | None = None
@@ -188,6 +191,7 @@ class LocalReducer:
                               len(self.groups) if self.two_level else 1, self.me)
             except ValueError as exc:
                 raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
+            seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
             self.segs[tensor.name] = seg
         op = _Op()
         op.handle, op.tensor, op.seg = h, tensor, seg
@@ -209,13 +213,19 @@ class LocalReducer:
         self._wake()
         return h
 
+    def owner_of(self, key: int, nbytes: int) -> int | None:
+        """The local rank that reduces a whole small tensor (None: every rank a slice)."""
+        if nbytes > SMALL_BYTES:
+            return None
+        return 0 if self.mode == "root" else key % self.L
+
     def _slices(self, tensor, seg: Segment) -> list[_SliceTensor]:
         sl = self.slice_cache.get(tensor.name)
         if sl is None:
             from byteps.core.api import tensor_key
             sl = []
             for k in range(self.L):
-                length = sum(b - a for a, b in (seg.split(j, self.L, k) for j in range(seg.C)))
+                length = sum(b - a for a, b in (seg.slice(j, k) for j in range(seg.C)))
                 name = f"{tensor.name}.slice{k}"
                 sl.append(_SliceTensor(name, tensor_key(name), length, tensor.dtype_code))
             self.slice_cache[tensor.name] = sl
@@ -277,8 +287,8 @@ class LocalReducer:
                             msg = self.pull.recv(zmq.NOBLOCK, copy=True)
                         except zmq.Again:
                             break
-                        if len(msg) == 8:
-                            dirty.add(_KEY.unpack(msg)[0])
+                        if msg and len(msg) % 8 == 0:
+                            dirty.update(struct.unpack(f"<{len(msg) // 8}q", msg))
                 with self.lock:
                     new = list(self.incoming)
                     self.incoming.clear()
@@ -301,6 +311,7 @@ class LocalReducer:
                     if op.tensor.key in dirty:
                         self._run(op)
                 dirty.clear()
+                self._flush()
                 finished = [op for op in active if op.handle.event.is_set()]
                 for op in finished:
                     active.remove(op)
@@ -318,7 +329,22 @@ class LocalReducer:
                                     f"reduction thread crashed: {exc!r}"), active)
 
     def _notify(self, op: _Op) -> None:
-        msg = _KEY.pack(op.tensor.key)
+        """Wake the other local ranks for ``op``: at once for a tensor of several chunks
+        (pipelining), else batched with the other small tensors of this pass."""
+        if op.seg.C <= 1:
+            self.out_keys.add(op.tensor.key)
+            return
+        self._send_keys(_KEY.pack(op.tensor.key))
+
+    def _flush(self) -> None:
+        if self.out_keys:
+            self._send_keys(struct.pack(f"<{len(self.out_keys)}q", *self.out_keys))
+            self.out_keys.clear()
+        if self.out_tasks:
+            tasks, self.out_tasks = self.out_tasks, []
+            self.engine.submit(tasks)
+
+    def _send_keys(self, msg: bytes) -> None:
         for s in self.push.values():
             try:
                 s.send(msg, zmq.NOBLOCK)
@@ -367,7 +393,7 @@ class LocalReducer:
         g = self.mygroup
         if self.two_level:
             return seg_or_chunks.split(j, len(g), g.index(self.me))
-        return seg_or_chunks.split(j, self.L, self.me)
+        return seg_or_chunks.slice(j, self.me)
 
     def _copy_pre(self, op: _Op) -> None:
         """The group sum of my share of a chunk is given: write it where the group stage
@@ -415,7 +441,7 @@ class LocalReducer:
 
     def _reduce(self, op: _Op) -> None:
         seg, j = op.seg, op.red
-        a, b = seg.split(j, self.L, self.me)
+        a, b = seg.slice(j, self.me)
         dst = seg.out[a:b]
         if b > a and not (op.pre is not None and not self.two_level):
             if self.two_level:
@@ -441,13 +467,13 @@ class LocalReducer:
 
     def _net_ready(self, op: _Op) -> bool:
         j, k = divmod(op.net, self.L)
-        a, b = op.seg.split(j, self.L, k)
+        a, b = op.seg.slice(j, k)
         return b == a or op.seg.reduced[k, j] >= op.t
 
     def _root_net(self, op: _Op) -> None:
         j, k = divmod(op.net, self.L)
         op.net += 1
-        a, b = op.seg.split(j, self.L, k)
+        a, b = op.seg.slice(j, k)
         if b > a:
             self._submit_net(op, k, j, a, b)
 
@@ -466,7 +492,10 @@ class LocalReducer:
         task.handle, task.part, task.start, task.length = h, j, 0, b - a
         task.server = (st.key + j) % self.nservers
         task.round, task.src, task.nbytes = op.round, view, view.nbytes
-        self.engine.submit([task])
+        if op.seg.C > 1:
+            self.engine.submit([task])
+        else:
+            self.out_tasks.append(task)          # small tensors: one Engine wake-up per pass
 
     def _gather(self, op: _Op) -> None:
         a, b = op.seg.chunk_range(op.gather)
@@ -506,6 +535,10 @@ class LocalReducer:
             self.incoming.clear()
         for op in active:
             self._fail(op, err)
+        try:
+            self._flush()
+        except (zmq.ZMQError, BytePSError):
+            pass
         self.running = False
         remove_prefix(self.dir, self.prefix)
 

@@ -102,6 +102,7 @@ class Segment:
         self.size = _align(self.off_out + n * item)
         want = [MAGIC, VERSION, dtype_code, n, local_size, self.C, groups, chunk]
         self.created = False
+        self.owner: int | None = None   # small tensor: the one local rank that reduces it
         self.mm = self._create_or_open(want, local_rank)
         buf = self.mm
         hdr = np.frombuffer(buf, np.int64, HEADER, 0)
@@ -160,6 +161,15 @@ class Segment:
         s, e = self.chunk_range(j)
         ln = e - s
         return s + ln * i // parts, s + ln * (i + 1) // parts
+
+    def slice(self, j: int, k: int) -> tuple[int, int]:
+        """Elements [a, b) of chunk ``j`` that local rank ``k`` reduces (and whose slice
+        ``<name>.slice<k>`` goes to the servers): equal parts, or the whole chunk for the
+        owner of a small tensor."""
+        if self.owner is None:
+            return self.split(j, self.L, k)
+        s, e = self.chunk_range(j)
+        return (s, e) if k == self.owner else (s, s)
 
     def unlink(self) -> None:
         try:
