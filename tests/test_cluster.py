@@ -256,3 +256,16 @@ def test_cleanup_removes_leftovers_of_dead_runs():
         assert not set(gone) & {n for n in netns.list_namespaces()}
     finally:
         netns.run_cmds(plan.teardown_commands(), check=False)
+
+
+def test_qdisc_stats_and_drop_column():
+    text = ("qdisc tbf 8001: root refcnt 2 rate 1Gbit burst 1250000b lat 50ms\n"
+            " Sent 123456 bytes 100 pkt (dropped 3, overlimits 7 requeues 0)\n"
+            " backlog 0b 0p requeues 0\n"
+            "qdisc tbf 8002: root\n Sent 10 bytes 20 pkt (dropped 1, overlimits 0 requeues 0)\n")
+    assert netns.parse_qdisc_stats(text) == (120, 4)
+    assert netns.parse_qdisc_stats("") == (0, 0)
+    row = dict(report.make_row("gloo", "1gbit", 2, 2, _recs("gloo", 2, 1.0)),
+               link_drops={"packets": 400, "dropped": 2})
+    assert report.drop_pct(row) == pytest.approx(0.5)
+    assert "0.50" in report.table([row], {})

@@ -151,6 +151,15 @@ def run_cmds(cmds: list[list[str]], check: bool = True) -> list[str]:
     return errors
 
 
+def parse_qdisc_stats(text: str) -> tuple[int, int]:
+    """(packets sent, packets dropped) from ``tc -s qdisc show`` output."""
+    sent = dropped = 0
+    for m in re.finditer(r"Sent \d+ bytes (\d+) pkt \(dropped (\d+)", text):
+        sent += int(m.group(1))
+        dropped += int(m.group(2))
+    return sent, dropped
+
+
 def list_namespaces() -> list[str]:
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
     return [ln.split()[0] for ln in r.stdout.splitlines() if ln.strip()]
@@ -213,6 +222,17 @@ class Cluster:
 
     def shape(self, rate: str | None, latency_ms: float = 50.0, burst_ms: float = 10.0) -> None:
         run_cmds(self.plan.shape_commands(rate, latency_ms, burst_ms), check=rate is not None)
+
+    def drops(self) -> dict:
+        """Packets sent and dropped so far by the tbf qdiscs, summed over all links."""
+        sent = dropped = 0
+        for h in self.plan.hosts:
+            for ns, dev in ((h.ns, h.dev), (self.plan.switch, h.port)):
+                r = subprocess.run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev],
+                                   capture_output=True, text=True, timeout=30)
+                s, d = parse_qdisc_stats(r.stdout)
+                sent, dropped = sent + s, dropped + d
+        return {"packets": sent, "dropped": dropped}
 
     def close(self) -> list[str]:
         if not self.up:

@@ -56,6 +56,12 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def drop_pct(row: dict) -> float | None:
+    """Packets the shaped links dropped during the row's job, in percent."""
+    d = row.get("link_drops") or {}
+    return 100.0 * d["dropped"] / d["packets"] if d.get("packets") else None
+
+
 def table(rows: list[dict], probes: dict) -> str:
     lines = []
     for rate in dict.fromkeys(r["rate"] for r in rows):
@@ -64,7 +70,7 @@ def table(rows: list[dict], probes: dict) -> str:
                      f"{_fmt(p.get('pair_Gbps'), '.3f')} Gbit/s; all worker links at once "
                      f"{_fmt(p.get('all_Gbps'), '.3f')} Gbit/s each")
         lines.append(f"{'system':<14}{'W':>3}{'S':>3}{'MB':>7}{'s/op':>8}{'s/100MB':>9}"
-                     f"{'Gb/s/link':>10}{'vs gloo':>9}{'vs M/B':>8}{'vs TCP':>8}")
+                     f"{'Gb/s/link':>10}{'vs gloo':>9}{'vs M/B':>8}{'vs TCP':>8}{'drop%':>7}")
         for r in rows:
             if r["rate"] != rate:
                 continue
@@ -72,7 +78,7 @@ def table(rows: list[dict], probes: dict) -> str:
                          f"{r['tensor_MB']:>7.0f}{r['time_s']:>8.3f}"
                          f"{r['time_per_100MB_s']:>9.3f}{r['link_Gbps']:>10.3f}"
                          f"{_fmt(r['vs_gloo'], '.2f'):>9}{r['vs_bound']:>8.2f}"
-                         f"{_fmt(r['vs_measured_tcp'], '.2f'):>8}")
+                         f"{_fmt(r['vs_measured_tcp'], '.2f'):>8}{_fmt(drop_pct(r), '.2f'):>7}")
         lines.append("")
     return "\n".join(lines)
 

@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--probe-seconds", type=float, default=3.0)
     ap.add_argument("--burst-ms", type=float, default=10.0,
                     help="tbf bucket in ms of traffic at the link rate")
+    ap.add_argument("--latency-ms", type=float, default=50.0,
+                    help="tbf queue: packets waiting longer are dropped (the switch buffer)")
     ap.add_argument("--train", action="store_true", help="also run the training variant")
     ap.add_argument("--train-rate", default="1gbit")
     ap.add_argument("--train-workers", type=int, default=4)
@@ -106,13 +108,18 @@ class Runner:
         self.train_rows: list[dict] = []
         self.probes: dict = {}
         self.traces: dict = {}
+        self.last_drops: dict = {}
 
     def next_port(self, n: int = 1) -> int:
         self.port += n
         return self.port - n
 
     def run(self, specs: list) -> list[dict]:
-        return jobs.collect(jobs.run_specs(self.plan, specs, self.a.timeout))
+        before = self.cluster.drops()
+        recs = jobs.collect(jobs.run_specs(self.plan, specs, self.a.timeout))
+        after = self.cluster.drops()
+        self.last_drops = {k: after[k] - before[k] for k in after}
+        return recs
 
     def probe(self, rate: str) -> None:
         secs = self.a.probe_seconds
@@ -158,26 +165,31 @@ class Runner:
 
     def sweep(self) -> None:
         for rate in self.a.rates:
-            self.cluster.shape(rate, burst_ms=self.a.burst_ms)
+            self.cluster.shape(rate, self.a.latency_ms, self.a.burst_ms)
             self.probe(rate)
             for w in self.a.workers:
                 got: dict[str, list] = {}
+                drops = {}
                 for system in self.a.systems:
                     t0 = time.monotonic()
                     got[system] = self.bench(rate, w, system)
+                    drops[system] = self.last_drops
                     print(f"[{rate}] W={w} {system}: {report.job_time(got[system]):.3f} s/op "
-                          f"({time.monotonic() - t0:.0f} s)", flush=True)
+                          f"({time.monotonic() - t0:.0f} s, {self.last_drops['dropped']} of "
+                          f"{self.last_drops['packets']} packets dropped by the links)",
+                          flush=True)
                 gloo = report.job_time(got["gloo"]) if "gloo" in got else None
                 link = (self.probes[rate].get("all_Gbps") or 0) * 1e9 / 8 or None
                 for system, recs in got.items():
                     s = (self.a.servers or w) if system == "byteps" else w
-                    self.rows.append(report.make_row(system, rate, w, s, recs, gloo, link))
+                    self.rows.append(dict(report.make_row(system, rate, w, s, recs, gloo, link),
+                                          link_drops=drops[system]))
         if self.a.train:
             self.train()
 
     def train(self) -> None:
         rate, w = self.a.train_rate, self.a.train_workers
-        self.cluster.shape(rate, burst_ms=self.a.burst_ms)
+        self.cluster.shape(rate, self.a.latency_ms, self.a.burst_ms)
         script = [sys.executable, str(HERE / "train_mlp.py"), *self.a.train_args.split()]
         workers = self.whosts[:w]
         ddp = self.run(jobs.gloo_job(workers, script + ["--backend", "ddp"], self.next_port()))
@@ -209,8 +221,9 @@ def main(argv=None) -> int:
     started = time.time()
     try:
         with cluster:
-            print(f"cluster {plan.prefix}: {plan.nhosts} hosts, {os.cpu_count()} CPU cores",
-                  flush=True)
+            print(f"cluster {plan.prefix}: {plan.nhosts} hosts, {os.cpu_count()} CPU cores, "
+                  f"load average {os.getloadavg()[0]:.1f} (other work on this machine skews "
+                  f"the numbers)", flush=True)
             runner = Runner(a, plan, cluster)
             runner.sweep()
     except NetnsError as exc:
@@ -229,6 +242,7 @@ def main(argv=None) -> int:
     print(report.train_table(runner.train_rows))
     print(report.trace_table(runner.traces))
     doc = {"started": started, "seconds": time.time() - started, "cpu_count": os.cpu_count(),
+           "loadavg_at_end": os.getloadavg(),
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "probes": runner.probes, "rows": runner.rows, "train": runner.train_rows,
            "traces": runner.traces}
