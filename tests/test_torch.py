@@ -9,7 +9,7 @@ from conftest import ROOT, assert_ok, read_results, run_job, run_script
 
 pytest.importorskip("torch")
 
-PHASES = ["sgd", "adam", "bpps2", "fp16", "ddp", "unused", "fp16_ints"]
+PHASES = ["sgd", "adam", "bpps2", "fp16", "ddp", "unused", "fp16_ints", "autograd"]
 
 
 def _same_on_all_ranks(res: dict, workers: int, key: str) -> dict:
@@ -23,7 +23,8 @@ def _same_on_all_ranks(res: dict, workers: int, key: str) -> dict:
 @pytest.mark.timeout(90)
 def test_training_equals_single_process_w2(tmp_path):
     """SGD-momentum, Adam, backward_passes_per_step=2, fp16, DDP+no_sync, an unused
-    parameter, integer tensors under fp16: 2 workers vs one process on the whole batch."""
+    parameter, integer tensors under fp16, autograd through push_pull: 2 workers vs one
+    process on the whole batch."""
     assert_ok(run_script("torch_train_equiv.py", tmp_path, *PHASES, workers=2, servers=2,
                          timeout=80))
     res = read_results(tmp_path)
@@ -39,6 +40,8 @@ def test_training_equals_single_process_w2(tmp_path):
     assert ints["ints"] == [3 * i for i in range(10)]     # summed exactly, not via fp16
     assert ints["float_dtype"] == "torch.float32"
     assert ints["float_err"] <= 1e-3 * ints["float_scale"]
+    for r in (0, 1):
+        assert res[r]["autograd"] == {"y_ok": True, "grad_ok": True}, res[r]["autograd"]
 
 
 @pytest.mark.timeout(90)

@@ -144,6 +144,17 @@ def run_fp16_ints():
             "float_scale": float(exp.abs().max())}
 
 
+def run_autograd():
+    """push_pull is differentiable: the gradient is push_pulled (averaged) back."""
+    r, w = bps.rank(), bps.size()
+    x = torch.ones(3, requires_grad=True)
+    y = bps.push_pull(x * (r + 1), name="autograd.y")
+    (y * torch.tensor([1.0, 2.0, 3.0]) * (r + 1)).sum().backward()
+    m = (w + 1) / 2                                    # mean of (r + 1) over ranks
+    return {"y_ok": torch.allclose(y.detach(), torch.full((3,), m)),
+            "grad_ok": torch.allclose(x.grad, (r + 1) * m * torch.tensor([1.0, 2.0, 3.0]))}
+
+
 def main():
     out_dir = sys.argv[1]
     phases = sys.argv[2:] or ["sgd", "adam"]
@@ -162,6 +173,8 @@ def main():
             res[ph] = run_unused()
         elif ph == "fp16_ints":
             res[ph] = run_fp16_ints()
+        elif ph == "autograd":
+            res[ph] = run_autograd()
         else:
             raise SystemExit(f"unknown phase {ph!r}")
     with open(f"{out_dir}/rank{bps.rank()}.json", "w") as f:
