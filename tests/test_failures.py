@@ -210,14 +210,14 @@ def test_mismatched_node_is_refused_and_job_fails_fast(cluster, bad):
 def test_frozen_node_is_found_by_heartbeats(cluster, victim):
     """SIGSTOP keeps TCP connections open: only the heartbeat timeout can tell."""
     c = cluster(workers=2, servers=1, args=(FOREVER,), FAIL_STEP_SLEEP=0.05,
-                BYTEPS_HEARTBEAT_INTERVAL=0.3, BYTEPS_HEARTBEAT_TIMEOUT=2)
+                BYTEPS_HEARTBEAT_INTERVAL=0.3, BYTEPS_HEARTBEAT_TIMEOUT=3)
     c.wait_files("ready.rank*", 2)
     pid = c.worker_pid(0) if victim == "worker0" else c.procs["scheduler"].pid
     os.kill(pid, signal.SIGSTOP)
     t_stop = time.monotonic()
     try:
         others = [n for n in c.procs if n != victim]
-        assert_all_failed_in_time(c, t_stop, others, limit=8)
+        assert_all_failed_in_time(c, t_stop, others, limit=10)
     finally:
         os.kill(pid, signal.SIGKILL)
     want = "stopped sending heartbeats" if victim == "worker0" else "no heartbeat answer"

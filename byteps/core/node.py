@@ -38,6 +38,9 @@ class BytePSError(RuntimeError):
 
 def require_secret(cfg: Config, what: str) -> None:
     """Refuse to join a cluster without BYTEPS_JOB_SECRET (unless auth is disabled)."""
+    if cfg.auth_disable:
+        log.warning("%s: BYTEPS_AUTH_DISABLE=1: messages are not authenticated; anyone who can "
+                    "reach this job's ports can join it or feed it data", what)
     if cfg.job_secret or cfg.auth_disable:
         return
     raise BytePSError(

@@ -93,10 +93,14 @@ def dtype_code(dt: np.dtype, tensor_name: str = "") -> int:
                         f"use one of {DTYPE_NAMES}") from None
 
 
+MAC_BYTES = 16
+
+
 def mac(secret: bytes | None, header: bytes) -> bytes:
+    """HMAC-SHA256 of a header under the job secret, truncated to MAC_BYTES (b"" without)."""
     if not secret:
         return b""
-    return hmac.new(secret, header, hashlib.sha256).digest()[:16]
+    return hmac.new(secret, header, hashlib.sha256).digest()[:MAC_BYTES]
 
 
 def encode(job_id: str, sender: int, op: int, epoch: int, seq: int, body,
@@ -132,9 +136,11 @@ def decode(frames: list, job_id: str, secret: bytes | None,
     """
     if len(frames) < 2:
         raise WireError(f"{len(frames)} frame(s); expected header + mac")
+    if len(frames[0]) > MAX_HEADER_BYTES:       # sizes first: nothing big is copied
+        raise WireError(f"header of {len(frames[0])} bytes exceeds {MAX_HEADER_BYTES}")
+    if secret and len(frames[1]) != MAC_BYTES:
+        raise WireError("bad or missing credential (BYTEPS_JOB_SECRET mismatch?)")
     hdr_b = _bytes(frames[0])
-    if len(hdr_b) > MAX_HEADER_BYTES:
-        raise WireError(f"header of {len(hdr_b)} bytes exceeds {MAX_HEADER_BYTES}")
     if secret:
         if not hmac.compare_digest(_bytes(frames[1]), mac(secret, hdr_b)):
             raise WireError("bad or missing credential (BYTEPS_JOB_SECRET mismatch?)")
