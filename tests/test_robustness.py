@@ -123,14 +123,16 @@ def test_duplicate_name_in_flight_is_a_local_error(tmp_path):
 
 def test_listen_address_follows_dmlc_node_host(tmp_path):
     """Servers listen on DMLC_NODE_HOST only; an address not on this machine is an error."""
-    c = Cluster(tmp_path, workers=1, servers=1, args=(30,), DMLC_NODE_HOST="127.0.0.2",
-                FAIL_STEP_SLEEP=0.1)
+    stop = tmp_path / "stop"
+    c = Cluster(tmp_path, workers=1, servers=1, args=(100000,), DMLC_NODE_HOST="127.0.0.2",
+                FAIL_STEP_SLEEP=0.05, FAIL_UNTIL_FILE=stop)
     try:
         c.start()
         c.wait_files("ready.rank*", 1)
         assert c.listening().get(c.server_ports[0]) == "127.0.0.2", c.listening()
         with socket.socket() as probe:     # nothing answers on another loopback address
             assert probe.connect_ex(("127.0.0.3", c.server_ports[0])) != 0
+        stop.touch()
         rcs = c.wait(60)
         assert all(rc == 0 for rc in rcs.values()), f"{rcs}\n{c.logs()}"
     finally:
