@@ -11,6 +11,8 @@ one after the other, with W workers each:
                step is a ``tf.function`` with ``bps.DistributedGradientTape``,
 * ``mwms``    ``tf.distribute.MultiWorkerMirroredStrategy`` with its CPU ring
                collective, W processes, ``TF_CONFIG`` on loopback,
+* ``byteps_sync`` (only with ``--modes``) byteps starting all push_pulls after
+               backward, to measure what the overlap gains,
 
 and prints a table with the ratios byteps/mwms and byteps/nocomm.  Every
 system runs the same Keras model, SGD with momentum, and the same per-worker
@@ -19,6 +21,7 @@ is reported (the machine may be shared); a run's rate comes from its median
 step time.
 
     python benchmarks/tf_synthetic.py --model mlp --num-workers 2
+    python benchmarks/tf_synthetic.py --model deep_mlp --modes byteps,byteps_sync
 Results go to results/tf_synthetic-<model>.json (or --json PATH).
 """
 from __future__ import annotations
@@ -35,8 +38,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("mlp", "cnn")
-MODES = ("nocomm", "byteps", "mwms")
+MODELS = ("mlp", "cnn", "deep_mlp")
+MODES = ("nocomm", "byteps", "mwms", "byteps_sync")
 
 
 def build_model(keras, name: str):
@@ -52,6 +55,10 @@ def build_model(keras, name: str):
                                                             activation="relu"),
                                  L.MaxPooling2D(), L.Flatten(), L.Dense(512, activation="relu"),
                                  L.Dense(10)])
+    if name == "deep_mlp":
+        return keras.Sequential([keras.Input((32, 32, 3)), L.Flatten()]
+                                + [L.Dense(1024, activation="relu") for _ in range(8)]
+                                + [L.Dense(10)])
     raise SystemExit(f"unknown --model {name!r}; choose one of {', '.join(MODELS)}")
 
 
@@ -68,8 +75,9 @@ def run_worker(args) -> None:
             communication_options=tf.distribute.experimental.CommunicationOptions(
                 implementation=impl))
         rank, size = args.rank, args.world
-    elif mode == "byteps":
+    elif mode in ("byteps", "byteps_sync"):
         import byteps.tensorflow as bps
+        from byteps.tensorflow import _ops
         bps.init()
         rank, size = bps.rank(), bps.size()
     else:
@@ -110,15 +118,20 @@ def run_worker(args) -> None:
                 loss = loss_of(model)
             if mode == "byteps":
                 tape = bps.DistributedGradientTape(tape)
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                    model.trainable_variables))
-        if mode == "byteps":
+            grads = tape.gradient(loss, model.trainable_variables)
+            if mode == "byteps_sync":    # no overlap: start communicating after backward
+                with tf.control_dependencies(grads):
+                    grads = [tf.identity(g) for g in grads]
+                grads = _ops.push_pull_grads(grads, model.trainable_variables, "Sync.",
+                                             bps.Compression.none, False, bps.Average)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        if mode != "nocomm":
             opt.build(model.trainable_variables)
             bps.broadcast_variables(model.variables, root_rank=0)
 
     for _ in range(args.num_warmup):
         step()
-    if mode == "byteps":
+    if mode.startswith("byteps"):
         bps.barrier()
     times = []
     for _ in range(args.num_iters):
@@ -130,7 +143,7 @@ def run_worker(args) -> None:
     res = {"rank": rank, "size": size, "img_per_sec": args.batch_size / med, "step_s": med,
            "step_s_mean": sum(times) / len(times), "params": nparams, "step_times": times}
     Path(f"{args.result_file}.{rank}").write_text(json.dumps(res))
-    if mode == "byteps":
+    if mode.startswith("byteps"):
         bps.shutdown()
 
 
@@ -170,11 +183,11 @@ def _collect(result: str, workers: int, what: str) -> list[dict]:
     return out
 
 
-def run_byteps(args, tmp: str, tag: str) -> list[dict]:
+def run_byteps(args, tmp: str, tag: str, mode: str = "byteps") -> list[dict]:
     result = os.path.join(tmp, tag)
     cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "--num-workers",
            str(args.num_workers), "--num-servers", str(args.num_servers),
-           *_worker_argv(args, "byteps", result)]
+           *_worker_argv(args, mode, result)]
     try:
         p = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True,
                            timeout=args.timeout, check=False)
@@ -232,7 +245,9 @@ def main(argv=None) -> None:
     ap.add_argument("--num-warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="TF intra-op threads per worker")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default="nocomm,byteps,mwms",
+                    help="any of " + ",".join(MODES) + " (byteps_sync: communicate only "
+                    "after backward, to measure the overlap)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json", default=None)
     # worker-side options
@@ -252,7 +267,7 @@ def main(argv=None) -> None:
         for rep in range(args.repeats):
             for m in modes:
                 tag = f"{m}{rep}"
-                runs[m].append(run_byteps(args, tmp, tag) if m == "byteps"
+                runs[m].append(run_byteps(args, tmp, tag, m) if m.startswith("byteps")
                                else run_group(args, tmp, m, tag))
     res = {m: summarize(r) for m, r in runs.items()}
     out = {"model": args.model, "num_workers": args.num_workers,
@@ -260,7 +275,7 @@ def main(argv=None) -> None:
            "num_iters": args.num_iters, "threads": args.threads, "cpus": os.cpu_count(),
            "load_avg": os.getloadavg(), "results": res, "ratios": {}}
     if "byteps" in res:
-        for other in ("mwms", "nocomm"):
+        for other in ("mwms", "nocomm", "byteps_sync"):
             if other in res:
                 out["ratios"][f"byteps/{other}"] = (res["byteps"]["total_img_per_sec"]
                                                     / res[other]["total_img_per_sec"])
@@ -278,7 +293,8 @@ def main(argv=None) -> None:
               f"{1000 * statistics.mean(r['step_s']):>10.1f}{rel:>10.2f}x")
     for k, v in out["ratios"].items():
         print(f"ratio {k}: {v:.2f}")
-    path = Path(args.json or ROOT / "results" / f"tf_synthetic-{args.model}.json")
+    suffix = "" if modes == ["nocomm", "byteps", "mwms"] else "-" + "-".join(modes)
+    path = Path(args.json or ROOT / "results" / f"tf_synthetic-{args.model}{suffix}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")

@@ -91,7 +91,9 @@ def test_keras_fit_callbacks(res):
     assert a["w"] == b["w"]                   # broadcast + averaged gradients
     assert a["opt_class"] == "SGD" and a["is_sgd"]
     assert a["iterations"] == 6
-    assert abs(a["lr"] - 0.05) < 1e-6         # warmup reached initial_lr
+    # warm-up over 2 epochs from 0.05 / 2: 0.0375 after epoch 1, 0.05 after epoch 2
+    np.testing.assert_allclose(a["lrs"], [0.0375, 0.05], rtol=1e-6)
+    assert abs(a["lr"] - 0.05) < 1e-6
     for epoch in range(2):
         assert a["post"][epoch] == b["post"][epoch]
         for key in ("loss", "mae"):
@@ -147,6 +149,7 @@ def test_legacy_tf_keras(legacy):
     fa, fb = get(legacy, "fit")
     assert fa["w"] == fb["w"] and fa["slots"] == fb["slots"]
     assert fa["iterations"] == 6 and abs(fa["lr"] - 0.05) < 1e-6
+    np.testing.assert_allclose(fa["lrs"], [0.0375, 0.05], rtol=1e-6)
     assert abs(fa["momentum"] - 0.5) < 1e-7       # momentum correction restored
     for epoch in range(2):
         assert fa["post"][epoch] == fb["post"][epoch]

@@ -155,7 +155,8 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
 def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool = False,
                          device_dense: str = "", device_sparse: str = "",
                          compression=Compression.none, sparse_as_dense: bool = False,
-                         backward_passes_per_step: int = 1, op=Average):
+                         backward_passes_per_step: int = 1, op=Average,
+                         average_aggregated_gradients: bool = False):
     """Wrap an optimizer so that it averages gradients across workers before applying them.
 
     Keras optimizers (Keras 3, or tf-keras under ``TF_USE_LEGACY_KERAS=1``)
@@ -170,4 +171,4 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
     from byteps import _keras
     return _keras.create_distributed_optimizer(
         _keras.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
-        sparse_as_dense, op, backward_passes_per_step)
+        sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients)

@@ -186,13 +186,14 @@ def keras_fit():
     m = make_model(200 + R)                      # different on every rank
     opt = bk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.5))
     m.compile(optimizer=opt, loss="mse", metrics=["mae"])
-    pre, post = Record(), Record()
+    pre, post, last = Record(), Record(), Record()
     m.fit(X.reshape(-1, 6)[:48][R::N], Y.reshape(-1, 3)[:48][R::N], batch_size=8, epochs=2,
           shuffle=False, verbose=0,
           callbacks=[pre, bk.callbacks.BroadcastGlobalVariablesCallback(0),
                      bk.callbacks.MetricAverageCallback(), post,
-                     bk.callbacks.LearningRateWarmupCallback(0.05, warmup_epochs=1)])
+                     bk.callbacks.LearningRateWarmupCallback(0.05, warmup_epochs=2), last])
     return {"w": weights(m), "pre": pre.logs, "post": post.logs,
+            "lrs": [e["lr"] for e in last.logs],
             "opt_class": type(opt).__name__, "is_sgd": isinstance(opt, keras.optimizers.SGD),
             "iterations": int(opt.iterations.numpy()), "lr": float(opt.learning_rate.numpy())}
 

@@ -87,13 +87,14 @@ def fit():
     m = make_model(200 + R)
     opt = bk.DistributedOptimizer(keras.optimizers.legacy.SGD(0.05, momentum=0.5))
     m.compile(optimizer=opt, loss="mse", metrics=["mae"])
-    pre, post = Record(), Record()
+    pre, post, last = Record(), Record(), Record()
     m.fit(X.reshape(-1, 6)[:48][R::N], Y.reshape(-1, 3)[:48][R::N], batch_size=8, epochs=2,
           shuffle=False, verbose=0,
           callbacks=[pre, bk.callbacks.BroadcastGlobalVariablesCallback(0),
                      bk.callbacks.MetricAverageCallback(), post,
-                     bk.callbacks.LearningRateWarmupCallback(0.05, warmup_epochs=1)])
+                     bk.callbacks.LearningRateWarmupCallback(0.05, warmup_epochs=2), last])
     return {"w": [w.tolist() for w in m.get_weights()], "pre": pre.logs, "post": post.logs,
+            "lrs": [e["lr"] for e in last.logs],
             "opt_class": type(opt).__name__, "iterations": int(opt.iterations.numpy()),
             "momentum": float(opt.momentum.numpy()), "lr": float(opt.learning_rate.numpy()),
             "slots": [w.tolist() for w in opt.get_weights()[1:]]}

@@ -10,11 +10,11 @@
 """
 from __future__ import annotations
 
+import tensorflow as _tf
+
 from byteps import _keras as _impl
 from byteps.core.api import (BytePSError, init, is_initialized, local_rank, local_size, rank,
                              shutdown, size)
-import tensorflow as _tf
-
 from byteps.tensorflow import Average, Compression, Sum
 
 keras = _tf.keras
