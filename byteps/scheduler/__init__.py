@@ -22,7 +22,8 @@ import zmq
 from byteps import transport
 from byteps.core.config import Config
 from byteps.core.node import BytePSError, describe, down_grace, require_secret
-from byteps.transport.wire import PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode, encode, new_seq
+from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
+                                   encode, new_seq)
 
 log = logging.getLogger("byteps.scheduler")
 

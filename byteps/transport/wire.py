@@ -10,8 +10,8 @@ Header (a msgpack array, validated field by field on receipt)::
 * ``op``       int   one of :class:`Op`
 * ``epoch``    int   membership epoch (bumped when workers re-form the group)
 * ``seq``      int   per-sender sequence number: strictly increasing on each
-  (sender, receiver) stream; counters start at :func:`new_seq` (wall-clock
-  nanoseconds), so they also increase across re-initialisations.  Receivers
+  (sender, receiver) stream; counters start at :func:`new_seq` (monotonic
+  clock nanoseconds), so they also increase across re-initialisations.  Receivers
   drop a frame whose seq is not above the last one they accepted (replay).
 * ``body``     map (control ops) or ``[entries, decls]`` (DATA / RESULT)
 
@@ -81,8 +81,12 @@ class VersionMismatch(WireError):
 
 
 def new_seq() -> int:
-    """Start value of a sequence counter: above every counter started before it."""
-    return time.time_ns()
+    """Start value of a sequence counter: above every counter this process started before.
+
+    The monotonic clock in nanoseconds never steps back (unlike the wall clock)
+    and outruns any message counter.
+    """
+    return time.monotonic_ns()
 
 
 def dtype_code(dt: np.dtype, tensor_name: str = "") -> int:
