@@ -1,6 +1,6 @@
 """The local reduction of one worker process: shared memory among the local ranks of a host.
 
-Each push_pull becomes an :class:`_Op` that flows, chunk by chunk
+Each push_pull becomes an :class:`Op` that flows, chunk by chunk
 (``BYTEPS_PARTITION_BYTES``) and in priority order, through these stages::
 
     copy    my input chunk -> my input slot in shared memory        (every rank)
@@ -30,80 +30,13 @@ import numpy as np
 import zmq
 
 from byteps.core.engine import Handle, Task
+from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir
 from byteps.core.node import BytePSError
 
 log = logging.getLogger("byteps.local")
 _KEY = struct.Struct("<q")
 SMALL_BYTES = 65536     # a tensor up to this size is reduced by one local rank: fewer hand-offs
-
-
-class _SliceTensor:
-    """What the Engine needs of a tensor: the slice ``<name>.slice<k>``."""
-    __slots__ = ("busy", "dtype_code", "key", "name", "shape")
-
-    def __init__(self, name: str, key: int, length: int, dtype_code: int):
-        self.name, self.key, self.shape, self.dtype_code = name, key, (length,), dtype_code
-        self.busy = None
-
-
-class _NetDone:
-    """Stands in for a slice handle's event: the Engine's completion calls set()."""
-    __slots__ = ("h", "j", "k", "op", "red")
-
-    def __init__(self, red, op, k, j):
-        self.red, self.op, self.k, self.j, self.h = red, op, k, j, None
-
-    def set(self) -> None:
-        self.red.net_done(self)
-
-    def is_set(self) -> bool:
-        return False
-
-
-class _Op:
-    __slots__ = (
-        "average",
-        "copy",
-        "gather",
-        "handle",
-        "l1",
-        "net",
-        "out",
-        "pre",
-        "prio",
-        "red",
-        "round",
-        "seg",
-        "seq",
-        "slices",
-        "src",
-        "started",
-        "t",
-        "t_red",
-        "tensor",
-        "warned",
-    )
-
-    def __lt__(self, other: _Op) -> bool:
-        return (self.prio, self.seq) < (other.prio, other.seq)
-
-
-class _EngineSpeed:
-    """Stands in for the Engine's speed meter: with local reduction the Engine only moves
-    slices, so push_pull telemetry is counted per whole tensor by the reducer instead."""
-
-    def __init__(self, real):
-        self.real = real
-
-    def add(self, nbytes, now=None) -> None:
-        pass
-
-    def op_done(self, seconds) -> None:
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
 
 
 class LocalReducer:
@@ -141,7 +74,7 @@ class LocalReducer:
         self.segs: dict[str, Segment] = {}
         self.slice_cache: dict[str, list] = {}
         self.rounds: dict[str, int] = {}
-        self.by_key: dict[int, _Op] = {}
+        self.by_key: dict[int, Op] = {}
         self.lock = threading.Lock()
         self.incoming: collections.deque = collections.deque()
         self.events: collections.deque = collections.deque()
@@ -151,7 +84,7 @@ class LocalReducer:
         self.out_keys: set[int] = set()       # tensors to announce to the peers (batched)
         self.out_tasks: list[Task] = []       # slices for the Engine (batched)
         self.speed = getattr(engine.speed, "real", engine.speed)
-        engine.speed = _EngineSpeed(self.speed)
+        engine.speed = EngineSpeed(self.speed)
         self.fatal: BytePSError | None = None
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="byteps-local", daemon=True)
@@ -193,7 +126,7 @@ class LocalReducer:
                 raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
             seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
             self.segs[tensor.name] = seg
-        op = _Op()
+        op = Op()
         op.handle, op.tensor, op.seg = h, tensor, seg
         rnd = self.rounds.get(tensor.name, 0)
         self.rounds[tensor.name] = rnd + 1
@@ -219,7 +152,7 @@ class LocalReducer:
             return None
         return 0 if self.mode == "root" else key % self.L
 
-    def _slices(self, tensor, seg: Segment) -> list[_SliceTensor]:
+    def _slices(self, tensor, seg: Segment) -> list[SliceTensor]:
         sl = self.slice_cache.get(tensor.name)
         if sl is None:
             from byteps.core.api import tensor_key
@@ -227,7 +160,7 @@ class LocalReducer:
             for k in range(self.L):
                 length = sum(b - a for a, b in (seg.slice(j, k) for j in range(seg.C)))
                 name = f"{tensor.name}.slice{k}"
-                sl.append(_SliceTensor(name, tensor_key(name), length, tensor.dtype_code))
+                sl.append(SliceTensor(name, tensor_key(name), length, tensor.dtype_code))
             self.slice_cache[tensor.name] = sl
         return sl
 
@@ -237,7 +170,7 @@ class LocalReducer:
         except (BlockingIOError, OSError):
             pass
 
-    def net_done(self, nd: _NetDone) -> None:
+    def net_done(self, nd: NetDone) -> None:
         """Engine thread: a slice chunk came back (or failed)."""
         if nd.h.error is None:
             nd.op.seg.done[nd.k, nd.j] = nd.op.t
@@ -273,7 +206,7 @@ class LocalReducer:
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.wake_r, zmq.POLLIN)
-        active: list[_Op] = []
+        active: list[Op] = []
         dirty: set[int] = set()
         next_check = time.monotonic() + 0.5
         try:
@@ -328,7 +261,7 @@ class LocalReducer:
             self._fatal(BytePSError(f"host {self.cfg.host_id} local rank {self.me}: local "
                                     f"reduction thread crashed: {exc!r}"), active)
 
-    def _notify(self, op: _Op) -> None:
+    def _notify(self, op: Op) -> None:
         """Wake the other local ranks for ``op``: at once for a tensor of several chunks
         (pipelining), else batched with the other small tensors of this pass."""
         if op.seg.C <= 1:
@@ -351,7 +284,7 @@ class LocalReducer:
             except zmq.Again:
                 pass
 
-    def _run(self, op: _Op) -> None:
+    def _run(self, op: Op) -> None:
         """Advance ``op`` as far as the counters allow, one chunk at a time."""
         seg, t, C = op.seg, op.t, op.seg.C
         while not op.handle.event.is_set():
@@ -395,7 +328,7 @@ class LocalReducer:
             return seg_or_chunks.split(j, len(g), g.index(self.me))
         return seg_or_chunks.slice(j, self.me)
 
-    def _copy_pre(self, op: _Op) -> None:
+    def _copy_pre(self, op: Op) -> None:
         """The group sum of my share of a chunk is given: write it where the group stage
         would have (group sums, or straight into my slice with a single group)."""
         seg, j = op.seg, op.copy
@@ -413,7 +346,7 @@ class LocalReducer:
         op.l1 = op.copy
         self._notify(op)
 
-    def _reduce_ready(self, op: _Op) -> bool:
+    def _reduce_ready(self, op: Op) -> bool:
         j = op.red
         if op.pre is not None and not self.two_level:
             return True                  # my slice is the group sum already
@@ -427,7 +360,7 @@ class LocalReducer:
         for r in rows[2:]:
             np.add(dst, r, out=dst)
 
-    def _level1(self, op: _Op) -> None:
+    def _level1(self, op: Op) -> None:
         seg, j, g = op.seg, op.l1, self.mygroup
         gi = self.groups.index(g)
         a, b = seg.split(j, len(g), g.index(self.me))
@@ -439,7 +372,7 @@ class LocalReducer:
         op.l1 += 1
         self._notify(op)
 
-    def _reduce(self, op: _Op) -> None:
+    def _reduce(self, op: Op) -> None:
         seg, j = op.seg, op.red
         a, b = seg.slice(j, self.me)
         dst = seg.out[a:b]
@@ -465,19 +398,19 @@ class LocalReducer:
             seg.reduced[self.me, j] = op.t
         self._notify(op)
 
-    def _net_ready(self, op: _Op) -> bool:
+    def _net_ready(self, op: Op) -> bool:
         j, k = divmod(op.net, self.L)
         a, b = op.seg.slice(j, k)
         return b == a or op.seg.reduced[k, j] >= op.t
 
-    def _root_net(self, op: _Op) -> None:
+    def _root_net(self, op: Op) -> None:
         j, k = divmod(op.net, self.L)
         op.net += 1
         a, b = op.seg.slice(j, k)
         if b > a:
             self._submit_net(op, k, j, a, b)
 
-    def _submit_net(self, op: _Op, k: int, j: int, a: int, b: int) -> None:
+    def _submit_net(self, op: Op, k: int, j: int, a: int, b: int) -> None:
         st = op.slices[k]
         err = self.engine.key_errors.get(st.key)
         if err:
@@ -485,7 +418,7 @@ class LocalReducer:
             return self._fail(op, raise_op)
         view = op.seg.out[a:b]
         h = Handle(0, st, view, 1, op.average)
-        nd = _NetDone(self, op, k, j)
+        nd = NetDone(self, op, k, j)
         nd.h, h.event = h, nd
         task = Task()
         task.prio, task.seq = op.prio, op.seq
@@ -497,7 +430,7 @@ class LocalReducer:
         else:
             self.out_tasks.append(task)          # small tensors: one Engine wake-up per pass
 
-    def _gather(self, op: _Op) -> None:
+    def _gather(self, op: Op) -> None:
         a, b = op.seg.chunk_range(op.gather)
         op.out[a:b] = op.seg.out[a:b]
         op.gather += 1
@@ -515,7 +448,7 @@ class LocalReducer:
             op.tensor.busy = None
             h.event.set()
 
-    def _fail(self, op: _Op, err: BytePSError) -> None:
+    def _fail(self, op: Op, err: BytePSError) -> None:
         h = op.handle
         if h.error is None and not h.event.is_set():
             h.error = err
@@ -545,7 +478,7 @@ class LocalReducer:
     def _check(self, active: list, now: float) -> None:
         """Fail fast when a local peer died; warn about stalled operations."""
         for r, w in self.peers.items():
-            if r != self.me and not _alive(w.get("pid")):
+            if r != self.me and not alive(w.get("pid")):
                 raise BytePSError(
                     f"host {self.cfg.host_id}: local rank {r} (worker rank {w.get('rank')}, pid "
                     f"{w.get('pid')}) died; the local reduction of this host cannot continue")
@@ -557,22 +490,3 @@ class LocalReducer:
                 log.warning("tensor %r (round %d) waited %.0f s in the local reduction of host "
                             "%s; local rank(s) %s have not contributed chunk %d", op.tensor.name,
                             op.round, now - op.started, self.cfg.host_id, late or "none", j)
-
-
-def _alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
