@@ -69,3 +69,21 @@ def test_local_reduce_setting():
     with pytest.raises(ConfigError, match="BYTEPS_LOCAL_REDUCE='3' is invalid"):
         Config.from_env(dict(env, BYTEPS_LOCAL_REDUCE="3"))
     assert Config.from_env(dict(env, BYTEPS_PCIE_SWITCH_SIZE="2")).pcie_switch_size == 2
+
+
+def test_peer_liveness_sees_zombies_and_reaped_processes():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from byteps.core.local.parts import alive
+    assert alive(os.getpid())
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while alive(p.pid) and time.monotonic() < deadline:     # exits, stays a zombie
+        time.sleep(0.05)
+    assert not alive(p.pid)
+    p.wait()
+    assert not alive(p.pid)
+    assert alive(None) and alive(-1)        # unknown pid: never reported dead

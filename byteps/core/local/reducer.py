@@ -50,6 +50,8 @@ class LocalReducer:
         if sorted(self.peers) != list(range(self.L)):
             raise BytePSError(f"host {cfg.host_id}: the address book lists local ranks "
                               f"{sorted(self.peers)}, expected 0..{self.L - 1}")
+        # peers whose pid this process can see (another pid namespace: not watched)
+        self.watched = {r: w for r, w in self.peers.items() if r != self.me and alive(w.get("pid"))}
         self.nhosts = len({w["host_id"] for w in workers})
         self.size = book["size"]
         self.nservers = max(1, len(book["servers"]))
@@ -477,8 +479,8 @@ class LocalReducer:
 
     def _check(self, active: list, now: float) -> None:
         """Fail fast when a local peer died; warn about stalled operations."""
-        for r, w in self.peers.items():
-            if r != self.me and not alive(w.get("pid")):
+        for r, w in self.watched.items():
+            if not alive(w.get("pid")):
                 raise BytePSError(
                     f"host {self.cfg.host_id}: local rank {r} (worker rank {w.get('rank')}, pid "
                     f"{w.get('pid')}) died; the local reduction of this host cannot continue")
