@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import assert_ok, read_results, run_script
 
-from byteps.core.local.shm import job_prefix
+from byteps.core.local.shm import host_prefix, job_prefix
 
 pytestmark = pytest.mark.timeout(600)
 SMALL = {"BYTEPS_PARTITION_BYTES": 4096}
@@ -106,3 +106,45 @@ def test_prereduced_shares_gpu_cpu_half(tmp_path, local, switch):
         assert doc["failures"] == [], f"rank {r}: {doc['failures'][:5]}"
         assert doc["two_level"] == (local // switch > 1)
 
+
+
+def test_peer_death_detected_without_bpslaunch(tmp_path):
+    """Local workers started by hand (no supervising launcher): when local rank 1 is
+    killed, local rank 0 fails within seconds naming the host and the local rank."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT, SCRIPTS, job_env
+
+    from byteps.launcher import free_port
+    job = f"lpeer-{secrets.token_hex(3)}"
+    env = job_env(DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1",
+                  DMLC_PS_ROOT_PORT=free_port(), BYTEPS_JOB_ID=job,
+                  BYTEPS_JOB_SECRET=secrets.token_hex(16), BYTEPS_LOCAL_SIZE=2, DMLC_WORKER_ID=0)
+    py = sys.executable
+    procs = [subprocess.Popen([py, "-m", "byteps.scheduler"], env=dict(env, DMLC_ROLE="scheduler"),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+             subprocess.Popen([py, "-m", "byteps.server"], env=dict(env, DMLC_ROLE="server"),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    workers = [subprocess.Popen([py, str(SCRIPTS / "local_kill.py"), str(tmp_path)], cwd=ROOT,
+                                env=dict(env, DMLC_ROLE="worker", BYTEPS_LOCAL_RANK=str(lr),
+                                         BYTEPS_EMULATED_HOST="host0"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for lr in (0, 1)]
+    procs += workers
+    try:
+        _, err = workers[0].communicate(timeout=60)
+        info = json.loads((tmp_path / "killed.json").read_text())
+        assert workers[1].wait(10) == -signal.SIGKILL
+        assert workers[0].returncode != 0
+        assert time.time() - info["t"] < 10
+        assert "host host0: local rank 1" in err and "died" in err, err[-3000:]
+        # the survivor removed the host's shared memory (the dead rank's files included)
+        mine = [f for f in os.listdir("/dev/shm") if f.startswith(host_prefix(job, "host0"))]
+        assert mine == [], mine
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
