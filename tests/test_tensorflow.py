@@ -8,7 +8,6 @@ import importlib.util
 
 import numpy as np
 import pytest
-
 from conftest import assert_ok, read_results, run_script
 
 # find_spec, not import: TensorFlow loads only in the worker processes

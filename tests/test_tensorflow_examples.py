@@ -4,7 +4,6 @@ import re
 import sys
 
 import pytest
-
 from conftest import ROOT, assert_ok, run_job
 
 # find_spec, not import: TensorFlow loads only in the worker processes

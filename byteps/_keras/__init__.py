@@ -162,8 +162,8 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
     """
     _check_backend(keras)
     if isinstance(optimizer, _Distributed):
-        raise ValueError(f"optimizer {type(optimizer).__name__} is already a byteps "
-                         f"DistributedOptimizer; wrap the plain optimizer once")
+        raise TypeError(f"optimizer {type(optimizer).__name__} is already a byteps "
+                        f"DistributedOptimizer; wrap the plain optimizer once")
     if not hasattr(optimizer, "apply_gradients"):
         raise TypeError(f"DistributedOptimizer needs a Keras optimizer or a "
                         f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")

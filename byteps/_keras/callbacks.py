@@ -12,9 +12,9 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from byteps._keras import _is_built, optimizer_variables
 from byteps.core import api as core
 from byteps.tensorflow import _ops
-from byteps._keras import _is_built, optimizer_variables
 
 
 def _value(x) -> float:
@@ -196,14 +196,14 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
     """Ramp lr from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al.)."""
 
     def __init__(self, backend, initial_lr, warmup_epochs=5, momentum_correction=True,
-                 steps_per_epoch=None, verbose=0, *args):
+                 steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
             # Round numbers at the end of each epoch (nicer learning-rate plots).
             epoch += 1.0 / self.steps_per_epoch
             return 1.0 / core.size() * (epoch * (core.size() - 1) / warmup_epochs + 1)
         super().__init__(backend, initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,
-                         steps_per_epoch=steps_per_epoch, *args)
+                         steps_per_epoch=steps_per_epoch)
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):

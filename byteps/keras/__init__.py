@@ -11,17 +11,41 @@
 from __future__ import annotations
 
 from byteps import _keras as _impl
-from byteps.core.api import (BytePSError, init, is_initialized, local_rank, local_size, rank,
-                             shutdown, size)
+from byteps.core.api import (
+    BytePSError,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
 from byteps.tensorflow import Average, Compression, Sum
 
 keras = _impl.default_keras()
 
-from byteps.keras import callbacks  # noqa: E402  (needs `keras` above)
+from byteps.keras import callbacks  # after `keras`: subclasses keras.callbacks.Callback
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "DistributedOptimizer", "broadcast_global_variables", "push_pull", "broadcast",
-           "load_model", "callbacks", "Compression", "Average", "Sum", "BytePSError"]
+__all__ = [
+    "Average",
+    "BytePSError",
+    "Compression",
+    "DistributedOptimizer",
+    "Sum",
+    "broadcast",
+    "broadcast_global_variables",
+    "callbacks",
+    "init",
+    "is_initialized",
+    "load_model",
+    "local_rank",
+    "local_size",
+    "push_pull",
+    "rank",
+    "shutdown",
+    "size",
+]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",

@@ -17,16 +17,41 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from byteps.core.api import (BytePSError, barrier, init, is_initialized, local_rank,
-                             local_size, rank, shutdown, size)
+from byteps.core.api import (
+    BytePSError,
+    barrier,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
 from byteps.tensorflow import _ops
 from byteps.tensorflow._ops import Average, Sum
 from byteps.tensorflow.compression import Compression
 
-__all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "barrier", "push_pull", "broadcast", "broadcast_variables",
-           "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
-           "Compression", "Average", "Sum", "BytePSError"]
+__all__ = [
+    "Average",
+    "BytePSError",
+    "Compression",
+    "DistributedGradientTape",
+    "DistributedOptimizer",
+    "Sum",
+    "barrier",
+    "broadcast",
+    "broadcast_global_variables",
+    "broadcast_variables",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "push_pull",
+    "rank",
+    "shutdown",
+    "size",
+]
 
 
 def _scoped(scope: str, name: str) -> str:

@@ -9,12 +9,14 @@ functions run in ``tf.numpy_function`` ops; eagerly they are called directly.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 
 import numpy as np
 
 from byteps.core import api as core
 
+log = logging.getLogger("byteps.tensorflow")
 _tickets: dict[int, tuple] = {}
 _ids = itertools.count(1)
 _lock = threading.Lock()
@@ -159,5 +161,5 @@ def discard(tickets) -> None:
     """Wait for and drop tickets whose results are not needed (error clean-up)."""
     try:
         wait(*tickets)
-    except Exception:   # noqa: BLE001 - clean-up after an earlier error
-        pass
+    except Exception as exc:   # noqa: BLE001 - clean-up after an earlier error
+        log.debug("discarded byteps tickets failed too: %s", exc)

@@ -14,10 +14,10 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
-import keras  # noqa: E402
+import keras
 
-import byteps.keras as bk  # noqa: E402
-import byteps.tensorflow as bps  # noqa: E402
+import byteps.keras as bk
+import byteps.tensorflow as bps
 
 bps.init()
 R, N = bps.rank(), bps.size()
@@ -64,7 +64,7 @@ def reference(steps=3, lr=0.1):
 def check(name, fn):
     try:
         OUT[name] = fn()
-    except Exception:   # record, so the test shows which check failed on which rank
+    except Exception:   # noqa: BLE001 - recorded: the test shows which check failed where
         OUT[name] = {"error": traceback.format_exc()}
 
 
@@ -237,14 +237,14 @@ def mismatch():
     for mode in ("eager", "function"):
         w = v if mode == "eager" else tf.Variable(tf.ones([3 + R]), name="mismatched_fn")
 
-        def step():
+        def step(w=w):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(w * w)
             return bps.DistributedGradientTape(tape).gradient(loss, [w])
         try:
             (tf.function(step) if mode == "function" else step)()
             out[mode] = "no error"
-        except Exception as exc:   # the core's error, whatever TF wraps it in
+        except Exception as exc:   # noqa: BLE001 - the core's error, whatever TF wraps it in
             out[mode] = f"{type(exc).__name__}: {exc}"
     return out
 
@@ -261,7 +261,8 @@ def v1_optimizer():
             opt = bps.DistributedOptimizer(opt)
         for s in range(3):
             x, y = (shard(X[s]), shard(Y[s])) if distributed else (X[s], Y[s])
-            opt.minimize(lambda: tf.reduce_mean(tf.square(x @ w + b - y)), var_list=[w, b])
+            opt.minimize(lambda x=x, y=y: tf.reduce_mean(tf.square(x @ w + b - y)),
+                         var_list=[w, b])
         return [w.numpy(), b.numpy()]
     return {"rel": rel_err(run(True), run(False))}
 
@@ -300,7 +301,7 @@ def api_errors():
         try:
             fn()
             out[k] = "no error"
-        except Exception as exc:
+        except Exception as exc:   # noqa: BLE001 - every error message is checked
             out[k] = f"{type(exc).__name__}: {exc}"
     return out
 
