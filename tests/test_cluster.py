@@ -269,3 +269,34 @@ def test_qdisc_stats_and_drop_column():
                link_drops={"packets": 400, "dropped": 2})
     assert report.drop_pct(row) == pytest.approx(0.5)
     assert "0.50" in report.table([row], {})
+
+
+@pytest.mark.root
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(not IS_ROOT, reason="needs root (network namespaces); CI runs as root")
+@pytest.mark.parametrize("sig", [2, 15])          # SIGINT (Ctrl-C), SIGTERM
+def test_interrupted_run_tears_everything_down(sig, tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.cluster.run", "--rates", "100mbit", "--workers",
+         "2", "--systems", "gloo", "--slow-size-mb", "50", "--iters", "50",
+         "--probe-seconds", "20", "--out", str(tmp_path)],
+        cwd=jobs.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONPATH=str(jobs.ROOT)))
+    prefix = f"bpsc-{proc.pid}-"
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:   # wait until the probe runs inside the hosts
+            ours = [n for n in netns.list_namespaces() if n.startswith(prefix)]
+            if len(ours) == 3 and any(netns.namespace_pids(n) for n in ours):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the cluster did not come up")
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, out
+    assert [n for n in netns.list_namespaces() if n.startswith(prefix)] == [], out

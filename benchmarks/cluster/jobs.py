@@ -131,8 +131,8 @@ def run_specs(plan: Plan, specs: list[Spec], timeout: float,
     procs, files = [], []
     try:
         for s in specs:
-            fo = tempfile.TemporaryFile("w+")
-            fe = tempfile.TemporaryFile("w+")
+            fo = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed below, after the job)
+            fe = tempfile.TemporaryFile("w+")  # noqa: SIM115
             files.append((fo, fe))
             procs.append(subprocess.Popen(s.command(plan), stdout=fo, stderr=fe,
                                           start_new_session=True, cwd=ROOT))

@@ -19,11 +19,12 @@ import re
 import secrets
 import shutil
 import subprocess
+from typing import Self
 
 PREFIX = "bpsc-"
 SUBNET = "10.213.0"
 FIRST_HOST = 10
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$", re.I)
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$", re.IGNORECASE)
 
 
 class NetnsError(RuntimeError):
@@ -74,7 +75,7 @@ class Plan:
             raise ValueError(f"cluster prefix {self.prefix!r} must start with {PREFIX!r}")
 
     @classmethod
-    def new(cls, nhosts: int) -> "Plan":
+    def new(cls, nhosts: int) -> Plan:
         return cls(nhosts, f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}")
 
     @property
@@ -142,7 +143,8 @@ def run_cmds(cmds: list[list[str]], check: bool = True) -> list[str]:
     """Run iproute2 commands; return the error lines of those that failed."""
     errors = []
     for c in cmds:
-        r = subprocess.run(c, capture_output=True, text=True, timeout=30)
+        r = subprocess.run(c, capture_output=True, text=True, timeout=30,
+                           check=False)
         if r.returncode != 0:
             msg = f"{' '.join(c)}: {r.stderr.strip() or r.stdout.strip()}"
             if check:
@@ -161,7 +163,8 @@ def parse_qdisc_stats(text: str) -> tuple[int, int]:
 
 
 def list_namespaces() -> list[str]:
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30,
+                       check=False)
     return [ln.split()[0] for ln in r.stdout.splitlines() if ln.strip()]
 
 
@@ -186,7 +189,8 @@ def leftovers(names: list[str], include_live: bool = False) -> list[str]:
 
 
 def namespace_pids(ns: str) -> list[int]:
-    r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30,
+                       check=False)
     return [int(x) for x in r.stdout.split() if x.isdigit()]
 
 
@@ -210,7 +214,7 @@ class Cluster:
         self.plan = plan
         self.up = False
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Self:
         check_root()
         self.up = True          # set first: a half-built cluster is torn down too
         try:
@@ -229,7 +233,8 @@ class Cluster:
         for h in self.plan.hosts:
             for ns, dev in ((h.ns, h.dev), (self.plan.switch, h.port)):
                 r = subprocess.run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev],
-                                   capture_output=True, text=True, timeout=30)
+                                   capture_output=True, text=True, timeout=30,
+                                   check=False)
                 s, d = parse_qdisc_stats(r.stdout)
                 sent, dropped = sent + s, dropped + d
         return {"packets": sent, "dropped": dropped}

@@ -152,7 +152,7 @@ def trace_summary(trace_dir: Path) -> dict:
                 tensors.append(e["dur"] / 1e3)
             elif e.get("name") in per_stage:
                 per_stage[e["name"]].append(e["dur"] / 1e3)
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
     return {"ranks": ranks, "tensor_ms": mean(tensors),
             "partitions": len(per_stage["queue"]),
             "stage_ms": {s: mean(v) for s, v in per_stage.items()}}

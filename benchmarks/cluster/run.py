@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import json
 import os
 import signal
 import sys
@@ -131,7 +130,7 @@ class Runner:
         else:
             pairs = [(self.whosts[i], self.whosts[i + 1]) for i in range(0, w - 1, 2)]
         every = self.run(jobs.probe_job(pairs, self.next_port(len(pairs)), secs))
-        per_dir = lambda recs: [r["recv_Bps"] for r in recs if r.get("recv_Bps")]  # noqa: E731
+        per_dir = lambda recs: [r["recv_Bps"] for r in recs if r.get("recv_Bps")]
         p = {"pair_Gbps": min(per_dir(one)) * 8 / 1e9 if per_dir(one) else None,
              "all_Gbps": sum(per_dir(every)) / len(per_dir(every)) * 8 / 1e9
              if per_dir(every) else None, "nominal_Gbps": rate_bps(rate) / 1e9}

@@ -15,7 +15,7 @@ import time
 from datetime import timedelta
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 
 def model(width: int) -> nn.Module:
