@@ -151,11 +151,10 @@ def test_peer_death_detected_without_bpslaunch(tmp_path):
 
 
 def test_reinit_with_local_reduction():
-    """shutdown() + init() three times: each epoch gets a fresh shared-memory namespace.
-
-    BYTEPS_ENABLE_IPC=0 because the colocated worker/server payload path returns the
-    previous epoch's result after a re-init (also with --local-size 1; reported)."""
-    res = run_script("local_reinit.py", workers=4, servers=1, timeout=120,
-                     launcher_args=("--hosts", "2", "--local-size", "2"), BYTEPS_ENABLE_IPC=0,
-                     **SMALL)
-    assert_ok(res)
+    """shutdown() + init() three times: each epoch gets a fresh shared-memory namespace
+    (with colocated worker/server payloads through shared memory, the default, and without)."""
+    for ipc in (1, 0):
+        res = run_script("local_reinit.py", workers=4, servers=1, timeout=120,
+                         launcher_args=("--hosts", "2", "--local-size", "2"),
+                         BYTEPS_ENABLE_IPC=ipc, **SMALL)
+        assert_ok(res)

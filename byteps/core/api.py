@@ -91,7 +91,8 @@ def init(lazy: bool = False) -> None:
         st.rank = cfg.local_rank
         if cfg.distributed:
             st.ctx = zmq.Context()
-            st.link = SchedulerLink(cfg, st.ctx, "worker", _identity(cfg))
+            ident = _identity(cfg)
+            st.link = SchedulerLink(cfg, st.ctx, "worker", ident)
             try:
                 book = st.link.register({"local_reduce": cfg.local_reduce},
                                         f"worker (host {cfg.host_id}, local rank "
@@ -111,7 +112,8 @@ def init(lazy: bool = False) -> None:
                 st.link.close()
                 st.ctx.term()
                 raise
-            _LAST_LINK = {"cfg": cfg, "node_id": st.link.node_id, "epoch": st.link.epoch}
+            _LAST_LINK = {"cfg": cfg, "node_id": st.link.node_id, "epoch": st.link.epoch,
+                          "identity": ident}
             _install_exit_hooks()
         _STATE = st
 
@@ -127,7 +129,7 @@ def shutdown() -> None:
     if st.local is not None:
         st.local.close()
     st.engine.stop(leave=True)
-    st.link.close()
+    st.link.close(linger_ms=2000)     # the LEAVE must reach the scheduler
     st.ctx.term()
 
 
@@ -361,7 +363,7 @@ def _at_exit() -> None:
             ctx = zmq.Context.instance()
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 1000)
-            s.setsockopt(zmq.IDENTITY, _identity(cfg))
+            s.setsockopt(zmq.IDENTITY, _LAST_LINK["identity"])
             s.connect(f"tcp://{cfg.root_uri}:{cfg.root_port}")
             s.send_multipart(encode(cfg.job_id, _LAST_LINK["node_id"], Op.EXIT,
                                     _LAST_LINK["epoch"], new_seq(), body,
@@ -372,13 +374,10 @@ def _at_exit() -> None:
 
 
 def _identity(cfg: Config) -> bytes:
-    """Routing id at the scheduler: stable for this process, unguessable by strangers."""
+    """Routing id at the scheduler: new for every init() (a re-used id would make ZeroMQ's
+    ROUTER_HANDOVER rename the old connection and drop its LEAVE), unguessable by strangers."""
     import os
-    global _TOKEN
-    if _TOKEN is None or _TOKEN[0] != os.getpid():
-        import secrets
-        _TOKEN = (os.getpid(), secrets.token_hex(8))
-    return f"w/{cfg.host_id}/{cfg.local_rank}/{os.getpid()}/{_TOKEN[1]}".encode()
+    import secrets
+    return f"w/{cfg.host_id}/{cfg.local_rank}/{os.getpid()}/{secrets.token_hex(8)}".encode()
 
 
-_TOKEN: tuple | None = None

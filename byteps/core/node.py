@@ -167,9 +167,10 @@ class SchedulerLink:
                               f"(BYTEPS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g}); the "
                               f"job cannot continue")
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close; with ``linger_ms`` queued messages (LEAVE, EXIT) still go out."""
         self.watch.close()
-        self.sock.close(0)
+        self.sock.close(linger_ms)
 
 
 def _int(body: dict, name: str) -> int:

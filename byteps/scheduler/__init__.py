@@ -51,6 +51,7 @@ class Scheduler:
         self.left: set[bytes] = set()       # workers that called shutdown()
         self.exited: set[bytes] = set()
         self.rejoin: dict[bytes, dict] = {}
+        self.early_rejoin: dict[bytes, tuple] = {}   # re-registration that beat its LEAVE
         self.barriers: dict[str, set] = {}
         self.started = time.monotonic()
         self.rejoin_since = None
@@ -162,6 +163,9 @@ class Scheduler:
             self.barrier(ident, hdr.body)
         elif hdr.op == Op.LEAVE:
             self.left.add(ident)
+            early = self.early_rejoin.pop(ident, None)
+            if early is not None:
+                self.register_again(*early)
         elif hdr.op == Op.EXIT:
             self.node_exit(ident, node, hdr.body)
         elif hdr.op == Op.STALL:
@@ -302,6 +306,10 @@ class Scheduler:
         """A worker re-initialises after shutdown(): re-form when every worker has."""
         old = next((k for k, w in self.workers.items() if w["host_id"] == info["host_id"]
                     and w["local_rank"] == info["local_rank"]), None)
+        if old is not None and old not in self.left and old not in self.exited:
+            # the LEAVE of the old connection may still be on its way (another TCP stream)
+            self.early_rejoin[old] = (ident, info)
+            return
         if old is None or old not in self.left:
             return self.refuse(ident, f"worker at host {info['host_id']} local rank "
                                f"{info['local_rank']} is not part of this job, or has not left "

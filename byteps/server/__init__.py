@@ -85,6 +85,8 @@ class Server:
         self.seqs.forget()
         for s in self.slots.values():
             s.reset_rounds()
+        # workers of a new epoch create new push segments (the old files are unlinked)
+        self.push_maps.clear()
         log.info("server %s ready: %d worker(s), epoch %d", self.address, self.nworkers,
                  self.link.epoch)
 
