@@ -40,9 +40,15 @@ elif mode == "broadcast_reinit":
                                      average=False).tolist()
     bps.barrier()
 elif mode == "priority":
+    # submit all seven before the engine looks (it would otherwise be free to send the
+    # first low ones while this loaded machine is still submitting)
+    eng = api._STATE.engine
+    wake, eng.wake = eng.wake, lambda: None
     low = [bps.push_pull_async(np.ones(1024, np.float32), name=f"low{i}", priority=0)
            for i in range(6)]
     high = bps.push_pull_async(np.ones(1024, np.float32), name="high", priority=10)
+    eng.wake = wake
+    wake()
     for h in low + [high]:
         bps.synchronize(h)
 elif mode == "garbage":
