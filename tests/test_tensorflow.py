@@ -16,6 +16,7 @@ if importlib.util.find_spec("tensorflow") is None:
                 allow_module_level=True)
 
 TOL = 1e-5
+pytestmark = pytest.mark.timeout(600)     # the module fixture's job runs inside the first test
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ if importlib.util.find_spec("tensorflow") is None:
                 allow_module_level=True)
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("example", ["tensorflow/train_digits_tape.py",
                                      "keras/train_digits_fit.py"])
 def test_digits_example(example):
