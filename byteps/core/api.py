@@ -110,7 +110,7 @@ def init(lazy: bool = False) -> None:
                 if st.engine is not None:
                     st.engine.stop(leave=False)
                 st.link.close()
-                st.ctx.term()
+                st.ctx.destroy(linger=0)      # closes any socket still open; never blocks
                 raise
             _LAST_LINK = {"cfg": cfg, "node_id": st.link.node_id, "epoch": st.link.epoch,
                           "identity": ident}

@@ -25,8 +25,8 @@ from byteps.core.node import (BytePSError, SchedulerLink, describe, down_grace,
                                end_process_later, held_tensors)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
-from byteps.transport.wire import (ACK, DTYPES, PULL, PUSH, SHM, Op, WireError, decode, encode, entry_array,
-                                   new_seq, payload_count)
+from byteps.transport.wire import (ACK, DTYPES, PULL, PUSH, SHM, Op, WireError, decode, encode,
+                                   entry_array, new_seq, payload_count)
 
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
@@ -273,8 +273,9 @@ class Engine:
                 sent.add(tn.key)
                 decls.append([tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank])
                 self.held[server][tn.key] = tn.name
-            if self.shm_ok[server]:
-                np.copyto(self.push_segment(t), t.src)
+            seg = self.push_segment(t, server) if self.shm_ok[server] else None
+            if seg is not None:
+                np.copyto(seg, t.src)
                 entries.append([tn.key, t.part, t.round, PUSH | PULL | SHM, tn.dtype_code,
                                 t.length])
             else:
@@ -283,12 +284,20 @@ class Engine:
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
 
-    def push_segment(self, t: Task) -> np.ndarray:
+    def push_segment(self, t: Task, server: int) -> np.ndarray | None:
+        """This partition's shared-memory segment; None (TCP from now on) if it can't be made."""
         k = (t.handle.tensor.key, t.part)
         seg = self.push_segs.get(k)
         if seg is None:
-            seg = self.push_segs[k] = shm.Segment(
-                shm.push_path(self.cfg.job_id, self.link.node_id, k[0], k[1]), t.nbytes, True)
+            try:
+                seg = self.push_segs[k] = shm.Segment(
+                    shm.push_path(self.cfg.job_id, self.link.node_id, k[0], k[1]), t.nbytes,
+                    True)
+            except OSError as exc:
+                log.warning("worker rank %d: shared memory unavailable, using TCP for server "
+                            "%s: %s", self.rank, self.server_info[server]["address"], exc)
+                self.shm_ok[server] = False
+                return None
         return seg.array(t.src.dtype, t.length)
 
     def result_segment(self, server: int, e: list) -> np.ndarray:

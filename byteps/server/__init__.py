@@ -242,11 +242,15 @@ class Server:
             elif slot.dtype != e[4] or slot.length != e[5]:
                 self.key_error(e[0], self.mismatch(e, slot, rank))
                 continue
-            if e[3] & SHM and slot.segs is None:
-                slot.segs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
-                                                         e[0], e[1], p),
-                                         e[5] * DTYPES[e[4]].itemsize, True) for p in (0, 1)]
-                slot.bufs = [seg.array(DTYPES[e[4]], e[5]) for seg in slot.segs]
+            if e[3] & SHM and slot.segs is None and not slot.rounds:
+                try:
+                    segs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
+                                                        e[0], e[1], p),
+                                        e[5] * DTYPES[e[4]].itemsize, True) for p in (0, 1)]
+                    slot.segs, slot.bufs = segs, [g.array(DTYPES[e[4]], e[5]) for g in segs]
+                except OSError as exc:   # results travel as payload frames instead
+                    self.drops.warn("shared-memory result segment", str(exc))
+                    slot.segs = []
             if arr is not None:
                 out.setdefault(ident, []).append(([e[0], e[1], e[2], ACK, e[4], e[5]], None))
                 self.bytes_received += arr.nbytes

@@ -38,12 +38,14 @@ def machine_id() -> str:
 
 
 def shm_dir() -> str:
-    return os.environ.get("BYTEPS_SHM_DIR") or "/dev/shm"
+    from byteps.core.local import shm as local_shm
+    return local_shm.shm_dir(os.environ.get("BYTEPS_SHM_DIR"))
 
 
 def job_prefix(job_id: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in job_id)[:64]
-    return f"bps-{safe}-"
+    """The same prefix the launcher removes after the job (byteps.core.local.shm)."""
+    from byteps.core.local import shm as local_shm
+    return local_shm.job_prefix(job_id)
 
 
 def push_path(job_id: str, worker_node: int, key: int, part: int) -> str:
@@ -64,6 +66,13 @@ class Segment:
         try:
             if create:
                 os.ftruncate(fd, max(nbytes, 1))
+                try:   # reserve now: a full tmpfs must fail here, not SIGBUS on first write
+                    os.posix_fallocate(fd, 0, max(nbytes, 1))
+                except OSError as exc:
+                    os.unlink(path)
+                    raise OSError(exc.errno, f"cannot reserve {nbytes} bytes in {path} "
+                                  f"({exc.strerror}); enlarge /dev/shm, point BYTEPS_SHM_DIR "
+                                  f"elsewhere or set BYTEPS_ENABLE_IPC=0") from None
             elif os.fstat(fd).st_size != max(nbytes, 1):
                 raise ValueError(f"shared-memory segment {path} has {os.fstat(fd).st_size} "
                                  f"bytes, expected {nbytes}")
