@@ -53,3 +53,19 @@ def read_results(out_dir: Path) -> dict[int, dict]:
 @pytest.fixture
 def ps_job():
     return run_script
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_shm_leftovers():
+    """Tests that SIGKILL servers leave shared-memory files behind (as any killed process
+    would); remove what the test session created so a CI machine's /dev/shm stays clean."""
+    shm = Path("/dev/shm")
+    before = set(os.listdir(shm)) if shm.is_dir() else set()
+    yield
+    if shm.is_dir():
+        for name in set(os.listdir(shm)) - before:
+            if name.startswith("bps-"):
+                try:
+                    (shm / name).unlink()
+                except OSError:
+                    pass
