@@ -133,3 +133,12 @@ def test_scheduler_startup_timeout_says_what_is_missing():
     assert sched.returncode != 0
     assert "1 of 2 servers registered after" in err and "expected DMLC_NUM_SERVER=2" in err, err
     assert srv.returncode != 0 and "DMLC_NUM_SERVER=2" in serr, serr
+
+
+def test_scalars_and_non_contiguous_arrays(tmp_path):
+    import numpy as np
+    res = run_script("core_misc.py", "scalar", tmp_path, workers=2, servers=1, timeout=60)
+    assert_ok(res)
+    for o in read_results(tmp_path).values():
+        assert o["scalar"] == [[], 3.0] and o["inplace"] == [[], 1.0]
+        assert o["transposed"] == (np.arange(12).reshape(3, 4).T * 3).tolist()

@@ -195,7 +195,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         raise ValueError(f"push_pull needs a tensor name, got {name!r}")
     if not isinstance(array, np.ndarray):
         raise TypeError(f"tensor {name!r}: expected a numpy array, got {type(array).__name__}")
-    src = np.ascontiguousarray(array)
+    src = _contiguous(array)
     if out is None:
         out = np.empty_like(src)
     elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
@@ -249,6 +249,11 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         del st.handles[hid]
         raise
     return hid
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def poll(handle: int) -> bool:
@@ -313,7 +318,7 @@ def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
         raise ValueError(f"root_rank={root_rank} is out of range for {st.size} worker(s)")
     if name is None:
         name = f"anon.{array.dtype}.{array.shape}"
-    array = np.ascontiguousarray(array)
+    array = _contiguous(array)
     src = array if st.rank == root_rank else np.zeros_like(array)
     return push_pull(src, "broadcast." + name, average=False, out=out)
 

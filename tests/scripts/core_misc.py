@@ -29,6 +29,14 @@ elif mode == "async":
         bps.push_pull(np.ones(4, np.float32), name="w", average=False)
     bps.barrier()
     res["value"] = bps.push_pull(np.zeros(4, np.float32), name="w", average=False).tolist()
+elif mode == "scalar":
+    y = bps.push_pull(np.array(r + 1.0), name="scalar", average=False)
+    res["scalar"] = [list(y.shape), float(y)]
+    z = np.array(float(r))
+    api.push_pull(z, "scalar.inplace", average=False, out=z)
+    res["inplace"] = [list(z.shape), float(z)]
+    t = np.arange(12, dtype=np.float32).reshape(3, 4).T * (r + 1)   # not contiguous
+    res["transposed"] = bps.push_pull(t, name="t", average=False).tolist()
 elif mode == "broadcast_reinit":
     root = n - 1
     b = bps.broadcast(np.arange(6, dtype=np.float64) * (r + 1), root_rank=root, name="p")
