@@ -77,6 +77,19 @@ def test_original_byteps_script_runs_unchanged(tmp_path):
 
 
 @pytest.mark.timeout(90)
+def test_horovod_script_runs_with_only_the_import_changed(tmp_path):
+    res = run_script("torch_horovod_style.py", "--epochs", 2, "--out", tmp_path, workers=2,
+                     servers=1, timeout=80)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    _same_on_all_ranks(out, 2, "params")
+    _same_on_all_ranks(out, 2, "state")
+    for r in (0, 1):
+        assert out[r]["gather_ok"] and out[r]["objs"] == [{"rank": 0}, {"rank": 1}]
+    assert out[0]["final_loss"] < out[0]["first_loss"]
+
+
+@pytest.mark.timeout(90)
 def test_async_training_with_the_original_api(tmp_path):
     """BYTEPS_ENABLE_ASYNC=1: servers hold the parameters; broadcasts still work; DDP refuses."""
     assert_ok(run_script("torch_async.py", tmp_path, workers=2, servers=1, timeout=80,

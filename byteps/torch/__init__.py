@@ -12,6 +12,26 @@ Start it with ``bpslaunch --standalone --num-workers 2 --num-servers 2 python
 train.py``; see docs/torch.md.
 """
 from byteps.core.api import BytePSError
+from byteps.torch.compat import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    broadcast,
+    broadcast_,
+    cross_rank,
+    cross_size,
+    mpi_threads_supported,
+    nccl_built,
+)
 from byteps.torch.compression import Compression
 from byteps.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from byteps.torch.ops import (
@@ -32,28 +52,16 @@ from byteps.torch.ops import (
 )
 from byteps.torch.optimizer import DistributedOptimizer
 
+# The original BytePS API first; Horovod's names (allreduce, broadcast, allgather, ops, ...)
+# are there so that a Horovod script needs only its import changed.
 __all__ = [
-    "BytePSError",
-    "Compression",
-    "DistributedOptimizer",
-    "broadcast_object",
-    "broadcast_optimizer_state",
-    "broadcast_parameters",
-    "declare",
-    "init",
-    "is_initialized",
-    "local_rank",
-    "local_size",
-    "parallel",
-    "poll",
-    "push_pull",
-    "push_pull_async",
-    "push_pull_async_inplace",
-    "push_pull_inplace",
-    "rank",
-    "shutdown",
-    "size",
-    "synchronize",
+    "Adasum", "Average", "BytePSError", "Compression", "DistributedOptimizer", "Max", "Min",
+    "Product", "Sum", "allgather", "allgather_object", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "cross_rank", "cross_size", "declare",
+    "init", "is_initialized", "local_rank", "local_size", "mpi_threads_supported",
+    "nccl_built", "parallel", "poll", "push_pull", "push_pull_async", "push_pull_async_inplace",
+    "push_pull_inplace", "rank", "shutdown", "size", "synchronize",
 ]
 
 

@@ -125,9 +125,10 @@ class _DistributedOptimizer:
         return hook
 
     def _bps_push(self, p):
-        grad = p.grad
-        compressed, ctx = self._bps_compression.compress(grad)
-        handle = push_pull_async_inplace(compressed, average=True,
+        if p.grad.is_sparse and self._bps_sparse_as_dense:
+            p.grad = p.grad.to_dense()
+        compressed, ctx = self._bps_compression.compress(p.grad)
+        handle = push_pull_async_inplace(compressed, average=self._bps_average,
                                          name="Gradient." + self._bps_names[p],
                                          priority=self._bps_priority[p])
         return handle, ctx
@@ -204,7 +205,9 @@ _CLASSES: dict[type, type] = {}
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step: int = 1, staleness: int = 0):
+                         backward_passes_per_step: int = 1, staleness: int = 0, op=None,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups=None, sparse_as_dense: bool = False, process_set=None):
     """Wrap ``optimizer`` so that gradients are averaged over all workers.
 
     Returns an instance of a subclass of ``type(optimizer)`` sharing its
@@ -214,6 +217,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     without it they are named by position.  ``backward_passes_per_step=N``
     accumulates N backward passes locally before communicating.
     ``staleness`` is accepted for compatibility and must be 0.
+
+    Horovod's arguments are accepted too: ``op`` (``hvd.Average``, the
+    default, or ``hvd.Sum``); ``gradient_predivide_factor`` (any positive
+    value; the result is the same average, so it only changes rounding in
+    Horovod and is ignored here); ``num_groups``/``groups`` (ignored: small
+    tensors are fused automatically); ``sparse_as_dense`` (sparse gradients
+    are densified; without it they raise); ``process_set`` must be None.
 
     With ``BYTEPS_ENABLE_ASYNC=1`` (asynchronous training, as in the original)
     the servers hold the parameters: they are seeded with rank 0's values when
@@ -229,6 +239,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if type(backward_passes_per_step) is not int or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
                          f"{backward_passes_per_step!r}")
+    from byteps.torch.compat import resolve_average
+    average = resolve_average(None, op)
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got "
+                         f"{gradient_predivide_factor!r}")
+    if process_set is not None:
+        raise ValueError("process_set is not supported: every worker takes part")
     if staleness != 0:
         raise ValueError(f"staleness={staleness!r} is not supported; use 0 (synchronous "
                          f"training)")
@@ -246,5 +263,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     # scheduler made before wrapping patches optimizer.step) so ours are used.
     dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
                           if k not in ("step", "zero_grad", "synchronize")})
+    dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
     dist._bps_setup(named_parameters, compression, backward_passes_per_step)
     return dist
