@@ -246,3 +246,26 @@ def test_gradient_names_and_priorities_follow_parameter_order():
         mod.push_pull_async_inplace = orig
     assert max(seen, key=lambda s: s[1]) == ("Gradient.0.weight", 0)
     assert {n for n, _ in seen} == {"Gradient." + n for n, _ in m.named_parameters()}
+
+
+def test_horovod_names_local():
+    t = torch.arange(4.0)
+    assert torch.equal(bps.allreduce(t, name="h.a"), t)
+    assert torch.equal(bps.allreduce(t, op=bps.Sum, name="h.s", prescale_factor=2.0), 2 * t)
+    x = t.clone()
+    assert bps.allreduce_(x, name="h.in") is x
+    assert torch.equal(bps.synchronize(bps.allreduce_async(t, name="h.async")), t)
+    assert torch.equal(bps.broadcast(t, 0, name="h.b"), t)
+    assert torch.equal(bps.allgather(torch.ones(2, 3), name="h.g"), torch.ones(2, 3))
+    assert bps.allgather_object((1, "a")) == [(1, "a")]
+    for op in (bps.Adasum, bps.Min, bps.Max, bps.Product):
+        with pytest.raises(ValueError, match="not supported"):
+            bps.allreduce(t, op=op)
+    with pytest.raises(ValueError, match="either"):
+        bps.allreduce(t, average=True, op=bps.Sum)
+    m = _model()
+    with pytest.raises(ValueError, match="Adasum"):
+        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), op=bps.Adasum)
+    with pytest.raises(ValueError, match="process_set"):
+        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), process_set=object())
+    assert bps.cross_size() == 1 and bps.nccl_built() is False
