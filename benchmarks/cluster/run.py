@@ -41,14 +41,14 @@ def _csv(kind):
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="benchmarks.cluster.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rates", type=_csv(str), default=["1gbit", "200mbit"],
+    ap.add_argument("--rates", type=_csv(str), default=["1gbit", "500mbit", "200mbit"],
                     help="link rates per host (tc syntax), comma separated")
     ap.add_argument("--workers", type=_csv(int), default=[2, 4], help="W values")
     ap.add_argument("--servers", type=int, default=0,
                     help="server hosts of the non-colocated runs (default: S = W)")
-    ap.add_argument("--size-mb", type=float, default=100.0, help="tensor MB at >= 1gbit")
+    ap.add_argument("--size-mb", type=float, default=100.0, help="tensor MB at >= 500mbit")
     ap.add_argument("--slow-size-mb", type=float, default=25.0,
-                    help="tensor MB below 1gbit (keeps one run short)")
+                    help="tensor MB below 500mbit (keeps one run short)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--systems", type=_csv(str), default=list(SYSTEMS))
@@ -139,7 +139,7 @@ class Runner:
               f"{len(pairs)} links at once {p['all_Gbps']} Gbit/s each", flush=True)
 
     def size_bytes(self, rate: str) -> int:
-        mb = self.a.size_mb if rate_bps(rate) >= 1e9 else self.a.slow_size_mb
+        mb = self.a.size_mb if rate_bps(rate) >= 5e8 else self.a.slow_size_mb
         return int(mb * 1e6) // 4 * 4
 
     def bench(self, rate: str, w: int, system: str) -> list[dict]:
