@@ -5,9 +5,9 @@ import json
 import types
 
 import pytest
+from conftest import assert_ok, read_results, run_script
 
 from byteps.core.timeline import PushPullSpeed, Timeline, _lanes, format_summary
-from conftest import assert_ok, read_results, run_script
 
 STAGES = {"queue", "push", "server+pull", "copy_out", "server_sum (est.)"}
 
