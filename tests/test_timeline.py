@@ -99,3 +99,14 @@ def test_trace_files_from_a_real_job(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("bpslaunch: worker rank")]
     assert len(lines) == 2, res.stderr
     assert "5 push_pull" not in lines[0] and "10 push_pull(s)" in lines[0]
+
+
+def test_other_stages_get_their_own_lanes(tmp_path):
+    tl = Timeline(str(tmp_path), rank=0, size=2, start_step=0, end_step=9)
+    tl.span("local reduce-scatter", 1.0, 3.0, cat="local", tensor="a")
+    tl.span("local reduce-scatter", 2.0, 4.0, cat="local", tensor="b")
+    tl.span("network + all-gather", 3.0, 5.0, cat="local", tensor="a")
+    xs = [e for e in tl.events() if e["ph"] == "X"]
+    by = {(e["args"]["tensor"], e["name"]): e["tid"] for e in xs}
+    assert by[("a", "local reduce-scatter")] != by[("b", "local reduce-scatter")]
+    assert all(e["cat"] == "local" and e["tid"] >= 2000 for e in xs)

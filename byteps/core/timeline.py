@@ -199,7 +199,7 @@ class Timeline:
         with self.lock:
             tensors = sorted(self.tensor_spans)
             parts = sorted(self.part_spans, key=lambda s: s[0][0])
-            extra = list(self.extra)
+            extra = sorted(self.extra, key=lambda x: x[:2])
         evs = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                 "args": {"name": f"byteps worker rank {self.rank}"}}]
         lanes = _lanes([(s[0], s[1]) for s in tensors])
@@ -209,12 +209,13 @@ class Timeline:
         for spans, lane in zip(parts, lanes):
             for start, end, name, args in spans:
                 evs.append(self._x(name, "partition", pid, 1 + lane, start, end, args))
-        for start, end, name, cat, args in extra:
-            evs.append(self._x(name, cat, pid, 2000, start, end, args))
+        lanes = _lanes([(x[0], x[1]) for x in extra])
+        for (start, end, name, cat, args), lane in zip(extra, lanes):
+            evs.append(self._x(name, cat, pid, 2000 + lane, start, end, args))
         used = sorted({e["tid"] for e in evs if e["ph"] == "X"})
         for tid in used:
             label = (f"tensors {tid - 1000}" if 1000 <= tid < 2000 else
-                     "other stages" if tid == 2000 else f"partitions {tid - 1}")
+                     f"other stages {tid - 2000}" if tid >= 2000 else f"partitions {tid - 1}")
             evs.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                         "args": {"name": label}})
         return evs
