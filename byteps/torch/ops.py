@@ -55,6 +55,14 @@ def init(lazy: bool = True) -> None:
     Without those variables this is a local job of size 1 (no network).
     ``lazy`` is accepted for compatibility with the original BytePS.
     """
+    if not _core.is_initialized():
+        # torch.optim imports torch._dynamo (~800 modules, seconds on a loaded machine)
+        # on first use; do it before the engine thread has heartbeats to send, so a long
+        # GIL-bound import cannot starve them.
+        try:
+            import torch._dynamo  # noqa: F401
+        except ImportError:
+            pass
     _core.init()
 
 
