@@ -8,6 +8,7 @@ what is still in flight.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import warnings
 
@@ -46,8 +47,8 @@ class _DistributedOptimizer:
             if any(not isinstance(v, torch.Tensor) for _, v in named):
                 raise ValueError("named_parameters should be a sequence of (name, "
                                  "torch.Tensor) tuples")
-            names = [k for k, _ in named]
-            dups = sorted({k for k in names if names.count(k) > 1})
+            counts = collections.Counter(k for k, _ in named)
+            dups = sorted(k for k, c in counts.items() if c > 1)
             if dups:
                 raise ValueError(f"Parameter names in named_parameters must be unique. Found "
                                  f"duplicates: {', '.join(dups)}")
