@@ -360,8 +360,10 @@ def _at_exit() -> None:
         if st is not None and st.engine is not None and st.engine.fatal is None:
             st.engine.stop(leave=False)
             st.link.send(Op.EXIT, body)
-            time.sleep(0.05)
-            st.link.close()
+            st.link.close(linger_ms=1000)
+            # end ZeroMQ's I/O threads before the interpreter frees the buffers of
+            # messages they might still hold
+            st.ctx.destroy(linger=0)
             return
         if st is None and _LAST_LINK is not None:
             cfg = _LAST_LINK["cfg"]

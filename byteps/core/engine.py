@@ -68,6 +68,7 @@ class Engine:
         for s in self.server_info:
             self.servers.append(transport.connect(ctx, s["address"], ident))
         self.server_index = {s: i for i, s in enumerate(self.servers)}
+        self.heard = [0.0] * len(self.servers)    # last valid message from each server
         # robustness (docs/security.md): replay guard, dead-server watch, resends, drop knob
         self.server_seq = [-1] * len(self.servers)
         self.server_watch = [transport.ConnWatch(s) for s in self.servers]
@@ -320,6 +321,7 @@ class Engine:
             return self.on_key_error(hdr.body)
         if hdr.op != Op.RESULT or self.dropper.drop():     # BYTEPS_TEST_DROP_RATE
             return
+        self.heard[self.server_index[sock]] = time.monotonic()
         entries = hdr.body[0]
         if payload_count(entries, Op.RESULT) != len(payload):
             return self.drops.warn("result with wrong payload count", str(len(payload)))
@@ -441,6 +443,8 @@ class Engine:
         pulls: dict[int, list] = {}
         for t in self.inflight.values():
             if now - t.sent_at >= min(base * (1 << min(t.tries, 10)), 30.0):
+                if not t.acked and now - self.heard[t.server] < base:
+                    continue   # the server is answering: a slow link, not a lost push
                 t.tries += 1
                 (pulls if t.acked else pushes).setdefault(t.server, []).append(t)
         for server, ts in pushes.items():
