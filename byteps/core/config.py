@@ -27,7 +27,7 @@ KNOWN = {
     "BYTEPS_SERVER_ENGINE_THREAD": "4", "BYTEPS_ENABLE_ASYNC": "0",
     "BYTEPS_FORCE_DISTRIBUTED": "0", "BYTEPS_LOG_LEVEL": "WARNING",
     "BYTEPS_STALL_WARNING_S": "60", "BYTEPS_STALL_SHUTDOWN_S": "300",
-    "BYTEPS_HEARTBEAT_INTERVAL": "1", "BYTEPS_HEARTBEAT_TIMEOUT": "5",
+    "BYTEPS_HEARTBEAT_INTERVAL": "1", "BYTEPS_HEARTBEAT_TIMEOUT": "10",
     "BYTEPS_STARTUP_TIMEOUT": "60", "BYTEPS_JOB_ID": "myjob",
     "BYTEPS_JOB_SECRET": "<random hex>", "BYTEPS_AUTH_DISABLE": "0",
     "BYTEPS_MAX_MSG_BYTES": "1073741824", "BYTEPS_ENABLE_IPC": "1",
@@ -143,7 +143,7 @@ class Config:
     stall_warning_s: float = 60.0
     stall_shutdown_s: float | None = None
     heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
+    heartbeat_timeout: float = 10.0
     startup_timeout: float = 60.0
     job_id: str = "byteps"
     job_secret: str | None = None
@@ -209,7 +209,7 @@ class Config:
         if auth_disable:
             secret = None
         hb_int = e.float("BYTEPS_HEARTBEAT_INTERVAL", 1.0, lo=0.05)
-        hb_to = e.float("BYTEPS_HEARTBEAT_TIMEOUT", 5.0, lo=0.2)
+        hb_to = e.float("BYTEPS_HEARTBEAT_TIMEOUT", 10.0, lo=0.2)
         if hb_to <= hb_int:
             raise _bad("BYTEPS_HEARTBEAT_TIMEOUT", hb_to,
                        f"must exceed BYTEPS_HEARTBEAT_INTERVAL={hb_int}")
