@@ -193,7 +193,9 @@ def batch_end_mixins(keras, mixin) -> tuple:
 
 
 class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
-    """Ramp lr from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al.)."""
+    """Ramp lr from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``.
+
+    As in Goyal et al., "Accurate, Large Minibatch SGD"."""
 
     def __init__(self, backend, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):

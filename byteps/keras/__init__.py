@@ -25,7 +25,7 @@ from byteps.tensorflow import Average, Compression, Sum
 
 keras = _impl.default_keras()
 
-from byteps.keras import callbacks  # after `keras`: subclasses keras.callbacks.Callback
+from byteps.keras import callbacks  # noqa: E402  after `keras`: subclasses keras.callbacks.Callback
 
 __all__ = [
     "Average",
@@ -82,3 +82,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
                compression=Compression.none):
     """Load a saved model; its optimizer comes back wrapped as a DistributedOptimizer."""
     return _impl.load_model(keras, filepath, custom_optimizers, custom_objects, compression)
+
+from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+
+__all__ = list(__all__) + ["get_pushpull_speed"]

@@ -36,3 +36,7 @@ def synchronize(handle: int) -> np.ndarray:
 def broadcast(array, root_rank: int, name: str | None = None) -> np.ndarray:
     """Return rank ``root_rank``'s array on every rank."""
     return _api.broadcast(np.asarray(array), root_rank, name=name)
+
+from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+
+__all__ = list(__all__) + ["get_pushpull_speed"]

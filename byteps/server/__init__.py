@@ -23,8 +23,8 @@ from byteps.transport import shm
 from byteps.core.config import Config
 from byteps.core.node import BytePSError, SchedulerLink, describe
 from byteps.server.store import Slot, apply
-from byteps.transport.wire import (ACK, DTYPES, PUSH, SHM, Op, WireError, decode, encode, entry_array,
-                                   new_seq, payload_count)
+from byteps.transport.wire import (ACK, DTYPES, PUSH, SHM, Op, WireError, decode, encode,
+                                   entry_array, new_seq, payload_count)
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024

@@ -197,3 +197,7 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
     return _keras.create_distributed_optimizer(
         _keras.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
         sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients)
+
+from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+
+__all__ = list(__all__) + ["get_pushpull_speed"]

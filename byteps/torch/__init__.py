@@ -70,3 +70,7 @@ def __getattr__(name):
         import importlib
         return importlib.import_module("byteps.torch.parallel")
     raise AttributeError(f"module 'byteps.torch' has no attribute {name!r}")
+
+from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+
+__all__ = list(__all__) + ["get_pushpull_speed"]

@@ -27,7 +27,7 @@ from byteps.tensorflow import Average, Compression, Sum
 
 keras = _tf.keras
 
-from byteps.tensorflow.keras import callbacks  # after `keras`: subclasses keras.callbacks.Callback
+from byteps.tensorflow.keras import callbacks  # noqa: E402  after `keras`: subclasses keras.callbacks.Callback
 
 __all__ = [
     "Average",
