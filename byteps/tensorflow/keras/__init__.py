@@ -84,3 +84,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
                compression=Compression.none):
     """Load a saved model; its optimizer comes back wrapped as a DistributedOptimizer."""
     return _impl.load_model(keras, filepath, custom_optimizers, custom_objects, compression)
+
+from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+
+__all__ = list(__all__) + ["get_pushpull_speed"]
