@@ -142,3 +142,25 @@ def test_scalars_and_non_contiguous_arrays(tmp_path):
     for o in read_results(tmp_path).values():
         assert o["scalar"] == [[], 3.0] and o["inplace"] == [[], 1.0]
         assert o["transposed"] == (np.arange(12).reshape(3, 4).T * 3).tolist()
+
+
+def test_original_style_import_starts_scheduler_and_server(tmp_path):
+    """DMLC_ROLE=server|scheduler python3 -c 'import byteps.server', as the original."""
+    from byteps.launcher import free_port
+    port = free_port()
+    env = job_env(DMLC_NUM_WORKER=1, DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1",
+                  DMLC_PS_ROOT_PORT=port, BYTEPS_JOB_SECRET="s", BYTEPS_JOB_ID="orig")
+    procs = [subprocess.Popen([sys.executable, "-c", "import byteps.server"], cwd=ROOT,
+                              env=dict(env, DMLC_ROLE=role)) for role in ("scheduler", "server")]
+    try:
+        w = subprocess.run([sys.executable, "-c",
+                            "import numpy as np, byteps.numpy as bps; bps.init(); "
+                            "print(bps.push_pull(np.arange(3.0), name='x').tolist())"],
+                           env=dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID="0"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert w.returncode == 0, w.stderr
+        assert w.stdout.strip() == "[0.0, 1.0, 2.0]"
+        assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()

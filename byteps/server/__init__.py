@@ -409,3 +409,16 @@ def main(cfg: Config | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _started_like_the_original() -> bool:
+    """The original BytePS starts servers and the scheduler with
+    ``DMLC_ROLE=server|scheduler python3 -c 'import byteps.server'``: keep that working."""
+    return sys.argv[:1] == ["-c"] and os.environ.get("DMLC_ROLE") in ("server", "scheduler")
+
+
+if __name__ != "__main__" and _started_like_the_original():
+    if os.environ["DMLC_ROLE"] == "scheduler":
+        from byteps.scheduler import main as _scheduler_main
+        sys.exit(_scheduler_main())
+    sys.exit(main())
