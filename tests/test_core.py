@@ -164,3 +164,26 @@ def test_original_style_import_starts_scheduler_and_server(tmp_path):
     finally:
         for p in procs:
             p.kill()
+
+
+def test_cluster_workers_without_worker_id_on_one_machine():
+    """Two `DMLC_ROLE=worker bpslaunch` hosts without DMLC_WORKER_ID, as on a cluster."""
+    from byteps.launcher import free_port
+    env = job_env(DMLC_NUM_WORKER=2, DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1",
+                  DMLC_PS_ROOT_PORT=free_port(), BYTEPS_JOB_SECRET="s", BYTEPS_JOB_ID="noid")
+    launch = [sys.executable, "-m", "byteps.launcher"]
+    procs = [subprocess.Popen(launch, cwd=ROOT, env=dict(env, DMLC_ROLE=role))
+             for role in ("scheduler", "server")]
+    code = ("import numpy as np, byteps.numpy as bps; bps.init(); "
+            "print(bps.size(), bps.push_pull(np.ones(3), name='x', average=False).tolist())")
+    workers = [subprocess.Popen(launch + [sys.executable, "-c", code], cwd=ROOT,
+                                env=dict(env, DMLC_ROLE="worker"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outs = [w.communicate(timeout=60) for w in workers]
+        assert [w.returncode for w in workers] == [0, 0], outs
+        assert all(o.strip() == "2 [2.0, 2.0, 2.0]" for o, _ in outs), outs
+        assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    finally:
+        for p in procs + workers:
+            p.kill()

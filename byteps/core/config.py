@@ -215,6 +215,10 @@ class Config:
                        f"must exceed BYTEPS_HEARTBEAT_INTERVAL={hb_int}")
         host_id = e.str("BYTEPS_EMULATED_HOST") or (
             f"id{worker_id}" if worker_id is not None else node_host + "/" + socket.gethostname())
+        if worker_id is None and local_size == 1 and not e.str("BYTEPS_EMULATED_HOST"):
+            # without DMLC_WORKER_ID, separate single-worker launches on one machine are
+            # separate worker "hosts" (not one host registering local rank 0 twice)
+            host_id += f"/{os.getpid()}"
         return cls(
             role=role, distributed=distributed, num_worker=num_worker,
             worker_id=worker_id, node_host=node_host,
