@@ -367,15 +367,16 @@ def _at_exit() -> None:
             return
         if st is None and _LAST_LINK is not None:
             cfg = _LAST_LINK["cfg"]
-            ctx = zmq.Context.instance()
+            ctx = zmq.Context()      # own context: term() below waits until EXIT is out
             s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 1000)
+            s.setsockopt(zmq.LINGER, 2000)
             s.setsockopt(zmq.IDENTITY, _LAST_LINK["identity"])
             s.connect(f"tcp://{cfg.root_uri}:{cfg.root_port}")
             s.send_multipart(encode(cfg.job_id, _LAST_LINK["node_id"], Op.EXIT,
                                     _LAST_LINK["epoch"], new_seq(), body,
                                     cfg.job_secret.encode() if cfg.job_secret else None))
             s.close()
+            ctx.term()
     except Exception as exc:  # exiting anyway; never mask the real error
         log.debug("exit notification failed: %s", exc)
 

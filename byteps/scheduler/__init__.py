@@ -52,6 +52,7 @@ class Scheduler:
         self.exited: set[bytes] = set()
         self.rejoin: dict[bytes, dict] = {}
         self.early_rejoin: dict[bytes, tuple] = {}   # re-registration that beat its LEAVE
+        self.all_left_since: float | None = None
         self.barriers: dict[str, set] = {}
         self.started = time.monotonic()
         self.rejoin_since = None
@@ -387,6 +388,19 @@ class Scheduler:
             self.fail(f"re-initialisation: {len(self.rejoin)} of {len(self.workers)} workers "
                       f"called init() again after {self.cfg.startup_timeout:g} s")
             return
+        gone = [w for w in self.workers if w in self.exited or w in self.left]
+        if len(gone) == len(self.workers) and not self.rejoin:
+            # every worker called shutdown() (or exited); if some EXIT never arrives and no
+            # one re-initialises, end the job instead of keeping the servers forever
+            self.all_left_since = self.all_left_since or now
+            if now - self.all_left_since > self.cfg.startup_timeout:
+                log.warning("all workers called shutdown() and none re-initialised or reported "
+                            "its exit within %g s; ending the job", self.cfg.startup_timeout)
+                self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers left"})
+                self.exit_code = 0
+                return
+        else:
+            self.all_left_since = None
         for ident, n in list(self.servers.items()) + list(self.workers.items()):
             if ident in self.exited or ident in self.left:
                 continue
