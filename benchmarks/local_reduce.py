@@ -4,8 +4,8 @@
 
 Time per push_pull (slowest rank) with every worker pushing directly
 (``BYTEPS_LOCAL_REDUCE=0``), with local reduction and one network client per
-slice (``slice``, the default) and with local rank 0 as the only network
-client (``root``); torch.distributed gloo all_reduce over the same 4
+slice (``slice``) and with local rank 0 as the only network
+client (``root``, the default); torch.distributed gloo all_reduce over the same 4
 processes; and, measured in the same run, the physical limits on this
 machine: one memcpy of the tensor and one one-way loopback TCP transfer of it.
 Also prints the payload bytes each host sends to the servers per push_pull.
