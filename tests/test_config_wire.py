@@ -118,3 +118,11 @@ def test_mac_is_checked_before_parsing():
 def test_truncated_payload_is_rejected():
     with pytest.raises(WireError, match="payload of 5 bytes"):
         entry_array([1, 0, 0, PUSH, 0, 100], b"short")
+
+
+def test_scheduler_listen_address():
+    from byteps.scheduler import _bind_host
+    assert _bind_host("127.0.0.1") == "127.0.0.1"
+    assert _bind_host("localhost") == "127.0.0.1"
+    assert _bind_host("10.1.2.3") == "10.1.2.3"
+    assert _bind_host("anything", "10.9.9.9") == "10.9.9.9"      # DMLC_NODE_HOST wins

@@ -298,3 +298,24 @@ def _route_ip(root_uri: str) -> str:
         return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+def scheduler_listen_host(uri: str, node_host: str | None = None) -> str:
+    """The one address the scheduler listens on: DMLC_NODE_HOST if given, else the address
+    DMLC_PS_ROOT_URI names.  A host name that resolves to Debian's 127.0.1.1 on its own
+    machine is what other machines reach at the routed address, so listen there."""
+    import socket
+    if node_host:
+        return node_host
+    try:
+        ip = socket.gethostbyname(uri)
+    except OSError:
+        return uri
+    if ip.startswith("127.") and ip != "127.0.0.1" and uri not in ("localhost", ip):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect(("192.0.2.1", 9))      # no packet is sent; asks the routing table
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return ip

@@ -14,6 +14,7 @@ and every live node is told; the job then ends.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -21,6 +22,7 @@ import zmq
 
 from byteps import transport
 from byteps.core.config import Config
+from byteps.core.config import scheduler_listen_host as _bind_host
 from byteps.core.node import BytePSError, describe, down_grace, require_secret
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
@@ -34,7 +36,7 @@ class Scheduler:
         self.cfg = cfg
         self.secret = cfg.job_secret.encode() if cfg.job_secret else None
         self.ctx = zmq.Context()
-        host = _bind_host(cfg.root_uri)
+        host = _bind_host(cfg.root_uri, os.environ.get("DMLC_NODE_HOST"))
         self.sock, self.address = transport.listen(self.ctx, f"tcp://{host}:{cfg.root_port}",
                                                    1 << 20)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -473,14 +475,6 @@ def _pushers(workers: dict) -> dict:
     else:
         ranks = [w["rank"] for w in ws]
     return {"local_reduce": mode, "push_count": nhosts, "pushers": sorted(ranks)}
-
-
-def _bind_host(uri: str) -> str:
-    import socket
-    try:
-        return socket.gethostbyname(uri)
-    except OSError:
-        return uri
 
 
 def main(cfg: Config | None = None) -> int:
