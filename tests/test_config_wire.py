@@ -125,4 +125,3 @@ def test_scheduler_listen_address():
     assert _bind_host("127.0.0.1") == "127.0.0.1"
     assert _bind_host("localhost") == "127.0.0.1"
     assert _bind_host("10.1.2.3") == "10.1.2.3"
-    assert _bind_host("anything", "10.9.9.9") == "10.9.9.9"      # DMLC_NODE_HOST wins

@@ -300,13 +300,11 @@ def _route_ip(root_uri: str) -> str:
         return "127.0.0.1"
 
 
-def scheduler_listen_host(uri: str, node_host: str | None = None) -> str:
-    """The one address the scheduler listens on: DMLC_NODE_HOST if given, else the address
-    DMLC_PS_ROOT_URI names.  A host name that resolves to Debian's 127.0.1.1 on its own
+def scheduler_listen_host(uri: str) -> str:
+    """The one address the scheduler listens on: the one DMLC_PS_ROOT_URI names (every
+    node connects there).  A host name that resolves to Debian's 127.0.1.1 on its own
     machine is what other machines reach at the routed address, so listen there."""
     import socket
-    if node_host:
-        return node_host
     try:
         ip = socket.gethostbyname(uri)
     except OSError:

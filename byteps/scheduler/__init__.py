@@ -14,7 +14,6 @@ and every live node is told; the job then ends.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 
@@ -36,7 +35,7 @@ class Scheduler:
         self.cfg = cfg
         self.secret = cfg.job_secret.encode() if cfg.job_secret else None
         self.ctx = zmq.Context()
-        host = _bind_host(cfg.root_uri, os.environ.get("DMLC_NODE_HOST"))
+        host = _bind_host(cfg.root_uri)      # where every node connects: DMLC_PS_ROOT_URI
         self.sock, self.address = transport.listen(self.ctx, f"tcp://{host}:{cfg.root_port}",
                                                    1 << 20)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
