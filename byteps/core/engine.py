@@ -243,6 +243,7 @@ class Engine:
     def dispatch(self) -> None:
         credit = self.cfg.credit_bytes
         batches: dict[int, list[Task]] = {}
+        batch_bytes: dict[int, int] = {}
         while self.heap:
             t = self.heap[0]
             if self.inflight_bytes and self.inflight_bytes + t.nbytes > credit:
@@ -258,8 +259,10 @@ class Engine:
                 continue
             b = batches.setdefault(t.server, [])
             b.append(t)
-            if len(b) >= MAX_FUSED_ENTRIES or sum(x.nbytes for x in b) >= MAX_FUSED_BYTES:
+            batch_bytes[t.server] = batch_bytes.get(t.server, 0) + t.nbytes
+            if len(b) >= MAX_FUSED_ENTRIES or batch_bytes[t.server] >= MAX_FUSED_BYTES:
                 self.send_tasks(t.server, batches.pop(t.server))
+                del batch_bytes[t.server]
         for server, b in batches.items():
             self.send_tasks(server, b)
 

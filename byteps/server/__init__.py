@@ -203,9 +203,10 @@ class Server:
         if payload_count(entries, Op.DATA) != len(payload):
             return self.drops.warn("message with wrong payload count",
                                    f"{len(payload)} frames for {len(entries)} entries")
+        frames = iter(payload)
         try:
             arrays = [None if not e[3] & PUSH else self.shm_push(w, e) if e[3] & SHM
-                      else entry_array(e, payload.pop(0)) for e in entries]
+                      else entry_array(e, next(frames)) for e in entries]
         except WireError as exc:
             return self.drops.warn("truncated payload", str(exc))
         self.on_data(ident, w, entries, decls, arrays)
