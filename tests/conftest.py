@@ -69,3 +69,26 @@ def _no_shm_leftovers():
                     (shm / name).unlink()
                 except OSError:
                     pass
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """``small_tmpfs(mb)`` mounts a tmpfs of ``mb`` MiB (like Docker's small /dev/shm) and
+    returns its path; skipped when not root; unmounted after the test."""
+    mounted = []
+
+    def mount(mb: int) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs)")
+        d = tmp_path / f"tmpfs{len(mounted)}"
+        d.mkdir()
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(d)],
+                             capture_output=True, text=True, timeout=30)
+        if res.returncode:
+            pytest.skip(f"cannot mount a tmpfs (no CAP_SYS_ADMIN?): {res.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True, timeout=30)

@@ -158,3 +158,40 @@ def test_reinit_with_local_reduction():
                          launcher_args=("--hosts", "2", "--local-size", "2"),
                          BYTEPS_ENABLE_IPC=ipc, **SMALL)
         assert_ok(res)
+
+
+@pytest.mark.parametrize("hosts,tmpfs_mb,tensor_mb", [(1, 16, 50), (2, 32, 20)],
+                         ids=["1x2-smaller-chunks", "2x2-window"])
+def test_small_shm_dir_reduces_through_a_window(tmp_path, small_tmpfs, hosts, tmpfs_mb,
+                                                tensor_mb):
+    """Docker's small /dev/shm: a tensor whose shared buffer (3 x its size) does not fit
+    is reduced through a window of chunks (smaller chunks without a network stage), exact
+    results, one warning per host naming the fix, never a SIGBUS."""
+    shm = small_tmpfs(tmpfs_mb)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    res = run_script("local_small_shm.py", out_dir, 3, tensor_mb, workers=2 * hosts,
+                     servers=hosts, timeout=180,
+                     launcher_args=("--hosts", str(hosts), "--local-size", "2"),
+                     BYTEPS_SHM_DIR=shm)
+    assert_ok(res)
+    out = read_results(out_dir)
+    assert sorted(out) == list(range(2 * hosts))
+    for r, doc in out.items():
+        assert doc["failures"] == [] and doc["reducer"], f"rank {r}: {doc}"
+    warnings = [ln for ln in res.stderr.splitlines() if "shared buffer of tensor 'big'" in ln]
+    assert len(warnings) == hosts, res.stderr[-4000:]
+    assert "--shm-size" in warnings[0] and "BYTEPS_SHM_DIR" in warnings[0]
+    assert os.listdir(shm) == []
+
+
+def test_shm_dir_too_small_for_any_window_is_a_clear_error(tmp_path, small_tmpfs):
+    """With a network stage the chunks keep their size; when not even one fits the job
+    ends at once with the fix (not a SIGBUS, not a hang)."""
+    shm = small_tmpfs(8)
+    res = run_script("local_small_shm.py", tmp_path, 1, 20, workers=4, servers=1, timeout=90,
+                     launcher_args=("--hosts", "2", "--local-size", "2"),
+                     BYTEPS_SHM_DIR=shm)
+    assert res.returncode not in (0, 135, -7), res.stderr[-3000:]
+    assert "cannot reserve shared memory for the local reduction" in res.stderr
+    assert "BYTEPS_LOCAL_REDUCE=0" in res.stderr and "--shm-size" in res.stderr

@@ -1,6 +1,8 @@
 """Shared-memory segments of the local reduction (no sockets, no processes)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -87,3 +89,27 @@ def test_peer_liveness_sees_zombies_and_reaped_processes():
     p.wait()
     assert not alive(p.pid)
     assert alive(None) and alive(-1)        # unknown pid: never reported dead
+
+
+def test_segment_window_layout_on_a_small_tmpfs(small_tmpfs):
+    """A segment that does not fit falls back to a window (reserved with posix_fallocate);
+    the other local rank adopts the creator's chunk size; nothing fits: a clear error."""
+    from byteps.core.local.shm import ShmSpaceError
+    d = small_tmpfs(4)
+    path = str(d / (host_prefix("job-1", "host0") + "e1-t1"))
+    n = 1 << 20                                        # 4 MiB of float32: 12 MiB in full
+    a = Segment(path, "w", np.dtype(np.float32), 0, n, 2, n // 4, 1, 0, fixed_chunk=False)
+    b = Segment(path, "w", np.dtype(np.float32), 0, n, 2, n // 4, 1, 1, fixed_chunk=False)
+    assert a.created and a.windowed and a.fallback and "--shm-size" in a.fallback
+    assert (b.chunk, b.W, b.C) == (a.chunk, a.W, a.C) and a.chunk < n // 4 and b.fallback is None
+    assert a.size <= 4 << 20 and a.inputs.shape == (2, a.W * a.chunk)
+    j = a.W + 1                                         # chunk j reuses slot j % W
+    assert a.off(j) == -a.W * a.chunk and a.off(1) == 0
+    assert not a.slot_free(j, 1)
+    a.gathered[:, j - a.W] = 1
+    assert a.slot_free(j, 1)
+    with pytest.raises(ShmSpaceError, match=r"tensor 'x'.*--shm-size.*BYTEPS_LOCAL_REDUCE=0"):
+        Segment(str(d / "bps-x"), "x", np.dtype(np.float32), 0, 8 << 20, 2, 1 << 20, 1, 0)
+    assert sorted(os.listdir(d)) == [os.path.basename(path)]     # no temp file left
+    for s in (a, b):
+        s.close()

@@ -31,7 +31,7 @@ import zmq
 
 from byteps.core.engine import Handle, Task
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
-from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir
+from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir, warn_once
 from byteps.core.node import BytePSError
 
 log = logging.getLogger("byteps.local")
@@ -74,6 +74,7 @@ class LocalReducer:
                 s.connect(self._ipc(r))
                 self.push[r] = s
         self.segs: dict[str, Segment] = {}
+        self.markers: list[str | None] = []   # "small shm" warning markers this process made
         self.slice_cache: dict[str, list] = {}
         self.rounds: dict[str, int] = {}
         self.by_key: dict[int, Op] = {}
@@ -110,24 +111,26 @@ class LocalReducer:
         flat_src = src.reshape(-1)
         n = flat_src.size
         chunk = max(1, self.cfg.partition_bytes // src.dtype.itemsize)
-        nchunks = -(-n // chunk) if n else 0
-        h = Handle(hid, tensor, out, nchunks, average)
+        seg = self.segs.get(tensor.name)
+        if seg is None and n:
+            path = os.path.join(self.dir, f"{self.prefix}t{tensor.key:016x}")
+            try:   # without a network stage the chunks may shrink to fit a small /dev/shm
+                seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
+                              len(self.groups) if self.two_level else 1, self.me,
+                              fixed_chunk=self.network)
+            except ValueError as exc:
+                raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
+            if seg.fallback:
+                self.markers.append(warn_once(self.dir, self.prefix, "%s", seg.fallback))
+            seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
+            self.segs[tensor.name] = seg
+        h = Handle(hid, tensor, out, seg.C if n else 0, average)
         if self.engine.timeline is not None:
             self.engine.timeline.begin(hid, tensor.name, h.t0)
         if n == 0:
             tensor.busy = None
             h.event.set()
             return h
-        seg = self.segs.get(tensor.name)
-        if seg is None:
-            path = os.path.join(self.dir, f"{self.prefix}t{tensor.key:016x}")
-            try:
-                seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
-                              len(self.groups) if self.two_level else 1, self.me)
-            except ValueError as exc:
-                raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
-            seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
-            self.segs[tensor.name] = seg
         op = Op()
         op.handle, op.tensor, op.seg = h, tensor, seg
         rnd = self.rounds.get(tensor.name, 0)
@@ -195,6 +198,11 @@ class LocalReducer:
         for seg in self.segs.values():
             if seg.created:
                 seg.unlink()
+        for m in filter(None, self.markers):
+            try:
+                os.unlink(m)
+            except OSError:
+                pass
         if remove:
             remove_prefix(self.dir, self.prefix)
         for fd in (self.wake_r, self.wake_w):
@@ -311,12 +319,15 @@ class LocalReducer:
                     (seg.copied[self.mygroup, op.l1] >= t).all():
                 self._level1(op)
                 continue
+            if op.copy < C and not seg.slot_free(op.copy, t):
+                return                   # windowed: chunk copy - W is still being gathered
             if op.copy < C and op.pre is not None:
                 self._copy_pre(op)
                 continue
             if op.copy < C:
                 a, b = seg.chunk_range(op.copy)
-                seg.inputs[self.me, a:b] = op.src[a:b]
+                o = seg.off(op.copy)
+                seg.inputs[self.me, a + o:b + o] = op.src[a:b]
                 seg.copied[self.me, op.copy] = t
                 op.copy += 1
                 self._notify(op)
@@ -335,12 +346,13 @@ class LocalReducer:
         would have (group sums, or straight into my slice with a single group)."""
         seg, j = op.seg, op.copy
         a, b = self.pre_range(seg, j)
+        o = seg.off(j)
         if b > a:
             part = op.pre(j, a, b)
             if self.two_level:
-                np.copyto(seg.gsum[self.groups.index(self.mygroup), a:b], part)
+                np.copyto(seg.gsum[self.groups.index(self.mygroup), a + o:b + o], part)
             else:
-                np.copyto(seg.out[a:b], part)
+                np.copyto(seg.out[a + o:b + o], part)
         seg.copied[self.me, j] = op.t
         if self.two_level:
             seg.gdone[self.me, j] = op.t
@@ -366,6 +378,7 @@ class LocalReducer:
         seg, j, g = op.seg, op.l1, self.mygroup
         gi = self.groups.index(g)
         a, b = seg.split(j, len(g), g.index(self.me))
+        a, b = a + seg.off(j), b + seg.off(j)
         if len(g) == 1:
             np.copyto(seg.gsum[gi, a:b], seg.inputs[g[0], a:b])
         elif b > a:
@@ -377,12 +390,13 @@ class LocalReducer:
     def _reduce(self, op: Op) -> None:
         seg, j = op.seg, op.red
         a, b = seg.slice(j, self.me)
-        dst = seg.out[a:b]
+        o = seg.off(j)
+        dst = seg.out[a + o:b + o]
         if b > a and not (op.pre is not None and not self.two_level):
             if self.two_level:
-                self._sum([seg.gsum[g, a:b] for g in range(len(self.groups))], dst)
+                self._sum([seg.gsum[g, a + o:b + o] for g in range(len(self.groups))], dst)
             else:
-                self._sum([seg.inputs[r, a:b] for r in range(self.L)], dst)
+                self._sum([seg.inputs[r, a + o:b + o] for r in range(self.L)], dst)
         op.red += 1
         if op.red == seg.C:
             op.t_red = time.monotonic()
@@ -418,7 +432,8 @@ class LocalReducer:
         if err:
             raise_op = BytePSError(err)
             return self._fail(op, raise_op)
-        view = op.seg.out[a:b]
+        o = op.seg.off(j)
+        view = op.seg.out[a + o:b + o]
         h = Handle(0, st, view, 1, op.average)
         nd = NetDone(self, op, k, j)
         nd.h, h.event = h, nd
@@ -433,9 +448,14 @@ class LocalReducer:
             self.out_tasks.append(task)          # small tensors: one Engine wake-up per pass
 
     def _gather(self, op: Op) -> None:
-        a, b = op.seg.chunk_range(op.gather)
-        op.out[a:b] = op.seg.out[a:b]
+        seg, j = op.seg, op.gather
+        a, b = seg.chunk_range(j)
+        o = seg.off(j)
+        op.out[a:b] = seg.out[a + o:b + o]
         op.gather += 1
+        if seg.windowed:                 # frees the slot of chunk j + W
+            seg.gathered[self.me, j] = op.t
+            self._notify(op)
         if op.gather == op.seg.C:
             h, now = op.handle, time.monotonic()
             self.speed.add(op.out.nbytes, now)
