@@ -7,7 +7,7 @@ import types
 import pytest
 from conftest import assert_ok, read_results, run_script
 
-from byteps.core.timeline import PushPullSpeed, Timeline, _lanes, format_summary
+from byteps.core.timeline import PushPullSpeed, StepCounter, Timeline, _lanes, format_summary
 
 STAGES = {"queue", "push", "server+pull", "copy_out", "server_sum (est.)"}
 
@@ -46,18 +46,23 @@ def test_lanes_never_overlap():
 def test_steps_window_and_trace_file(tmp_path):
     tl = Timeline(str(tmp_path), rank=1, size=4, start_step=1, end_step=2)
     hid = 0
-    for step in range(4):                       # step s begins when "first" is pushed again
+    tl.steps.pushed("broadcast.w")              # a broadcast before training: step 0
+    tl.begin(99, "broadcast.w", 0.0)
+    for step in range(4):
         for name in ("first", "second"):
             hid += 1
             t0 = 10.0 * step + (0 if name == "first" else 1)
+            tl.steps.pushed(name)
             tl.begin(hid, name, t0)
             if not tl.traced(hid):
                 continue
             t = _task(hid, 0, 4_000_000, sent_at=t0 + 0.5)
             tl.part_done(t, t0 + 2.0, t0 + 2.1)
             tl.handle_done(t.handle, t0 + 2.1)
-    assert tl.step == 3
-    assert tl.written                            # written when step end+1 began
+        assert tl.written == (step >= 3)
+        tl.steps.mark()                          # the optimizer's step() ends the step
+        assert tl.written == (step >= 2)         # written when step end+1 began
+    assert tl.step == 4
     doc = json.loads((tmp_path / "1" / "comm.json").read_text())
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     tensors = [e for e in xs if e["cat"] == "tensor"]
@@ -71,6 +76,24 @@ def test_steps_window_and_trace_file(tmp_path):
     assert all(e["args"]["estimated"] is True for e in est)
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
     assert "partitions 0" in names and "tensors 0" in names
+
+
+def test_step_counter_rules():
+    """Explicit marks (optimizers) win over implicit ones (numpy synchronize); without any
+    mark a step starts when a name is pushed again: a broadcast first never starts one."""
+    sc = StepCounter()
+    seen = []
+    sc.listeners.append(seen.append)
+    for name in ("broadcast.w", "g1", "g2", "g1", "g2", "g1"):
+        sc.pushed(name)
+    assert sc.n == 2 and seen == [1, 2]
+    assert sc.mark(implicit=True) and sc.n == 3
+    sc.pushed("g1")
+    sc.pushed("g1")                           # marked once: names no longer count
+    assert sc.n == 3
+    assert sc.mark() and sc.n == 4
+    assert not sc.mark(implicit=True) and sc.n == 4     # explicit from now on
+    assert sc.mark() and sc.n == 5 and seen[-1] == 5
 
 
 @pytest.mark.timeout(150)
@@ -110,3 +133,21 @@ def test_other_stages_get_their_own_lanes(tmp_path):
     by = {(e["args"]["tensor"], e["name"]): e["tid"] for e in xs}
     assert by[("a", "local reduce-scatter")] != by[("b", "local reduce-scatter")]
     assert all(e["cat"] == "local" and e["tid"] >= 2000 for e in xs)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("flavour,grads", [("numpy", {"grad.w", "grad.b"}),
+                                           ("torch", {"Gradient.weight", "Gradient.bias"})])
+def test_trace_window_counts_training_steps_after_a_broadcast(tmp_path, flavour, grads):
+    """Steps come from the optimizer's step() / numpy synchronize, not from the first
+    tensor pushed (a broadcast, pushed once): steps 3..5 hold exactly 3 steps' gradients."""
+    traces = tmp_path / "traces"
+    res = run_script("trace_broadcast_first.py", flavour, 8, workers=2, servers=1, timeout=180,
+                     BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR=traces, BYTEPS_TRACE_START_STEP=3,
+                     BYTEPS_TRACE_END_STEP=5)
+    assert_ok(res)
+    for rank in (0, 1):
+        doc = json.loads((traces / str(rank) / "comm.json").read_text())
+        tensors = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "tensor"]
+        assert sorted((e["name"], e["args"]["step"]) for e in tensors) == sorted(
+            (n, s) for n in grads for s in (3, 4, 5)), tensors

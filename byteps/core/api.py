@@ -24,7 +24,7 @@ from byteps.core.config import Config
 from byteps.core.engine import Engine, Handle, Task
 from byteps.core.logs import setup_logging
 from byteps.core.node import BytePSError, SchedulerLink
-from byteps.core.timeline import Timeline, write_summary
+from byteps.core.timeline import StepCounter, Timeline, write_summary
 from byteps.transport.wire import Op, dtype_code, encode, new_seq
 
 log = logging.getLogger("byteps.worker")
@@ -71,6 +71,7 @@ class _State:
         self.nservers = 1
         self.book: dict = {}
         self.local = None        # byteps.core.local.reducer.LocalReducer (local reduction)
+        self.steps = StepCounter()   # training steps: step_done(), the trace window
 
 
 _STATE: _State | None = None
@@ -103,7 +104,8 @@ def init(lazy: bool = False) -> None:
                 st.engine = Engine(cfg, st.ctx, st.link, book)
                 if cfg.trace_on:
                     st.engine.timeline = Timeline(cfg.trace_dir, st.rank, st.size,
-                                                  cfg.trace_start_step, cfg.trace_end_step)
+                                                  cfg.trace_start_step, cfg.trace_end_step,
+                                                  steps=st.steps)
                 if _local.enabled(cfg):
                     st.local = _local.start(cfg, st.engine, book, st.link.epoch)
             except BaseException:
@@ -202,6 +204,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
                          f"shape {src.shape}")
     t = _tensor(st, name, src)
+    st.steps.pushed(name)
     hid = next(st.ids)
     if st.engine is None:
         h = Handle(hid, t, out, 0, average)
@@ -273,6 +276,17 @@ def synchronize(handle: int) -> np.ndarray:
     if h.error is not None:
         raise BytePSError(str(h.error))
     return h.out
+
+
+def step_done(implicit: bool = False) -> None:
+    """This worker's current training step ended (plugins call it from their optimizer's
+    step; numpy users may too).  The timeline's trace window counts these steps; see
+    :class:`byteps.core.timeline.StepCounter`.  ``implicit`` (numpy ``synchronize``)
+    counts only when nothing is left to synchronize and no explicit step was marked."""
+    st = _STATE
+    if st is None or (implicit and st.handles):
+        return
+    st.steps.mark(implicit)
 
 
 def get_pushpull_speed() -> tuple[int, float]:

@@ -3,10 +3,10 @@
 With ``BYTEPS_TRACE_ON=1`` every worker writes
 ``$BYTEPS_TRACE_DIR/<rank>/comm.json`` (the original BytePS layout), a
 Chrome trace that Perfetto (ui.perfetto.dev) or chrome://tracing opens.
-Steps are counted like the original: a step begins each time the first
-tensor this worker ever pushed is pushed again (the first push is step 0).
-Operations that begin in steps ``BYTEPS_TRACE_START_STEP`` ..
-``BYTEPS_TRACE_END_STEP`` (inclusive) are recorded.
+Steps come from :class:`StepCounter` (the training steps the plugins'
+optimizers report through ``byteps.core.api.step_done``).  Operations that
+begin in steps ``BYTEPS_TRACE_START_STEP`` .. ``BYTEPS_TRACE_END_STEP``
+(inclusive) are recorded.
 
 Spans (``ph: "X"``, microseconds since the Unix epoch, so traces of several
 workers on one machine line up):
@@ -42,6 +42,60 @@ import numpy as np
 
 log = logging.getLogger("byteps.timeline")
 SPEED_WINDOW_S = 10.0
+
+
+class StepCounter:
+    """The training steps of one worker (step 0 is everything before the first step ends).
+
+    Explicit marks (:meth:`mark`) come from the plugins through
+    ``byteps.core.api.step_done()``: torch ``DistributedOptimizer.step()``, the
+    TensorFlow/Keras gradient exchange (``DistributedOptimizer`` and
+    ``DistributedGradientTape``, one per step, also inside ``tf.function``),
+    MXNet ``DistributedTrainer.step()``; numpy users may call
+    ``byteps.numpy.step_done()``.  Implicit marks come from
+    ``byteps.numpy.synchronize()`` when it leaves nothing in flight; they count
+    only until the first explicit one.  A job that never marks a step (e.g. a loop
+    of synchronous numpy push_pulls) counts one whenever a tensor name is pushed a
+    second time since the current step began (:meth:`pushed`).  A broadcast
+    before training is therefore part of step 0 and never starts a step.
+    """
+
+    def __init__(self):
+        self.n = 0
+        self.explicit = False
+        self.marked = False
+        self.seen: set[str] = set()
+        self.listeners: list = []         # f(new step number), e.g. Timeline.on_step
+        self.lock = threading.Lock()
+
+    def pushed(self, name: str) -> None:
+        """A push_pull of ``name`` starts (only matters while no step was ever marked)."""
+        if self.marked:
+            return
+        with self.lock:
+            if name in self.seen:
+                self.seen.clear()
+                self._advance()
+            self.seen.add(name)
+
+    def mark(self, implicit: bool = False) -> bool:
+        """The current step ended; returns whether it counted."""
+        with self.lock:
+            if implicit and self.explicit:
+                return False
+            self.explicit = self.explicit or not implicit
+            self.marked = True
+            self.seen.clear()
+            self._advance()
+            return True
+
+    def _advance(self) -> None:
+        self.n += 1
+        for f in list(self.listeners):
+            try:
+                f(self.n)
+            except Exception as exc:   # noqa: BLE001 - a listener must not break training
+                log.warning("step listener %r failed: %s", f, exc)
 
 
 class PushPullSpeed:
@@ -113,7 +167,10 @@ def _add_rate() -> float:
 class Timeline:
     """Collects spans of one worker and writes them as a Chrome trace."""
 
-    def __init__(self, trace_dir: str, rank: int, size: int, start_step: int, end_step: int):
+    def __init__(self, trace_dir: str, rank: int, size: int, start_step: int, end_step: int,
+                 steps: StepCounter | None = None):
+        self.steps = StepCounter() if steps is None else steps
+        self.steps.listeners.append(self.on_step)
         self.path = os.path.join(trace_dir, str(rank), "comm.json")
         self.rank, self.size = rank, size
         self.start_step, self.end_step = start_step, end_step
@@ -125,23 +182,26 @@ class Timeline:
         self.extra: list[tuple] = []           # free spans: (start, end, name, cat, args)
         self.push_done: dict[tuple, float] = {}   # (handle id, part) -> server's ACK
         self.add_rate = _add_rate()
-        self.first_name: str | None = None
-        self.step = -1
         self.written = False
         log.info("timeline on: steps %d..%d -> %s", start_step, end_step, self.path)
 
     # -------------------------------------------------------------- user thread
+    @property
+    def step(self) -> int:
+        """The current step (see :class:`StepCounter`)."""
+        return self.steps.n
+
+    def on_step(self, n: int) -> None:
+        """Step ``n`` began: the window is complete when ``n`` is END_STEP + 1."""
+        if n == self.end_step + 1:
+            self.write()
+
     def begin(self, hid: int, name: str, t0: float) -> None:
         """A push_pull starts; returns nothing, records it if its step is traced."""
-        if self.first_name is None:
-            self.first_name = name
-        if name == self.first_name:
-            self.step += 1
-            if self.step == self.end_step + 1:
-                self.write()
-        if self.start_step <= self.step <= self.end_step:
+        step = self.steps.n
+        if self.start_step <= step <= self.end_step:
             with self.lock:
-                self.ops[hid] = (name, self.step, t0)
+                self.ops[hid] = (name, step, t0)
 
     def traced(self, hid: int) -> bool:
         return hid in self.ops

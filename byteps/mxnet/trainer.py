@@ -99,6 +99,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         """Average the gradients across workers, then update the parameters;
         gradients are normalised by ``1/batch_size`` (this worker's batch)."""
         super().step(batch_size, ignore_stale_grad)
+        core.step_done()                     # the timeline's steps
 
     def _init_params(self):
         # At the first step: broadcast every initialised parameter from root_rank;

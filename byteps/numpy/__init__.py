@@ -15,7 +15,7 @@ from byteps.core.api import (BytePSError, barrier, declare, init, is_initialized
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull", "push_pull_async", "poll", "synchronize", "broadcast",
-           "barrier", "BytePSError"]
+           "barrier", "BytePSError", "step_done"]
 
 
 def push_pull(array, name: str, average: bool = True, priority: int = 0) -> np.ndarray:
@@ -29,8 +29,18 @@ def push_pull_async(array, name: str, average: bool = True, priority: int = 0) -
 
 
 def synchronize(handle: int) -> np.ndarray:
-    """Wait for a handle and return the result array."""
-    return _api.synchronize(handle)
+    """Wait for a handle and return the result array.
+
+    The call that leaves nothing in flight ends a training step for the timeline's
+    trace window, unless the script marks steps itself with :func:`step_done`."""
+    out = _api.synchronize(handle)
+    _api.step_done(implicit=True)
+    return out
+
+
+def step_done() -> None:
+    """Mark the end of a training step (``BYTEPS_TRACE_START_STEP``/``END_STEP``)."""
+    _api.step_done()
 
 
 def broadcast(array, root_rank: int, name: str | None = None) -> np.ndarray:

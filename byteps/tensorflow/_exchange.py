@@ -125,6 +125,13 @@ def wait(*tickets) -> list[np.ndarray]:
     return out
 
 
+def wait_step(*tickets) -> list[np.ndarray]:
+    """:func:`wait` for a step's gradients, then end the step (the timeline's steps)."""
+    out = wait(*tickets)
+    core.step_done()
+    return out
+
+
 def _finish(e: tuple) -> list[np.ndarray]:
     kind = e[0]
     if kind == "dense":

@@ -94,13 +94,15 @@ def start_sparse(values, indices, name: str, average: bool, priority: int = 0):
     return out
 
 
-def wait(tickets: list, specs: list) -> list:
-    """Finish the exchanges; ``specs`` holds one (dtype, shape) per result tensor."""
+def wait(tickets: list, specs: list, step: bool = False) -> list:
+    """Finish the exchanges; ``specs`` holds one (dtype, shape) per result tensor.
+    ``step``: they are a step's gradients (the step ends for the timeline)."""
     if not tickets:
         return []
+    fn = _exchange.wait_step if step else _exchange.wait
     if eager():
-        return [tf.convert_to_tensor(a) for a in _exchange.wait(*tickets)]
-    outs = tf.numpy_function(_exchange.wait, list(tickets), [d for d, _ in specs],
+        return [tf.convert_to_tensor(a) for a in fn(*tickets)]
+    outs = tf.numpy_function(fn, list(tickets), [d for d, _ in specs],
                              stateful=True, name="BytePSWait")
     for o, (_, shape) in zip(outs, specs):
         o.set_shape(shape)
@@ -136,7 +138,7 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
                 tickets.append(start_dense(c, names[i], average, -i))
                 specs.append((c.dtype, c.shape))
         plan[i] = (g, sparse, ctx, wdt)
-    results = iter(wait(tickets, specs))
+    results = iter(wait(tickets, specs, step=True))
     out = list(grads)
     for i in reversed(range(len(grads))):
         if i not in plan:

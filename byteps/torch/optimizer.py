@@ -106,6 +106,7 @@ class _DistributedOptimizer:
         loss = super().step(closure)
         with torch.no_grad():
             self._bps_async_push([(p, p.detach() - o) for p, o in zip(params, old)])
+        _core.step_done()
         return loss
 
     # ------------------------------------------------------------------ hooks
@@ -183,6 +184,7 @@ class _DistributedOptimizer:
             else:
                 self.synchronize()
         self._bps_synchronized = False
+        _core.step_done()                    # the timeline's steps
         return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True):

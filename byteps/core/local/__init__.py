@@ -61,6 +61,7 @@ def push_pull_prereduced_async(like, name: str, pre, average: bool = True, prior
     like = np.ascontiguousarray(like)
     out = np.empty_like(like) if out is None else out
     t = api._tensor(st, name, like)
+    st.steps.pushed(name)
     hid = next(st.ids)
     with st.lock:
         if t.busy is not None:
