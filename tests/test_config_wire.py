@@ -6,8 +6,10 @@ import pytest
 from byteps.core.api import Tensor, tensor_key
 from byteps.core.config import Config, ConfigError
 from byteps.transport import TransportError, backend_for
-from byteps.transport.wire import (ACK, PULL, PUSH, SHM, Op, WireError, decode, encode,
-                                   entry_array, payload_count)
+from byteps.transport.wire import (ACK, PROTOCOL_VERSION, PULL, PUSH, SHM, Op, WireError,
+                                   decode, encode, entry_array, payload_count)
+
+V = PROTOCOL_VERSION
 
 CLUSTER = {"DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1",
            "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
@@ -79,7 +81,7 @@ def roundtrip(body, op=Op.DATA, secret=None, **kw):
 
 
 def test_valid_data_message_roundtrip():
-    hdr, rest = roundtrip([[[5, 0, 2, PUSH | PULL, 0, 4]], [[5, "w", [4], 0, 1]]])
+    hdr, rest = roundtrip([[[5, 0, 2, PUSH | PULL, 0, 4]], [[5, "w", [4], 0, 1, []]]])
     assert hdr.op == Op.DATA and hdr.sender == 3 and hdr.body[0][0][0] == 5
     assert payload_count(hdr.body[0], Op.DATA) == 1
     assert payload_count([[5, 0, 2, PUSH | PULL | SHM, 0, 4]], Op.DATA) == 0
@@ -91,14 +93,15 @@ def test_valid_data_message_roundtrip():
 @pytest.mark.parametrize("frames,needle", [
     ([b"x"], "expected header \\+ mac"),
     ([b"\xc1", b""], "not valid msgpack"),
-    ([msgpack.packb([1, 2, 3]), b""], "7-element"),
+    ([msgpack.packb([V, 2, 3]), b""], "7-element"),
     ([msgpack.packb([99, "job", 1, 20, 0, 1, [[], []]]), b""], "protocol version 99"),
-    ([msgpack.packb([1, "other", 1, 20, 0, 1, [[], []]]), b""], "job id 'other'"),
-    ([msgpack.packb([1, "job", 1, 77, 0, 1, {}]), b""], "unknown op 77"),
-    ([msgpack.packb([1, "job", 1, 20, 0, 1, [[[1, 2, 3]], []]]), b""], "6 integers"),
-    ([msgpack.packb([1, "job", 1, 20, 0, 1, [[[1, 0, 0, 1, 99, 4]], []]]), b""], "out of range"),
-    ([msgpack.packb([1, "job", 1, 20, 0, 1, [[], [["x"]]]]), b""], "bad declaration"),
-    ([msgpack.packb([1, "job", 1, 1, 0, 1, [1]]), b""], "body must be a map"),
+    ([msgpack.packb([V, "other", 1, 20, 0, 1, [[], []]]), b""], "job id 'other'"),
+    ([msgpack.packb([V, "job", 1, 77, 0, 1, {}]), b""], "unknown op 77"),
+    ([msgpack.packb([V, "job", 1, 20, 0, 1, [[[1, 2, 3]], []]]), b""], "6 integers"),
+    ([msgpack.packb([V, "job", 1, 20, 0, 1, [[[1, 0, 0, 1, 99, 4]], []]]), b""],
+     "out of range"),
+    ([msgpack.packb([V, "job", 1, 20, 0, 1, [[], [["x"]]]]), b""], "bad declaration"),
+    ([msgpack.packb([V, "job", 1, 1, 0, 1, [1]]), b""], "body must be a map"),
     ([b"\x00" * (2 << 20), b""], "exceeds"),
 ])
 def test_malformed_headers_raise_wire_error(frames, needle):

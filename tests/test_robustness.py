@@ -58,7 +58,7 @@ def test_malformed_and_oversize_frames_are_dropped_memory_bounded(tmp_path):
         secret = c.secret.encode()
         ctx = zmq.Context()
         addr = f"tcp://127.0.0.1:{c.server_ports[0]}"
-        entry = [[[5, 0, 0, 3, 0, 1 << 20]], [[5, "x", [1 << 20], 0, 0]]]
+        entry = [[[5, 0, 0, 3, 0, 1 << 20]], [[5, "x", [1 << 20], 0, 0, []]]]
         big = os.urandom(1 << 20)
         for round_ in range(3):
             s = ctx.socket(zmq.DEALER)

@@ -66,7 +66,7 @@ def test_forged_clients_are_rejected_and_no_handler_runs(tmp_path):
         sched_msgs = [(Op.REGISTER, -1, reg), (Op.EXIT, 2, {"ok": False, "reason": "forged"}),
                       (Op.STALL, 1, {"text": "forged", "fatal": True}), (Op.LEAVE, 3, {})]
         key = tensor_key("bias")
-        push = [[[key, 0, 5, PUSH | PULL, 0, 17]], [[key, "bias", [17], 0, 0]]]
+        push = [[[key, 0, 5, PUSH | PULL, 0, 17]], [[key, "bias", [17], 0, 0, []]]]
         poison = np.full(17, 1e6, np.float32).tobytes()
 
         def client(addr):

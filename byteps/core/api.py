@@ -21,7 +21,7 @@ import zmq
 
 from byteps.core import local as _local
 from byteps.core.config import Config
-from byteps.core.engine import Engine, Handle, Task
+from byteps.core.engine import Engine, Handle, Task, comp_pipeline
 from byteps.core.logs import setup_logging
 from byteps.core.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
@@ -31,7 +31,8 @@ log = logging.getLogger("byteps.worker")
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull_async", "push_pull", "poll", "synchronize", "broadcast",
-           "barrier", "BytePSError", "tensor_key", "get_config", "get_pushpull_speed"]
+           "barrier", "BytePSError", "tensor_key", "get_config", "get_pushpull_speed",
+           "set_compression_lr"]
 
 
 def tensor_key(name: str) -> int:
@@ -41,9 +42,11 @@ def tensor_key(name: str) -> int:
 
 
 class Tensor:
-    __slots__ = ("name", "key", "dtype_code", "shape", "dtype", "parts", "round", "busy")
+    __slots__ = ("name", "key", "dtype_code", "shape", "dtype", "parts", "round", "busy",
+                 "spec", "asked", "pipes", "comp_wire")
 
-    def __init__(self, name: str, arr: np.ndarray, partition_bytes: int, nservers: int):
+    def __init__(self, name: str, arr: np.ndarray, partition_bytes: int, nservers: int,
+                 spec=None, min_compress_bytes: int = 0):
         self.name, self.key = name, tensor_key(name)
         self.dtype = arr.dtype
         self.dtype_code = dtype_code(arr.dtype, name)
@@ -54,6 +57,13 @@ class Tensor:
                       for i, s in enumerate(range(0, n, per))]
         self.round = 0
         self.busy = None
+        # compression: what was asked (``asked``, to check later calls), and what applies
+        # (``spec``: floating tensors of at least BYTEPS_MIN_COMPRESS_BYTES)
+        self.asked = spec
+        on = spec is not None and arr.dtype.kind == "f" and arr.nbytes >= min_compress_bytes
+        self.spec = spec if on else None
+        self.pipes: dict = {}                 # part -> compression pipeline (engine thread)
+        self.comp_wire = spec.to_wire() if on else []
 
 
 class _State:
@@ -72,6 +82,7 @@ class _State:
         self.book: dict = {}
         self.local = None        # byteps.core.local.reducer.LocalReducer (local reduction)
         self.steps = StepCounter()   # training steps: step_done(), the trace window
+        self.declared: dict = {}  # name -> compression Spec given to declare()
 
 
 _STATE: _State | None = None
@@ -167,30 +178,71 @@ def local_size() -> int:
     return _state().cfg.local_size
 
 
-def declare(name: str, **kwargs) -> None:
-    """Declare a tensor name (optional: keys come from names, in any order)."""
+def declare(name: str, compression_params: dict | None = None, **kwargs) -> None:
+    """Declare a tensor name (optional: keys come from names, in any order).
+
+    ``compression_params`` (the original BytePS keys, see docs/compression.md) makes
+    every later push_pull of ``name`` compressed on the wire.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
-    _state()
+    st = _state()
+    spec = _spec(name, compression_params)
+    if spec is not None:
+        t = st.tensors.get(name)
+        if t is not None and t.asked != spec:
+            raise BytePSError(_comp_change(st, name, t.asked, spec))
+        st.declared[name] = spec
 
 
-def _tensor(st: _State, name: str, arr: np.ndarray) -> Tensor:
+def _spec(name: str, params):
+    """The validated compression Spec of ``params`` (None: uncompressed)."""
+    if not params:
+        return None
+    from byteps import compression
+    try:
+        spec = compression.parse(params)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"tensor {name!r}: {exc}") from None
+    if spec is not None and _STATE is not None and _STATE.cfg.enable_async:
+        raise BytePSError(f"tensor {name!r}: gradient compression is not available with "
+                          f"BYTEPS_ENABLE_ASYNC=1 (asynchronous mode sends parameter deltas); "
+                          f"unset BYTEPS_ENABLE_ASYNC or drop compression_params")
+    return spec
+
+
+def _comp_change(st: _State, name: str, old, new) -> str:
+    def d(s):
+        return s.describe() if s is not None else "no compression"
+    return (f"tensor {name!r} on rank {st.rank}: compression {d(new)} differs from its first "
+            f"use ({d(old)}); a name keeps its compression settings")
+
+
+def _tensor(st: _State, name: str, arr: np.ndarray, params=None) -> Tensor:
     t = st.tensors.get(name)
     if t is None:
-        t = st.tensors[name] = Tensor(name, arr, st.cfg.partition_bytes, st.nservers)
+        spec = _spec(name, params) if params else st.declared.get(name)
+        t = st.tensors[name] = Tensor(name, arr, st.cfg.partition_bytes, st.nservers, spec,
+                                      st.cfg.min_compress_bytes)
     elif t.shape != tuple(arr.shape) or t.dtype != arr.dtype:
         raise BytePSError(f"tensor {name!r} on rank {st.rank}: shape {tuple(arr.shape)} "
                           f"{arr.dtype} differs from its first use {t.shape} {t.dtype}; a "
                           f"name must always carry the same shape and dtype")
+    elif params:
+        spec = _spec(name, params)
+        if spec != t.asked:
+            raise BytePSError(_comp_change(st, name, t.asked, spec))
     return t
 
 
 def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
-                    out: np.ndarray | None = None) -> int:
+                    out: np.ndarray | None = None, compression_params: dict | None = None) -> int:
     """Start summing (or averaging) ``array`` across all workers; returns a handle.
 
     Higher ``priority`` goes first.  The input must not change until the
     handle is synchronized.  ``out`` may be ``array`` itself (in place).
+    ``compression_params`` (first use of a name fixes them, as does ``declare``)
+    compresses what leaves the host; see docs/compression.md.
     """
     st = _state()
     if not isinstance(name, str) or not name:
@@ -203,7 +255,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
         raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
                          f"shape {src.shape}")
-    t = _tensor(st, name, src)
+    t = _tensor(st, name, src, compression_params)
     st.steps.pushed(name)
     hid = next(st.ids)
     if st.engine is None:
@@ -241,7 +293,8 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         task.handle, task.part, task.start, task.length = h, part, start, length
         task.server, task.round = server, t.round
         task.src = flat[start:start + length]
-        task.nbytes = task.src.nbytes
+        task.comp = comp_pipeline(t, part, length)
+        task.nbytes = task.src.nbytes if task.comp is None else task.comp.frame_bytes
         tasks.append(task)
     t.round += 1
     st.handles[hid] = h
@@ -289,17 +342,42 @@ def step_done(implicit: bool = False) -> None:
     st.steps.mark(implicit)
 
 
-def get_pushpull_speed() -> tuple[int, float]:
+def set_compression_lr(lr: float) -> None:
+    """Tell error feedback the learning rate of the coming step (the original's lr-aware
+    error feedback scales the residual by previous lr / current lr)."""
+    st = _state()
+    from byteps.core import engine
+    engine.COMP_LR[0] = lr
+    for t in list(st.tensors.values()):
+        for p in list(t.pipes.values()):
+            p.set_lr(lr)
+    if st.local is not None:
+        for sl in list(st.local.slice_cache.values()):
+            for t in sl:
+                for p in list(t.pipes.values()):
+                    p.set_lr(lr)
+
+
+def get_pushpull_speed(per_tensor: bool = False):
     """Recent push-pull speed of this worker: ``(ms since epoch, MB/s)``.
 
     Like the original BytePS: bytes of the partitions completed in the last
-    10 seconds (each is pushed and pulled once) per second, 1 MB = 1e6 bytes.
-    A local (non-distributed) job reports 0.0.
+    10 seconds (each is pushed and pulled once) per second, 1 MB = 1e6 bytes,
+    counted before compression.  A local (non-distributed) job reports 0.0.
+
+    ``per_tensor=True`` returns ``(ms, MB/s, {name: bytes})`` instead, where
+    ``bytes`` holds the totals ``pushed``/``pulled`` before compression and
+    ``pushed_wire``/``pulled_wire`` as sent and received (this rank's network
+    traffic; with local reduction only the ranks that talk to servers count).
     """
     st = _state()
-    if st.engine is None:
-        return int(time.time() * 1000), 0.0
-    return st.engine.speed.get()
+    ms, mbs = (int(time.time() * 1000), 0.0) if st.engine is None else st.engine.speed.get()
+    if not per_tensor:
+        return ms, mbs
+    table = {} if st.engine is None else {
+        name: {"pushed": b[0], "pushed_wire": b[1], "pulled": b[2], "pulled_wire": b[3]}
+        for name, b in list(st.engine.bytes.items())}
+    return ms, mbs, table
 
 
 def _finish(st: _State) -> None:
@@ -320,8 +398,10 @@ def _handle(handle: int) -> Handle:
 
 
 def push_pull(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
-              out: np.ndarray | None = None) -> np.ndarray:
-    return synchronize(push_pull_async(array, name, average, priority, out))
+              out: np.ndarray | None = None, compression_params: dict | None = None
+              ) -> np.ndarray:
+    """push_pull_async + synchronize."""
+    return synchronize(push_pull_async(array, name, average, priority, out, compression_params))
 
 
 def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,

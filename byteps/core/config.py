@@ -38,6 +38,7 @@ KNOWN = {
     "BYTEPS_FUSION_BYTES": "65536", "BYTEPS_RESEND_TIMEOUT_S": "1",
     "BYTEPS_SERVER_PORT": "9100", "BYTEPS_LOCAL_REDUCE": "1",
     "BYTEPS_SHM_DIR": "/dev/shm", "BYTEPS_TEST_RECORD": "/tmp/arrivals.txt",
+    "BYTEPS_MIN_COMPRESS_BYTES": "65536",
 }
 # Names of the original BytePS that we accept without a warning (no effect).
 ORIGINAL_ONLY = {
@@ -45,7 +46,7 @@ ORIGINAL_ONLY = {
     "BYTEPS_KEY_HASH_FN", "BYTEPS_REDUCE_ROOTS", "BYTEPS_SERVER_ENABLE_SCHEDULE",
     "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_OMP_THREAD_PER_GPU", "BYTEPS_VISIBLE_DEVICE",
     "BYTEPS_NCCL_NUM_RINGS", "BYTEPS_SERVER_KEY_TO_THREAD", "BYTEPS_ENABLE_MIXED_MODE",
-    "BYTEPS_MIN_COMPRESS_BYTES", "BYTEPS_SERVER_DEBUG", "BYTEPS_SERVER_DEBUG_KEY",
+    "BYTEPS_SERVER_DEBUG", "BYTEPS_SERVER_DEBUG_KEY",
     "BYTEPS_PHY_NODE_ID", "BYTEPS_THREADPOOL_SIZE", "BYTEPS_PARTITION_ALIGN",
     "BYTEPS_CPU_ONLY", "BYTEPS_ENABLE_CPU_REDUCER", "BYTEPS_SERVER_DIRECT_RESPONSE",
 }
@@ -64,6 +65,53 @@ _DMLC_EXAMPLES = {"DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVE
                   "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
                   "DMLC_WORKER_ID": "0", "DMLC_NODE_HOST": "10.0.0.2",
                   "DMLC_INTERFACE": "eth0"}
+
+# More names of the original BytePS (its docs/env.md, launcher and C++ core) and of
+# ps-lite/dmlc-tracker: known, not needed here (no effect; bpslaunch notes them once).
+ORIGINAL_NOT_NEEDED = {
+    "BYTEPS_VISIBLE_CPU_CORES", "BYTEPS_CPU_BLACKLIST", "BYTEPS_MULTITHREADED_CPU",
+    "BYTEPS_NUMA_ROOT_QUOTA", "BYTEPS_SERVER_MXNET_PATH", "BYTEPS_DEBUG_SAMPLE_TENSOR",
+    "BYTEPS_DISABLE_P2P", "BYTEPS_DISABLE_CPU_ALLREDUCE", "BYTEPS_DISABLE_GPU_ALLREDUCE",
+    "BYTEPS_BUILT_IN_HASH_COEF", "BYTEPS_SERVER_ENGINE_BLOCKING", "BYTEPS_SOCKET_PATH",
+    "BYTEPS_SERVER_ENABLE_PROFILE", "BYTEPS_SERVER_PROFILE_OUTPUT_PATH",
+    "BYTEPS_SERVER_KEY_TO_PROFILE", "BYTEPS_PUSH_THREAD",
+    "DMLC_PS_VAN_TYPE", "DMLC_PS_WATER_MARK", "DMLC_LOCAL", "DMLC_NUM_ATTEMPT",
+    "DMLC_NODE_VHOST", "DMLC_USE_KUBERNETES", "DMLC_TASK_ID", "DMLC_JOB_CLUSTER",
+    "DMLC_TRACKER_URI", "DMLC_TRACKER_PORT", "DMLC_RANK", "DMLC_ENABLE_RDMA", "DMLC_ENABLE_UCX",
+}
+# Transports of the original that this build does not have (any value but 0 is an error).
+_NO_TRANSPORT = {"DMLC_ENABLE_RDMA": "RDMA", "DMLC_ENABLE_UCX": "UCX"}
+# bpslaunch sets this once it has reported unknown names: its children stay quiet.
+NAMES_CHECKED = "BPSLAUNCH_NAMES_CHECKED"
+
+
+def name_report(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(warnings for unknown BYTEPS_*/DMLC_* names with a hint, names of the original
+    BytePS or ps-lite set in ``env`` that have no effect here)."""
+    unknown, original = [], []
+    for name in sorted(env):
+        if not name.startswith(("BYTEPS_", "DMLC_")):
+            continue
+        known = KNOWN if name.startswith("BYTEPS_") else _DMLC_EXAMPLES
+        if name in known:
+            continue
+        if name in ORIGINAL_ONLY or name in ORIGINAL_NOT_NEEDED:
+            original.append(name)
+            continue
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        kind = "BytePS" if name.startswith("BYTEPS_") else "DMLC"
+        unknown.append(f"unknown {kind} variable {name} is ignored{hint}")
+    return unknown, original
+
+
+def _check_transport(env: Mapping[str, str]) -> None:
+    for name, what in _NO_TRANSPORT.items():
+        v = (env.get(name) or "0").strip().lower()
+        if v not in ("0", "false", "no", "off"):
+            raise ConfigError(f"{name}={env[name]!r}: {what} is not available in this build; "
+                              f"use tcp (unset {name} or set {name}=0; colocated processes "
+                              f"already use shared memory)")
 
 
 class _Env:
@@ -163,6 +211,7 @@ class Config:
     pcie_switch_size: int | None = None
     numa_on: bool | None = None    # None: on where the machine has more than one NUMA node
     shm_dir: str = "/dev/shm"
+    min_compress_bytes: int = 65536   # smaller tensors travel uncompressed
 
     @property
     def credit_bytes(self) -> int:
@@ -175,6 +224,7 @@ class Config:
         """Build and validate the configuration from ``environ`` (default os.environ)."""
         env = dict(os.environ if environ is None else environ)
         e = _Env(env)
+        _check_transport(env)
         if warn_unknown:
             _warn_unknown(env)
         role = role or e.str("DMLC_ROLE", "worker")
@@ -248,6 +298,7 @@ class Config:
             pcie_switch_size=e.int("BYTEPS_PCIE_SWITCH_SIZE", None, lo=1, hi=1024),
             numa_on=e.bool("BYTEPS_NUMA_ON") if e.str("BYTEPS_NUMA_ON") else None,
             shm_dir=e.str("BYTEPS_SHM_DIR", "/dev/shm"),
+            min_compress_bytes=e.int("BYTEPS_MIN_COMPRESS_BYTES", 65536, lo=0),
             **kw)
 
 
@@ -264,11 +315,10 @@ def _local_reduce(raw: str) -> str:
 
 
 def _warn_unknown(env: Mapping[str, str]) -> None:
-    for name in env:
-        if name.startswith("BYTEPS_") and name not in KNOWN and name not in ORIGINAL_ONLY:
-            close = difflib.get_close_matches(name, list(KNOWN), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            warnings.warn(f"unknown BytePS variable {name} is ignored{hint}", stacklevel=3)
+    if env.get(NAMES_CHECKED):        # bpslaunch reported them once for the whole job
+        return
+    for text in name_report(env)[0]:
+        warnings.warn(text, stacklevel=3)
 
 
 def _interface_ip(iface: str | None) -> str | None:

@@ -25,8 +25,8 @@ from byteps.core.node import (BytePSError, SchedulerLink, describe, down_grace,
                                end_process_later, held_tensors)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
-from byteps.transport.wire import (ACK, DTYPES, PULL, PUSH, SHM, Op, WireError, decode, encode,
-                                   entry_array, new_seq, payload_count)
+from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Op, WireError, decode,
+                                   encode, entry_array, frame_bytes, new_seq, payload_count)
 
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
@@ -49,11 +49,34 @@ class Handle:
 
 class Task:
     __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
-                 "nbytes", "sent_at", "acked", "tries")
+                 "nbytes", "sent_at", "acked", "tries", "comp", "wire")
+
+    def __init__(self):
+        self.comp = None     # compression pipeline of this partition (byteps.compression)
+        self.wire = None     # its compressed frame, made once (resends reuse it)
 
     def __lt__(self, other: "Task") -> bool:
         # a total order that is the same on every rank (ties would deadlock credits)
         return (self.prio, self.seq, self.part) < (other.prio, other.seq, other.part)
+
+
+def comp_pipeline(tensor, part: int, length: int):
+    """The worker-side compression pipeline of partition ``part`` of ``tensor`` (None when
+    the tensor travels uncompressed).  One per partition: it owns the partition's error
+    feedback residual and momentum buffer."""
+    spec = getattr(tensor, "spec", None)
+    if spec is None:
+        return None
+    p = tensor.pipes.get(part)
+    if p is None:
+        from byteps import compression
+        p = tensor.pipes[part] = compression.worker_pipeline(spec, length, tensor.key, part)
+        if COMP_LR[0] is not None:
+            p.set_lr(COMP_LR[0])
+    return p
+
+
+COMP_LR: list = [None]    # the learning rate last given to set_compression_lr()
 
 
 class Engine:
@@ -100,6 +123,7 @@ class Engine:
         self.drops = transport.RateLimitedLog(log)
         self.timeline = None          # a byteps.core.timeline.Timeline when tracing
         self.speed = PushPullSpeed()
+        self.bytes: dict[str, list] = {}   # tensor -> [pushed raw, pushed wire, pulled raw/wire]
         self.hello()
         self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
         self.thread.start()
@@ -275,8 +299,24 @@ class Engine:
             # declare with every push until the server has acknowledged one (drops, resends)
             if (tn.key, server) not in self.declared and tn.key not in sent:
                 sent.add(tn.key)
-                decls.append([tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank])
+                decls.append([tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank,
+                              getattr(tn, "comp_wire", [])])
                 self.held[server][tn.key] = tn.name
+            if t.comp is not None:         # compressed: over the socket even when colocated
+                if t.wire is None:
+                    try:
+                        t.wire = self.compress(t)
+                    except ValueError as exc:      # e.g. inf/NaN in the gradient
+                        self.drop_task(t, BytePSError(
+                            f"worker rank {self.rank}: cannot compress tensor {tn.name!r} "
+                            f"partition {t.part}: {exc}"))
+                        continue
+                entries.append([tn.key, t.part, t.round, PUSH | PULL | COMP, tn.dtype_code,
+                                t.length])
+                payload.append(t.wire)
+                t.sent_at = now
+                continue
+            self.count(tn.name, t.src.nbytes, t.src.nbytes, 0)
             seg = self.push_segment(t, server) if self.shm_ok[server] else None
             if seg is not None:
                 np.copyto(seg, t.src)
@@ -287,6 +327,48 @@ class Engine:
                 payload.append(t.src)
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
+
+    def drop_task(self, t: Task, err: BytePSError) -> None:
+        """Take an unsent task out of flight and fail its handle."""
+        if self.inflight.pop((t.handle.tensor.key, t.part), None) is not None:
+            self.inflight_bytes -= t.nbytes
+        self.fail_handle(t.handle, err)
+
+    def compress(self, t: Task) -> np.ndarray:
+        """Compress a partition (momentum -> error feedback -> compressor)."""
+        t0 = time.monotonic()
+        src = t.src if t.src.dtype == np.float32 else t.src.astype(np.float32)
+        wire = t.comp.compress(src, t.round)
+        self.count(t.handle.tensor.name, t.src.nbytes, wire.nbytes, 0)
+        tl = self.timeline
+        if tl is not None and tl.traced(t.handle.id):
+            tl.span("compress", t0, time.monotonic(), cat="compress",
+                    tensor=t.handle.tensor.name, part=t.part)
+        return wire
+
+    def decompress(self, t: Task, e: list, frame) -> np.ndarray:
+        """The float32 result of a compressed RESULT entry (raises CompressionError)."""
+        t0 = time.monotonic()
+        out = np.empty(t.length, np.float32)
+        buf = frame_bytes(frame)
+        t.comp.decompress(buf, e[2], out)
+        self.count(t.handle.tensor.name, 0, 0, t.src.nbytes, buf.nbytes)
+        tl = self.timeline
+        if tl is not None and tl.traced(t.handle.id):
+            tl.span("decompress", t0, time.monotonic(), cat="compress",
+                    tensor=t.handle.tensor.name, part=t.part)
+        return out
+
+    def count(self, name: str, raw_out: int, wire_out: int, raw_in: int,
+              wire_in: int | None = None) -> None:
+        """Telemetry: bytes pushed and pulled per tensor, before and after compression."""
+        b = self.bytes.get(name)
+        if b is None:
+            b = self.bytes[name] = [0, 0, 0, 0]
+        b[0] += raw_out
+        b[1] += wire_out
+        b[2] += raw_in
+        b[3] += raw_in if wire_in is None else wire_in
 
     def push_segment(self, t: Task, server: int) -> np.ndarray | None:
         """This partition's shared-memory segment; None (TCP from now on) if it can't be made."""
@@ -345,12 +427,18 @@ class Engine:
             if t is None or t.round != e[2]:
                 continue          # duplicate or stale
             try:
-                if frame is None:
+                if bool(e[3] & COMP) != (t.comp is not None):
+                    raise WireError(f"result {e} is {'' if e[3] & COMP else 'un'}compressed, "
+                                    f"the tensor is not")
+                if e[3] & COMP:
+                    arr = self.decompress(t, e, frame)
+                elif frame is None:
                     arr = self.result_segment(server, e)
                 else:
                     arr = entry_array(e, frame)
-            except (WireError, OSError, ValueError) as exc:
-                self.drops.warn("truncated result", str(exc))
+                    self.count(t.handle.tensor.name, 0, 0, arr.nbytes)
+            except (WireError, OSError, ValueError) as exc:   # CompressionError is a ValueError
+                self.drops.warn("truncated or malformed result", str(exc))
                 continue
             del self.inflight[(e[0], e[1])]
             if not t.acked:
@@ -369,7 +457,7 @@ class Engine:
         else:
             np.copyto(dst, arr)
         now = time.monotonic()
-        self.speed.add(t.nbytes, now)
+        self.speed.add(t.src.nbytes, now)
         if self.timeline is not None:
             self.timeline.part_done(t, t_result, now)
         h.remaining -= 1
@@ -456,8 +544,8 @@ class Engine:
         for server, ts in pulls.items():
             self.resends += len(ts)
             flags = PULL | (SHM if self.shm_ok[server] else 0)
-            entries = [[t.handle.tensor.key, t.part, t.round, flags, t.handle.tensor.dtype_code,
-                        t.length] for t in ts]
+            entries = [[t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else flags,
+                        t.handle.tensor.dtype_code, t.length] for t in ts]
             for t in ts:
                 t.sent_at = now
             self.send(self.servers[server], Op.DATA, [entries, []])

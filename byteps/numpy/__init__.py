@@ -18,14 +18,23 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "barrier", "BytePSError", "step_done"]
 
 
-def push_pull(array, name: str, average: bool = True, priority: int = 0) -> np.ndarray:
-    """Sum (or average) ``array`` across all workers; returns a new array."""
-    return _api.push_pull(np.asarray(array), name, average=average, priority=priority)
+def push_pull(array, name: str, average: bool = True, priority: int = 0,
+              compression_params: dict | None = None) -> np.ndarray:
+    """Sum (or average) ``array`` across all workers; returns a new array.
+
+    ``compression_params`` (e.g. ``{"compressor": "onebit", "ef": "vanilla"}``,
+    see docs/compression.md) compresses the tensor on the wire; the first use of
+    a name (or :func:`declare`) fixes its settings.
+    """
+    return _api.push_pull(np.asarray(array), name, average=average, priority=priority,
+                          compression_params=compression_params)
 
 
-def push_pull_async(array, name: str, average: bool = True, priority: int = 0) -> int:
+def push_pull_async(array, name: str, average: bool = True, priority: int = 0,
+                    compression_params: dict | None = None) -> int:
     """Start a push_pull; returns a handle for :func:`poll` / :func:`synchronize`."""
-    return _api.push_pull_async(np.asarray(array), name, average=average, priority=priority)
+    return _api.push_pull_async(np.asarray(array), name, average=average, priority=priority,
+                                compression_params=compression_params)
 
 
 def synchronize(handle: int) -> np.ndarray:

@@ -21,10 +21,12 @@ import zmq
 from byteps import transport
 from byteps.transport import shm
 from byteps.core.config import Config
-from byteps.core.node import BytePSError, SchedulerLink, describe
+from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
+                              failure_exit_code)
+from byteps.compression import CompressionError, Spec, server_pipeline
 from byteps.server.store import Slot, apply
-from byteps.transport.wire import (ACK, DTYPES, PUSH, SHM, Op, WireError, decode, encode,
-                                   entry_array, new_seq, payload_count)
+from byteps.transport.wire import (ACK, COMP, DTYPES, PUSH, SHM, Op, WireError, decode, encode,
+                                   entry_array, frame_bytes, new_seq, payload_count)
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024
@@ -58,6 +60,7 @@ class Server:
         self.record = os.environ.get("BYTEPS_TEST_RECORD")
         self.exit_code = None
         self.bytes_received = 0
+        self.wire_received = 0                    # DATA messages, every frame (headers too)
         self.bytes_by_host: dict[str, int] = {}   # pushed payload bytes per worker host
         self.local_reduce = "off"
         self.push_maps: dict[tuple, np.ndarray] = {}
@@ -96,7 +99,7 @@ class Server:
             self.start()
         except BytePSError as exc:
             log.error("%s", exc)
-            return 1
+            return failure_exit_code()     # PEER_FAILED_EXIT: the job ended before it formed
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.sock, zmq.POLLIN)
@@ -164,10 +167,10 @@ class Server:
         elif hdr.op == Op.TERMINATE:
             ok = hdr.body.get("ok") is True
             (log.info if ok else log.error)("job ended: %s", hdr.body.get("reason"))
-            self.exit_code = 0 if ok else 1
+            self.exit_code = 0 if ok else PEER_FAILED_EXIT
         elif hdr.op == Op.NODE_DEAD:
             log.error("job failed: %s", hdr.body.get("reason"))
-            self.exit_code = 1
+            self.exit_code = PEER_FAILED_EXIT
 
     def on_worker(self, frames: list) -> None:
         ident = frames[0].bytes
@@ -197,6 +200,7 @@ class Server:
             return self.drops.warn("replayed message", f"sender {hdr.sender}, seq {hdr.seq}")
         if hdr.op != Op.DATA:
             return self.drops.warn("unexpected op", Op(hdr.op).name)
+        self.wire_received += sum(len(f) for f in frames[1:])
         if self.dropper.drop():                      # BYTEPS_TEST_DROP_RATE
             return
         entries, decls = hdr.body
@@ -206,6 +210,7 @@ class Server:
         frames = iter(payload)
         try:
             arrays = [None if not e[3] & PUSH else self.shm_push(w, e) if e[3] & SHM
+                      else frame_bytes(next(frames)) if e[3] & COMP
                       else entry_array(e, next(frames)) for e in entries]
         except WireError as exc:
             return self.drops.warn("truncated payload", str(exc))
@@ -243,6 +248,8 @@ class Server:
             elif slot.dtype != e[4] or slot.length != e[5]:
                 self.key_error(e[0], self.mismatch(e, slot, rank))
                 continue
+            if arr is not None and not self.comp_ok(slot, e, arr, rank):
+                continue
             if e[3] & SHM and slot.segs is None and not slot.rounds:
                 try:
                     segs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
@@ -260,19 +267,61 @@ class Server:
                 if self.record:
                     self.record_push(rank, e)
             if slot.engine < 0:
-                apply(slot, e, arr, rank, ident, self.nworkers, self.cfg.enable_async, out)
+                self.apply(slot, e, arr, rank, ident, out)
             else:
                 self.queues[slot.engine].put((slot, e, arr, rank, ident))
         self.send_results(out)
 
+    def comp_ok(self, slot: Slot, e: list, buf, rank: int) -> bool:
+        """A push is compressed exactly when its tensor was declared with compression,
+        and a compressed frame has exactly the pipeline's size (the rest is checked
+        when it is decompressed); otherwise it is dropped, never acknowledged."""
+        if bool(e[3] & COMP) == (slot.pipe is not None) and (
+                slot.pipe is None or buf.nbytes == slot.pipe.frame_bytes):
+            return True
+        name = self.decls.get(e[0], {}).get("name", e[0])
+        self.drops.warn("malformed compressed push", (
+            f"tensor {name!r} partition {e[1]} from rank {rank}: "
+            + (f"frame of {buf.nbytes} bytes, expected {slot.pipe.frame_bytes}"
+               if bool(e[3] & COMP) == (slot.pipe is not None) else
+               f"{'compressed' if e[3] & COMP else 'raw'} push for a tensor declared "
+               f"{'with' if slot.pipe is not None else 'without'} compression")))
+        return False
+
+    def apply(self, slot: Slot, e: list, arr, rank: int, ident, out: dict) -> None:
+        """Apply one entry (decompressing a compressed push first)."""
+        if arr is not None and e[3] & COMP:
+            try:
+                arr = slot.unpack(arr, e[2])
+            except CompressionError as exc:
+                name = self.decls.get(e[0], {}).get("name", e[0])
+                return self.drops.warn("malformed compressed push",
+                                       f"tensor {name!r} partition {e[1]} from rank {rank}: "
+                                       f"{exc}")
+        apply(slot, e, arr, rank, ident, self.nworkers, self.cfg.enable_async, out)
+
     def declare(self, d: list, w: dict) -> None:
-        key, name, shape, dt, _ = d
+        key, name, shape, dt, _, comp = d
+        try:
+            spec = Spec.from_wire(comp) if comp else None
+            if spec is not None and DTYPES[dt].kind != "f":
+                raise CompressionError(f"compression of a {DTYPES[dt].name} tensor")
+        except CompressionError as exc:
+            return self.drops.warn("bad compression settings in a declaration",
+                                   f"tensor {name!r} from rank {w['rank']}: {exc}")
         old = self.decls.get(key)
         if old is None:
             self.decls[key] = {"name": name, "shape": shape, "dtype": dt, "rank": w["rank"],
-                               "host": w.get("host_id")}
+                               "host": w.get("host_id"), "comp": spec}
         elif old.get("error"):
             return
+        elif old.get("comp") != spec and old["name"] == name:
+            def d(s):
+                return s.describe() if s is not None else "no compression"
+            self.key_error(key, (
+                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed it with "
+                f"{d(spec)} but rank {old['rank']} (host {old['host']}) declared {d(old['comp'])}"
+                f" first; every rank must use the same compression_params for a tensor"))
         elif (old["name"], old["shape"], old["dtype"]) != (name, shape, dt):
             self.key_error(key, (
                 f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed shape "
@@ -287,7 +336,9 @@ class Server:
         if nbytes > INLINE_BYTES and not self.cfg.enable_async:
             engine = min(range(len(self.engine_load)), key=self.engine_load.__getitem__)
             self.engine_load[engine] += nbytes
-        slot = Slot(e[0], e[1], e[4], e[5], engine)
+        spec = self.decls.get(e[0], {}).get("comp")
+        pipe = server_pipeline(spec, e[5], e[0], e[1]) if spec is not None else None
+        slot = Slot(e[0], e[1], e[4], e[5], engine, pipe)
         self.slots[(e[0], e[1])] = slot
         return slot
 
@@ -316,7 +367,10 @@ class Server:
         while True:
             slot, e, arr, rank, ident = q.get()
             out: dict = {}
-            apply(slot, e, arr, rank, ident, self.nworkers, False, out)
+            try:
+                self.apply(slot, e, arr, rank, ident, out)
+            except Exception:      # a bug must not silently stop this engine thread
+                log.exception("server engine thread: entry %s from rank %d failed", e, rank)
             if out:
                 self.outbox.append(out)
                 try:
@@ -352,7 +406,8 @@ class Server:
             try:
                 with open(f"{self.record}.bytes.{os.getpid()}.json", "w") as f:
                     json.dump({"total": self.bytes_received, "by_host": self.bytes_by_host,
-                               "push_count": self.nworkers}, f)
+                               "push_count": self.nworkers, "wire_total": self.wire_received},
+                              f)
             except OSError as exc:
                 log.warning("cannot write the byte count: %s", exc)
 

@@ -5,6 +5,11 @@ round wait until it is complete; the round is dropped once every worker has
 pulled it.  Async mode: a push is added to the stored value at once and a
 pull returns a copy of the current value.  A push from a rank that already
 pushed the round (a resend) is never summed twice.
+
+Compressed partitions (``slot.pipe``, byteps.compression): the caller decompresses
+each push into float32 (:meth:`Slot.unpack`); the round is summed in float32 and
+the finished sum is compressed once (server-side error feedback lives in the
+pipeline), so every worker pulls the same compressed frame.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import time
 
 import numpy as np
 
-from byteps.transport.wire import DTYPES, PULL, PUSH, SHM
+from byteps.transport.wire import COMP, DTYPES, PULL, PUSH, SHM
 
 
 class Round:
@@ -32,9 +37,9 @@ class Round:
 class Slot:
     """One partition (key, part) stored on this server."""
     __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
-                 "bytes_in", "bufs", "segs", "applied")
+                 "bytes_in", "bufs", "segs", "applied", "pipe", "scratch")
 
-    def __init__(self, key: int, part: int, dtype: int, length: int, engine: int):
+    def __init__(self, key: int, part: int, dtype: int, length: int, engine: int, pipe=None):
         self.key, self.part, self.dtype, self.length = key, part, dtype, length
         self.rounds: dict[int, Round] = {}
         self.value = None
@@ -44,6 +49,16 @@ class Slot:
         self.bufs = None      # two result arrays, double-buffered by round parity
         self.segs = None      # their shared-memory segments (colocated workers)
         self.applied: dict[int, int] = {}   # async: rank -> last round applied (dedup)
+        self.pipe = pipe      # server-side compression pipeline (None: raw payloads)
+        self.scratch = None
+
+    def unpack(self, buf, rnd: int) -> np.ndarray:
+        """Decompress a push into this slot's float32 scratch array (raises
+        CompressionError for a malformed frame).  Valid until the next unpack."""
+        if self.scratch is None:
+            self.scratch = np.empty(self.length, np.float32)
+        self.pipe.decompress(buf, rnd, self.scratch)
+        return self.scratch
 
     def reset_rounds(self) -> None:
         self.rounds.clear()
@@ -75,7 +90,13 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
         rs = slot.rounds[rnd] = Round()
     if flags & PUSH:
         if rank not in rs.ranks and rs.result is None:
-            if rs.acc is None:
+            if rs.acc is None and slot.pipe is not None:   # arr is the reused scratch
+                if slot.bufs is None:
+                    slot.bufs = [np.empty(length, np.float32), np.empty(length, np.float32)]
+                rs.acc = slot.bufs[rnd % 2]
+                np.copyto(rs.acc, arr)
+                rs.owned = True
+            elif rs.acc is None:
                 rs.acc = arr
             elif not rs.owned:
                 if slot.bufs is None:
@@ -89,7 +110,9 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             slot.pushes += 1
             slot.bytes_in += arr.nbytes
             if len(rs.ranks) >= nworkers:
-                if not rs.owned and slot.segs:      # a single worker: result into shm too
+                if slot.pipe is not None:
+                    rs.acc = slot.pipe.compress(rs.acc, rnd)
+                elif not rs.owned and slot.segs:      # a single worker: result into shm too
                     dst = slot.bufs[rnd % 2]
                     np.copyto(dst, rs.acc)
                     rs.acc = dst
@@ -100,7 +123,8 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
                     rs.pulled.add(w_rank)
                 rs.waiting.clear()
     if flags & PULL:
-        reply = [key, part, rnd, PULL | (flags & SHM if slot.segs else 0), dt, length]
+        reply = [key, part, rnd, PULL | COMP if slot.pipe is not None
+                 else PULL | (flags & SHM if slot.segs else 0), dt, length]
         if rs.result is not None:
             if rank not in rs.pulled:
                 rs.pulled.add(rank)

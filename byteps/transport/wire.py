@@ -15,11 +15,15 @@ Header (a msgpack array, validated field by field on receipt)::
   drop a frame whose seq is not above the last one they accepted (replay).
 * ``body``     map (control ops) or ``[entries, decls]`` (DATA / RESULT)
 
-A declaration is ``[key, name, shape, dtype, rank]``: sent with a tensor's
-first push to a server so that the server can fix and check its layout.
+A declaration is ``[key, name, shape, dtype, rank, compression]``: sent with a
+tensor's first push to a server so that the server can fix and check its layout;
+``compression`` is ``[]`` or the compressor settings as ``[[name, value], ...]``
+(validated by :meth:`byteps.compression.Spec.from_wire`).
 A data entry is ``[key, part, round, flags, dtype, length]``; an entry with
 payload (a push, or a result) is followed by exactly one payload frame of
-``length * itemsize`` bytes.  Nothing received is ever unpickled or evaluated.
+``length * itemsize`` bytes, or, with flag COMP, of exactly the compressor's
+frame size for ``length`` elements (checked by the receiver's pipeline).
+Nothing received is ever unpickled or evaluated.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import time
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_HEADER_BYTES = 1 << 20
 MAX_ENTRIES = 65536
 
@@ -61,6 +65,8 @@ PUSH = 1
 PULL = 2
 ACK = 4          # server acknowledges a push (no payload)
 SHM = 8          # payload is in a shared-memory segment (colocated peers), not a frame
+COMP = 16        # payload is a compressed frame (byteps.compression), not raw elements
+MAX_COMP_PAIRS = 16
 
 DTYPES = [np.dtype(t) for t in ("float32", "float64", "float16", "int32", "int64",
                                 "uint8", "int8")]
@@ -186,19 +192,29 @@ def _check_entries(body) -> None:
     if not isinstance(decls, list) or len(decls) > MAX_ENTRIES:
         raise WireError("data decls must be an array")
     for d in decls:
-        if not (isinstance(d, list) and len(d) == 5 and _is_int(d[0]) and 0 <= d[0] < 1 << 63
+        if not (isinstance(d, list) and len(d) == 6 and _comp_shape(d[5])
+                and _is_int(d[0]) and 0 <= d[0] < 1 << 63
                 and isinstance(d[1], str) and len(d[1]) < 4096 and isinstance(d[2], list)
                 and len(d[2]) <= 32 and all(_is_int(x) and 0 <= x < 1 << 40 for x in d[2])
                 and _is_int(d[3]) and 0 <= d[3] < len(DTYPES)
                 and _is_int(d[4]) and 0 <= d[4] < 1 << 31):
-            raise WireError("bad declaration (want [key, name, shape, dtype, rank])")
+            raise WireError("bad declaration (want [key, name, shape, dtype, rank, "
+                            "compression])")
     for e in entries:
         if not isinstance(e, list) or len(e) != 6 or not all(_is_int(x) for x in e):
             raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
         key, part, rnd, flags, dt, length = e
         if not (0 <= key < 1 << 63 and 0 <= part < 1 << 31 and 0 <= rnd < 1 << 62
-                and 0 <= flags < 16 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
+                and 0 <= flags < 32 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
             raise WireError(f"data entry out of range: {e}")
+
+
+def _comp_shape(c) -> bool:
+    """A declaration's compression field: [] or a short list of [str, scalar] pairs."""
+    return isinstance(c, list) and len(c) <= MAX_COMP_PAIRS and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and len(p[0]) <= 32
+        and (p[1] is None or isinstance(p[1], (bool, int, float))
+             or (isinstance(p[1], str) and len(p[1]) <= 32)) for p in c)
 
 
 def payload_count(entries: list, op: int) -> int:
@@ -216,6 +232,11 @@ def entry_array(entry: list, frame) -> np.ndarray:
         raise WireError(f"payload of {buf.nbytes} bytes for entry {entry} "
                         f"(expected {entry[5] * dt.itemsize})")
     return np.frombuffer(buf, dtype=dt)
+
+
+def frame_bytes(frame) -> memoryview:
+    """A payload frame's bytes as a memoryview (zero copy) for a compressed entry."""
+    return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
 
 def _bytes(frame) -> bytes:

@@ -7,11 +7,14 @@ import os
 
 class SliceTensor:
     """What the Engine needs of a tensor: the slice ``<name>.slice<k>``."""
-    __slots__ = ("busy", "dtype_code", "key", "name", "shape")
+    __slots__ = ("busy", "dtype_code", "key", "name", "shape", "spec", "pipes", "comp_wire")
 
-    def __init__(self, name: str, key: int, length: int, dtype_code: int):
+    def __init__(self, name: str, key: int, length: int, dtype_code: int, spec=None):
         self.name, self.key, self.shape, self.dtype_code = name, key, (length,), dtype_code
         self.busy = None
+        # compression of what leaves the host (the whole tensor's settings, per slice)
+        self.spec, self.pipes = spec, {}
+        self.comp_wire = spec.to_wire() if spec is not None else []
 
 
 class NetDone:

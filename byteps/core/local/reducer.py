@@ -29,7 +29,7 @@ import time
 import numpy as np
 import zmq
 
-from byteps.core.engine import Handle, Task
+from byteps.core.engine import Handle, Task, comp_pipeline
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir, warn_once
 from byteps.core.node import BytePSError
@@ -165,7 +165,8 @@ class LocalReducer:
             for k in range(self.L):
                 length = sum(b - a for a, b in (seg.slice(j, k) for j in range(seg.C)))
                 name = f"{tensor.name}.slice{k}"
-                sl.append(SliceTensor(name, tensor_key(name), length, tensor.dtype_code))
+                sl.append(SliceTensor(name, tensor_key(name), length, tensor.dtype_code,
+                                      getattr(tensor, "spec", None)))
             self.slice_cache[tensor.name] = sl
         return sl
 
@@ -442,6 +443,9 @@ class LocalReducer:
         task.handle, task.part, task.start, task.length = h, j, 0, b - a
         task.server = (st.key + j) % self.nservers
         task.round, task.src, task.nbytes = op.round, view, view.nbytes
+        task.comp = comp_pipeline(st, j, b - a)
+        if task.comp is not None:
+            task.nbytes = task.comp.frame_bytes
         if op.seg.C > 1:
             self.engine.submit([task])
         else:

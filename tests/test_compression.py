@@ -1,0 +1,74 @@
+"""Gradient compression through real jobs (bpslaunch --standalone, numpy workers).
+
+The compressors themselves are checked against numpy references in
+test_compression_unit.py; here the whole two-level pipeline (worker momentum /
+error feedback / compressor -> server decompress, sum, compress -> worker
+decompress) must equal a single-process reference bit for bit, bytes on the
+wire are counted at the server, and malformed compressed frames from a worker
+with the job's secret are dropped while results stay exact.
+"""
+import json
+
+import pytest
+
+from conftest import assert_ok, read_results, run_script
+
+pytestmark = pytest.mark.timeout(200)
+PARTS = {"BYTEPS_PARTITION_BYTES": 65536}
+
+
+def test_every_compressor_equals_the_reference_pipeline(tmp_path):
+    res = run_script("compress_pushpull.py", tmp_path, "exact", workers=2, servers=2,
+                     timeout=150, **PARTS)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1]
+    for r, o in out.items():
+        assert o["failures"] == [], f"rank {r}: {o['failures']}"
+    b = out[0]["bytes"]
+    raw = 3 * 50_001 * 4
+    assert b["grad.onebit"]["pushed"] == raw
+    assert b["grad.onebit"]["pushed_wire"] < raw / 25          # 1 bit + a scale per part
+    assert b["grad.fp16"]["pushed_wire"] == raw // 2
+    assert b["grad.int8"]["pulled_wire"] < raw / 3.5
+    assert b["grad.topk"]["pushed_wire"] < raw * 0.025
+
+
+def test_ranks_with_different_compression_get_an_error_naming_both(tmp_path):
+    res = run_script("compress_pushpull.py", tmp_path, "mismatch", workers=2, servers=1,
+                     timeout=60)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1], res.stderr
+    for o in out.values():
+        err = o["error"]
+        assert err and "layer.w" in err and "rank 0" in err and "rank 1" in err, err
+        assert "onebit" in err and "topk" in err, err
+        assert o["seconds"] < 10
+        assert "differs from its first use" in o["local_error"]
+
+
+@pytest.mark.parametrize("compressor,limit", [("onebit", 1 / 28), ("topk", 0.025),
+                                              ("none", 1.01)])
+def test_bytes_on_the_wire_counted_at_the_server(tmp_path, compressor, limit):
+    rec = tmp_path / "rec.txt"
+    res = run_script("compress_pushpull.py", tmp_path, "bytes", compressor, workers=2,
+                     servers=1, timeout=60, BYTEPS_TEST_RECORD=rec)
+    assert_ok(res)
+    counts = [json.loads(p.read_text()) for p in tmp_path.glob("rec.txt.bytes.*.json")]
+    assert len(counts) == 1
+    wire = counts[0]["wire_total"]                 # every frame, headers and MACs included
+    raw = 2 * (1 << 20) * 4                        # 2 workers x 4 MB
+    assert wire <= limit * raw, f"{compressor}: {wire} bytes on the wire for {raw} raw"
+    if compressor != "none":
+        assert wire < raw / 10
+
+
+def test_malformed_compressed_frames_are_dropped_and_results_stay_exact(tmp_path):
+    res = run_script("compress_pushpull.py", tmp_path, "hostile", workers=2, servers=2,
+                     timeout=120, BYTEPS_LOG_LEVEL="WARNING", **PARTS)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert out[1]["malformed_sent"] >= 20
+    for r, o in out.items():
+        assert o["failures"] == [], f"rank {r}: {o['failures']}"
+    assert "malformed compressed push" in res.stderr + res.stdout
