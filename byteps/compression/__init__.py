@@ -1,0 +1,13 @@
+"""Gradient compression for byteps: pure numpy, no framework, no network.
+
+``parse(compression_params)`` validates the user's settings (the original BytePS keys) into
+a :class:`Spec`; ``worker_pipeline`` / ``server_pipeline`` build the per-partition state
+that turns float32 gradients into fixed-size frames (``Pipeline.frame_bytes``) and back.
+Each compressor module documents its frame layout.
+"""
+from .base import CompressionError
+from .pipeline import Pipeline, server_pipeline, worker_pipeline
+from .spec import COMPRESSORS, KEYS, Spec, parse
+
+__all__ = ["COMPRESSORS", "KEYS", "CompressionError", "Pipeline", "Spec", "parse",
+           "server_pipeline", "worker_pipeline"]
