@@ -28,8 +28,13 @@ log = logging.getLogger(__name__)
 
 # After a fatal job error a worker's main thread gets this long to notice (any
 # BytePS call raises); then it is interrupted (KeyboardInterrupt), and after
-# as long again the process exits with code 1.
+# as long again the process exits with PEER_FAILED_EXIT.
 EXIT_GRACE_S = 2.0
+
+# Exit code of a process that ended because another process of the job failed
+# (the scheduler's TERMINATE or NODE_DEAD, a dead scheduler).  bpslaunch reports
+# the process that failed for its own reason instead of these.
+PEER_FAILED_EXIT = 86
 
 
 class BytePSError(RuntimeError):
@@ -68,6 +73,7 @@ class SchedulerLink:
         if identity is None:     # unguessable: the scheduler hands over routing ids
             identity = f"{role[0]}/{os.getpid()}/".encode() + secrets.token_hex(8).encode()
         self.sock = transport.connect(ctx, self.address, identity)
+        _install_excepthook()
         self.watch = transport.ConnWatch(self.sock)
         self.down_since: float | None = None
         self.node_id = -1
@@ -130,6 +136,7 @@ class SchedulerLink:
             if hdr is None:
                 continue
             if hdr.op in (Op.TERMINATE, Op.NODE_DEAD):
+                note_job_failed(str(hdr.body.get("reason", "?")))
                 raise BytePSError(f"{what}: the job ended before it formed: "
                                   f"{hdr.body.get('reason', '?')}")
             if hdr.op == Op.REFUSED:
@@ -208,6 +215,80 @@ def held_tensors(held: dict, limit: int = 20) -> str:
 
 
 _EXITING = threading.Event()
+_JOB_FAILED = threading.Event()
+_HOOKED = False
+
+
+def note_job_failed(reason: str) -> None:
+    """This process learned that the job failed elsewhere: it ends with PEER_FAILED_EXIT.
+
+    Under bpslaunch the reason is also left in ``$BPSLAUNCH_STATUS_DIR/reason.<pid>``
+    for its report.
+    """
+    if _JOB_FAILED.is_set():
+        return
+    _JOB_FAILED.set()
+    leave_reason(reason)
+
+
+def leave_reason(reason: str) -> None:
+    """Tell bpslaunch (``$BPSLAUNCH_STATUS_DIR``) why this process ends the job."""
+    folder = os.environ.get("BPSLAUNCH_STATUS_DIR")
+    if folder:
+        try:
+            with open(os.path.join(folder, f"reason.{os.getpid()}"), "w") as f:
+                f.write(reason[:4000])
+        except OSError:
+            pass
+
+
+def failure_exit_code() -> int:
+    """PEER_FAILED_EXIT once the job failed elsewhere, else 1."""
+    return PEER_FAILED_EXIT if _JOB_FAILED.is_set() else 1
+
+
+def _install_excepthook() -> None:
+    """An uncaught BytePSError (or the watchdog's KeyboardInterrupt) caused by a failure
+    elsewhere ends the process with PEER_FAILED_EXIT instead of Python's 1."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
+    prev = sys.excepthook
+
+    def hook(tp, val, tb):
+        prev(tp, val, tb)
+        # the engine fails the handles a moment before it notes the failure: wait briefly
+        if _from_job_failure(val) and _JOB_FAILED.wait(1.0):
+            _exit_now(PEER_FAILED_EXIT)
+    sys.excepthook = hook
+
+
+def _from_job_failure(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, (BytePSError, KeyboardInterrupt)):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _exit_now(code: int) -> None:
+    """Run the exit handlers (they tell the scheduler, remove segments), then exit."""
+    import atexit
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        _say_flush()
+        os._exit(code)
+
+
+def _say_flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 def end_process_later(what: str, err: BaseException, grace: float = EXIT_GRACE_S) -> None:
@@ -222,6 +303,7 @@ def end_process_later(what: str, err: BaseException, grace: float = EXIT_GRACE_S
     if _EXITING.is_set():
         return
     _EXITING.set()
+    note_job_failed(str(err))
 
     def run() -> None:
         time.sleep(grace)
@@ -233,8 +315,10 @@ def end_process_later(what: str, err: BaseException, grace: float = EXIT_GRACE_S
             except (OSError, ValueError):
                 pass
             time.sleep(grace)
-        _say(f"{what}: the job failed ({err}); exiting this worker process with code 1")
-        os._exit(1)
+        _say(f"{what}: the job failed ({err}); exiting this worker process with code "
+             f"{PEER_FAILED_EXIT}")
+        _say_flush()
+        os._exit(PEER_FAILED_EXIT)
 
     threading.Thread(target=run, name="byteps-exit-watchdog", daemon=True).start()
 

@@ -1,13 +1,14 @@
 """bpslaunch: start BytePS roles from DMLC_* variables, or a whole job on one machine.
 
-    bpslaunch python train.py                         # role from DMLC_ROLE
+    bpslaunch -np 2 python train.py                  # one machine: scheduler, 1 server, 2 workers
     bpslaunch --standalone --num-workers 2 --num-servers 2 python train.py
     bpslaunch --standalone --hosts 2 --local-size 2 --num-servers 2 python train.py
+    DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch --local-size 8 python train.py  # cluster
 
-Every child runs in its own process group and dies with bpslaunch
-(PR_SET_PDEATHSIG).  When any process fails, the job is ended within seconds,
-the first failure is reported with its role, rank, host and exit code, and
-bpslaunch exits non-zero.
+Every child runs in its own process group and dies with bpslaunch.  When a
+process fails, the job is ended within seconds and the last line names the
+root cause: the process that failed for its own reason, with the scheduler's
+reason (processes that ended only because of it exit with code 86).
 """
 from __future__ import annotations
 
@@ -16,125 +17,14 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 
-from byteps.core.config import Config, ConfigError
+from byteps.core.config import NAMES_CHECKED, Config, ConfigError, name_report
+from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
 
-
-def _pdeathsig() -> None:
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def _child_setup(cpus: list[int] | None):
-    """preexec_fn: die with bpslaunch; bind to the NUMA node's cores (BYTEPS_NUMA_ON)."""
-    parent = os.getpid()
-
-    def setup() -> None:
-        _pdeathsig()
-        if os.getppid() != parent:      # bpslaunch died before prctl took effect
-            os._exit(1)
-        if cpus:
-            try:
-                os.sched_setaffinity(0, sorted(set(cpus) & os.sched_getaffinity(0)) or cpus)
-            except OSError:
-                pass
-    return setup
-
-
-class Proc:
-    def __init__(self, what: str, argv: list[str], env: dict, critical: bool,
-                 cpus: list[int] | None = None):
-        self.what, self.critical = what, critical
-        self.p = subprocess.Popen(argv, env=env, start_new_session=True,
-                                  preexec_fn=_child_setup(cpus))
-
-    def kill(self, sig: int) -> None:
-        try:
-            os.killpg(self.p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _describe_code(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
-class Job:
-    """A set of child processes supervised together."""
-
-    def __init__(self):
-        self.procs: list[Proc] = []
-        self.stopping = False
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
-
-    def _on_signal(self, signum, _frame) -> None:
-        self.stopping = True
-        print(f"bpslaunch: received {signal.Signals(signum).name}; ending the job",
-              file=sys.stderr, flush=True)
-        self.terminate()
-        sys.exit(128 + signum)
-
-    def start(self, what: str, argv: list[str], env: dict, critical: bool = True,
-              cpus: list[int] | None = None) -> Proc:
-        p = Proc(what, argv, env, critical, cpus)
-        self.procs.append(p)
-        return p
-
-    def terminate(self, grace: float = 3.0) -> None:
-        for p in self.procs:
-            if p.p.poll() is None:
-                p.kill(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.p.poll() is None for p in self.procs):
-            time.sleep(0.05)
-        for p in self.procs:
-            p.kill(signal.SIGKILL)       # also reaps grandchildren of the group
-            try:
-                p.p.wait(2)
-            except subprocess.TimeoutExpired:
-                pass
-
-    def supervise(self, workers: list[Proc], services: list[Proc]) -> int:
-        """Wait for the workers; end everything on the first failure."""
-        while True:
-            failed = [p for p in self.procs if p.p.poll() not in (None, 0)]
-            # a process killed by a signal is the likely first cause: report it first
-            failed.sort(key=lambda p: p.p.returncode >= 0)
-            if failed:
-                p, code = failed[0], failed[0].p.returncode
-                first = f"{p.what} (pid {p.p.pid}) failed with {_describe_code(code)}"
-                print(f"bpslaunch: {first}; ending the job", file=sys.stderr, flush=True)
-                self.terminate()
-                # repeated last, so that follow-on errors of other processes do not bury it
-                print(f"bpslaunch: job failed; first failure: {first}", file=sys.stderr,
-                      flush=True)
-                return code if code > 0 else 128 - code
-            if all(w.p.poll() == 0 for w in workers):
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline and any(s.p.poll() is None for s in services):
-                    time.sleep(0.05)
-                bad = [s for s in services if s.p.poll() not in (0, None)]
-                self.terminate(grace=1.0)
-                for s in bad:
-                    print(f"bpslaunch: {s.what} failed with {_describe_code(s.p.returncode)}",
-                          file=sys.stderr, flush=True)
-                return 1 if bad else 0
-            time.sleep(0.05)
+DIST = "byteps-ps"     # the distribution name (``import byteps`` stays)
 
 
 def free_port() -> int:
@@ -152,6 +42,39 @@ def local_size_from_env(arg: int | None) -> int:
     if vis and vis not in ("all", "none", "void"):
         return len([d for d in vis.split(",") if d.strip()])
     return 1
+
+
+def check_command(cmd: list[str], env) -> None:
+    """Raise LaunchError (one line) when the program to run does not exist."""
+    prog = cmd[0]
+    if os.sep in prog:
+        if not os.path.exists(prog):
+            raise LaunchError(f"{prog}: no such file")
+        if os.path.isdir(prog) or not os.access(prog, os.X_OK):
+            raise LaunchError(f"{prog}: permission denied (not an executable file)", 126)
+    elif shutil.which(prog, path=env.get("PATH", os.defpath)) is None:
+        raise LaunchError(f"{prog}: command not found")
+
+
+def check_config(envs: dict[str, dict]) -> None:
+    """Validate the configuration of each role once, before anything starts (raises
+    ConfigError), and report unknown or unneeded variable names once for the whole job."""
+    for role, env in envs.items():
+        Config.from_env(env, role=role, warn_unknown=False)
+    unknown, original = name_report(next(iter(envs.values())))
+    for text in unknown:
+        say(f"warning: {text}")
+    if original:
+        say(f"note: {', '.join(original)}: variable(s) of the original BytePS or ps-lite that "
+            f"this implementation does not need; ignored")
+
+
+def _tagging(flag: bool | None, workers: int) -> bool:
+    """Prefix worker output with the rank: forced by --tag-output/--no-tag-output, else
+    when more than one worker writes to a terminal."""
+    if flag is not None:
+        return flag
+    return workers > 1 and (sys.stdout.isatty() or sys.stderr.isatty())
 
 
 def standalone(args, cmd: list[str]) -> int:
@@ -174,28 +97,50 @@ def standalone(args, cmd: list[str]) -> int:
                 BYTEPS_JOB_SECRET=base.get("BYTEPS_JOB_SECRET") or secrets.token_hex(16),
                 BYTEPS_FORCE_DISTRIBUTED="1")
     base.pop("DMLC_NODE_HOST", None)
-    summaries = tempfile.mkdtemp(prefix="bpslaunch-summary-")
-    base["BPSLAUNCH_SUMMARY_DIR"] = summaries
-    job = Job()
-    py = sys.executable
-    services = [job.start("scheduler", [py, "-m", "byteps.scheduler"],
-                          dict(base, DMLC_ROLE="scheduler"))]
-    for i in range(args.num_servers):
-        services.append(job.start(f"server {i}", [py, "-m", "byteps.server"],
-                                  dict(base, DMLC_ROLE="server")))
-    workers = []
-    for h in range(hosts):
-        for lr in range(local):
-            env = dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(h),
-                       BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local),
-                       BYTEPS_EMULATED_HOST=f"host{h}")
-            workers.append(job.start(f"worker rank {h * local + lr} (host host{h}, local rank "
-                                     f"{lr})", cmd, env, cpus=_numa_cpus(lr, local, base)))
+
+    def worker_env(h: int, lr: int) -> dict:
+        return dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(h), BYTEPS_LOCAL_RANK=str(lr),
+                    BYTEPS_LOCAL_SIZE=str(local), BYTEPS_EMULATED_HOST=f"host{h}")
     try:
+        check_config({"scheduler": dict(base, DMLC_ROLE="scheduler"),
+                      "server": dict(base, DMLC_ROLE="server"), "worker": worker_env(0, 0)})
+        check_command(cmd, base)
+    except ConfigError as exc:
+        say(str(exc))
+        return 2
+    except LaunchError as exc:
+        say(str(exc))
+        return exc.code
+    tag = _tagging(args.tag_output, hosts * local)
+    summaries = tempfile.mkdtemp(prefix="bpslaunch-summary-")
+    base.update({NAMES_CHECKED: "1", "BPSLAUNCH_SUMMARY_DIR": summaries,
+                 "BPSLAUNCH_STATUS_DIR": summaries})
+    py = sys.executable
+    job = Job(status_dir=summaries)
+    try:
+        job.scheduler = job.start("scheduler", [py, "-m", "byteps.launcher._scheduler"],
+                                  dict(base, DMLC_ROLE="scheduler"))
+        services = [job.scheduler]
+        for i in range(args.num_servers):
+            services.append(job.start(f"server {i}", [py, "-m", "byteps.server"],
+                                      dict(base, DMLC_ROLE="server")))
+        workers = []
+        for h in range(hosts):
+            for lr in range(local):
+                rank = h * local + lr
+                workers.append(job.start(
+                    f"worker rank {rank} (host host{h}, local rank {lr})", cmd,
+                    worker_env(h, lr), cpus=_numa_cpus(lr, local, base),
+                    tag=f"worker {rank}" if tag else None))
         return job.supervise(workers, services)
+    except LaunchError as exc:          # checked above; a race (the file went away) lands here
+        job.terminate(grace=1.0)
+        say(str(exc))
+        return exc.code
     finally:
         print_summaries(summaries)
         _remove_shm(base, None)
+        job.say_last()
 
 
 def print_summaries(folder: str) -> None:
@@ -203,6 +148,8 @@ def print_summaries(folder: str) -> None:
     from byteps.core.timeline import format_summary
     docs = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not name.endswith(".json"):
+            continue
         try:
             with open(os.path.join(folder, name)) as f:
                 doc = json.load(f)
@@ -218,10 +165,15 @@ def print_summaries(folder: str) -> None:
 
 def role_mode(args, cmd: list[str]) -> int:
     role = os.environ.get("DMLC_ROLE", "worker")
+    local = local_size_from_env(args.local_size) if role == "worker" else 1
+    env0 = dict(os.environ, BYTEPS_LOCAL_RANK="0", BYTEPS_LOCAL_SIZE=str(local)) \
+        if role == "worker" else dict(os.environ)
     try:
-        cfg = Config.from_env(role=role)
+        check_config({role: env0})
+        cfg = Config.from_env(role=role, warn_unknown=False)
     except ConfigError as exc:
-        raise SystemExit(f"bpslaunch: {exc}")
+        say(str(exc))
+        return 2
     if role == "scheduler":
         from byteps.scheduler import main
         return main(cfg)
@@ -230,18 +182,33 @@ def role_mode(args, cmd: list[str]) -> int:
         return main(cfg)
     if not cmd:
         raise SystemExit("bpslaunch: DMLC_ROLE=worker needs a command to run")
-    local = local_size_from_env(args.local_size)
-    job = Job()
+    try:
+        check_command(cmd, os.environ)
+    except LaunchError as exc:
+        say(str(exc))
+        return exc.code
+    tag = _tagging(args.tag_output, local)
+    status = tempfile.mkdtemp(prefix="bpslaunch-status-")
+    job = Job(status_dir=status, in_cluster=True)
     workers = []
     wid = os.environ.get("DMLC_WORKER_ID", "?")
-    for lr in range(local):
-        env = dict(os.environ, BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local))
-        workers.append(job.start(f"worker (DMLC_WORKER_ID={wid}, host {cfg.node_host}, local "
-                                 f"rank {lr})", cmd, env, cpus=_numa_cpus(lr, local, os.environ)))
     try:
+        for lr in range(local):
+            env = dict(os.environ, BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local),
+                       BPSLAUNCH_STATUS_DIR=status, **{NAMES_CHECKED: "1"})
+            workers.append(job.start(
+                f"worker (DMLC_WORKER_ID={wid}, host {cfg.node_host}, local rank {lr})", cmd,
+                env, cpus=_numa_cpus(lr, local, os.environ),
+                tag=f"local rank {lr}" if tag else None))
         return job.supervise(workers, [])
+    except LaunchError as exc:
+        job.terminate(grace=1.0)
+        say(str(exc))
+        return exc.code
     finally:
+        shutil.rmtree(status, ignore_errors=True)
         _remove_shm(os.environ, cfg.host_id)
+        job.say_last()
 
 
 def _numa_cpus(local_rank: int, local_size: int, env) -> list[int] | None:
@@ -252,7 +219,7 @@ def _numa_cpus(local_rank: int, local_size: int, env) -> list[int] | None:
     try:
         return worker_cpus(local_rank, local_size, setting)
     except (OSError, ValueError) as exc:
-        print(f"bpslaunch: NUMA binding skipped: {exc}", file=sys.stderr, flush=True)
+        say(f"NUMA binding skipped: {exc}")
         return None
 
 
@@ -263,34 +230,71 @@ def _remove_shm(env, host_id: str | None) -> None:
     prefix = host_prefix(job, host_id) if host_id is not None else job_prefix(job)
     gone = remove_prefix(shm_dir(env.get("BYTEPS_SHM_DIR")), prefix)
     if gone:
-        print(f"bpslaunch: removed {len(gone)} shared-memory file(s) of job {job!r} left by "
-              f"ended workers", file=sys.stderr, flush=True)
+        say(f"removed {len(gone)} shared-memory file(s) of job {job!r} left by ended workers")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version(DIST)
+    except Exception:
+        from byteps import __version__
+        return __version__
+
+
+def parser() -> argparse.ArgumentParser:
+    from byteps.launcher.envhelp import env_help
+    ap = argparse.ArgumentParser(prog="bpslaunch", description=__doc__, epilog=env_help(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"bpslaunch {_version()} ({DIST})")
+    ap.add_argument("--standalone", action="store_true",
+                    help="start scheduler, servers and workers on this machine (implied by "
+                         "-n/-s/--hosts when DMLC_ROLE is not set)")
+    ap.add_argument("--num-workers", "-n", "-np", type=int, default=0,
+                    help="worker processes in total (standalone)")
+    ap.add_argument("--num-servers", "-s", type=int, default=None,
+                    help="servers (standalone; default 1)")
+    ap.add_argument("--hosts", type=int, default=0, help="emulated worker hosts (standalone)")
+    ap.add_argument("--local-size", type=int, default=0, help="worker processes per host")
+    ap.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=None,
+                    help="prefix each output line of a worker with [worker RANK] (default: on "
+                         "when more than one worker writes to a terminal)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bpslaunch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--standalone", action="store_true",
-                    help="start scheduler, servers and workers on this machine")
-    ap.add_argument("--num-workers", "-n", type=int, default=0,
-                    help="worker processes in total (standalone)")
-    ap.add_argument("--num-servers", "-s", type=int, default=1, help="servers (standalone)")
-    ap.add_argument("--hosts", type=int, default=0, help="emulated worker hosts (standalone)")
-    ap.add_argument("--local-size", type=int, default=0, help="worker processes per host")
-    ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    ap = parser()
     args = ap.parse_args(argv)
     cmd = args.command
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    servers_given = args.num_servers is not None
+    if args.num_servers is None:
+        args.num_servers = 1
     for v in ("num_workers", "num_servers", "hosts", "local_size"):
         if getattr(args, v) < 0:
             ap.error(f"--{v.replace('_', '-')} must be >= 0")
+    whole_job = bool(args.num_workers or args.hosts or servers_given)
+    role = os.environ.get("DMLC_ROLE")
+    if not args.standalone and whole_job:
+        if role:
+            ap.error(f"-n/--num-workers, -s/--num-servers and --hosts start a whole job on this "
+                     f"machine, but DMLC_ROLE={role} is set; unset it, or use --local-size for "
+                     f"the workers of this machine")
+        args.standalone = True
     if args.standalone:
         if not cmd:
             ap.error("--standalone needs a command to run")
         if args.num_servers < 1:
             ap.error("--num-servers must be >= 1")
         return standalone(args, cmd)
+    if not role and not cmd:
+        ap.print_usage(sys.stderr)
+        print("bpslaunch: nothing to run. On one machine: bpslaunch -np 2 python train.py; "
+              "on a cluster set DMLC_ROLE and the other DMLC_* variables. bpslaunch --help "
+              "lists the options and variables.", file=sys.stderr)
+        return 2
     return role_mode(args, cmd)
 
 

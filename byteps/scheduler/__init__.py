@@ -22,7 +22,8 @@ import zmq
 from byteps import transport
 from byteps.core.config import Config
 from byteps.core.config import scheduler_listen_host as _bind_host
-from byteps.core.node import BytePSError, describe, down_grace, require_secret
+from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
+                              require_secret)
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
 
@@ -373,7 +374,9 @@ class Scheduler:
             self.linger_until = time.monotonic() + self.cfg.startup_timeout
             self.told.update(self.servers, self.workers)
             return
-        self.exit_code = 1
+        # a node that died or failed is the root cause; a job the scheduler itself ends
+        # (start-up timeout, stall) is its own failure
+        self.exit_code = PEER_FAILED_EXIT if dead else 1
 
     def check_time(self, now: float) -> None:
         if self.linger_reason is not None:

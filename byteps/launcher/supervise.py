@@ -1,0 +1,270 @@
+"""bpslaunch's children: start them, tag their output, supervise them, name the root cause.
+
+Every child runs in its own process group and dies with bpslaunch
+(PR_SET_PDEATHSIG).  A child that ends with ``PEER_FAILED_EXIT`` was told that
+another process of the job failed; the *root cause* is the first child that
+failed for its own reason (an exit code other than 0 and ``PEER_FAILED_EXIT``,
+or a signal), reported last together with the reason the scheduler gave.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from byteps.core.node import PEER_FAILED_EXIT
+
+# After the first process ended because of a failure elsewhere, wait this long for the
+# process that failed for its own reason (still tearing down) before ending the job.
+ROOT_CAUSE_WAIT_S = 10.0
+_OUT_LOCK = threading.Lock()
+
+
+class LaunchError(Exception):
+    """A child could not be started (a missing or non-executable program)."""
+
+    def __init__(self, text: str, code: int = 127):
+        super().__init__(text)
+        self.code = code        # bpslaunch's exit code, as a shell's (127: not found)
+
+
+def _pdeathsig() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _child_setup(cpus: list[int] | None):
+    """preexec_fn: die with bpslaunch; bind to the NUMA node's cores (BYTEPS_NUMA_ON)."""
+    parent = os.getpid()
+
+    def setup() -> None:
+        _pdeathsig()
+        if os.getppid() != parent:      # bpslaunch died before prctl took effect
+            os._exit(1)
+        if cpus:
+            try:
+                os.sched_setaffinity(0, sorted(set(cpus) & os.sched_getaffinity(0)) or cpus)
+            except OSError:
+                pass
+    return setup
+
+
+def _pump(pipe, out, prefix: bytes) -> None:
+    """Copy a child's output line by line to ``out``, each line behind ``prefix``."""
+    try:
+        for line in iter(pipe.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with _OUT_LOCK:
+                try:
+                    out.write(prefix + line)
+                    out.flush()
+                except (OSError, ValueError):
+                    pass
+    finally:
+        pipe.close()
+
+
+class Proc:
+    """One child process; with ``tag``, its output lines are prefixed ``[tag] ``."""
+
+    def __init__(self, what: str, argv: list[str], env: dict, critical: bool,
+                 cpus: list[int] | None = None, tag: str | None = None):
+        self.what, self.critical = what, critical
+        self.seen_exit: float | None = None
+        pipe = subprocess.PIPE if tag else None
+        if tag and "PYTHONUNBUFFERED" not in env:
+            env = dict(env, PYTHONUNBUFFERED="1")   # a pipe would buffer lines for minutes
+        try:
+            self.p = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe,
+                                      stderr=pipe, preexec_fn=_child_setup(cpus))
+        except FileNotFoundError:
+            raise LaunchError(f"{argv[0]}: command not found") from None
+        except PermissionError:
+            raise LaunchError(f"{argv[0]}: permission denied (not an executable file)",
+                              126) from None
+        except OSError as exc:
+            raise LaunchError(f"{argv[0]}: cannot start it: {exc.strerror or exc}") from None
+        self.pumps = []
+        if tag:
+            prefix = f"[{tag}] ".encode()
+            for src, dst in ((self.p.stdout, sys.stdout.buffer),
+                             (self.p.stderr, sys.stderr.buffer)):
+                t = threading.Thread(target=_pump, args=(src, dst, prefix), daemon=True,
+                                     name=f"bpslaunch-output-{tag}")
+                t.start()
+                self.pumps.append(t)
+
+    def kill(self, sig: int) -> None:
+        try:
+            os.killpg(self.p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def describe_code(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    if code == PEER_FAILED_EXIT:
+        return f"exit code {code} (another process of the job failed)"
+    return f"exit code {code}"
+
+
+def _own_failure(code: int | None) -> bool:
+    return code not in (None, 0, PEER_FAILED_EXIT)
+
+
+def say(text: str) -> None:
+    with _OUT_LOCK:
+        print(f"bpslaunch: {text}", file=sys.stderr, flush=True)
+
+
+class Job:
+    """A set of child processes supervised together."""
+
+    def __init__(self, status_dir: str | None = None, in_cluster: bool = False):
+        self.procs: list[Proc] = []
+        self.status_dir = status_dir
+        self.in_cluster = in_cluster      # other processes of the job run elsewhere
+        self.scheduler: Proc | None = None
+        self.last_words: str | None = None
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, _frame) -> None:
+        say(f"received {signal.Signals(signum).name}; ending the job")
+        self.terminate()
+        sys.exit(128 + signum)
+
+    def start(self, what: str, argv: list[str], env: dict, critical: bool = True,
+              cpus: list[int] | None = None, tag: str | None = None) -> Proc:
+        p = Proc(what, argv, env, critical, cpus, tag)
+        self.procs.append(p)
+        return p
+
+    def terminate(self, grace: float = 3.0) -> None:
+        for p in self.procs:
+            if p.p.poll() is None:
+                p.kill(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.p.poll() is None for p in self.procs):
+            time.sleep(0.05)
+        for p in self.procs:
+            p.kill(signal.SIGKILL)       # also reaps grandchildren of the group
+            try:
+                p.p.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+        self.drain()
+
+    def drain(self, timeout: float = 2.0) -> None:
+        """Let the output of ended children reach the terminal (before the last line)."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            for t in p.pumps:
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    def _note_exits(self, order: list[Proc]) -> None:
+        now = time.monotonic()
+        fresh = [p for p in self.procs if p.seen_exit is None and p.p.poll() is not None]
+        fresh.sort(key=lambda p: p.p.returncode >= 0)   # a signal death first
+        for p in fresh:
+            p.seen_exit = now
+            order.append(p)
+
+    def supervise(self, workers: list[Proc], services: list[Proc]) -> int:
+        """Wait for the workers; end everything on the first failure and name its root cause."""
+        order: list[Proc] = []            # children in the order their exit was seen
+        ending_since = None
+        while True:
+            self._note_exits(order)
+            root = next((p for p in order if _own_failure(p.p.returncode)), None)
+            if root is not None:
+                return self._fail(root, order)
+            if any(p.p.returncode == PEER_FAILED_EXIT for p in order):
+                ending_since = ending_since or time.monotonic()
+                if len(order) == len(self.procs) or \
+                        time.monotonic() - ending_since > ROOT_CAUSE_WAIT_S:
+                    return self._fail(None, order)
+            elif all(w.p.poll() == 0 for w in workers):
+                return self._finish(services)
+            time.sleep(0.05)
+
+    def _finish(self, services: list[Proc]) -> int:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(s.p.poll() is None for s in services):
+            time.sleep(0.05)
+        bad = [s for s in services if s.p.poll() not in (0, None)]
+        self.terminate(grace=1.0)
+        for s in bad:
+            say(f"{s.what} failed with {describe_code(s.p.returncode)}")
+        return 1 if bad else 0
+
+    def _fail(self, root: Proc | None, order: list[Proc]) -> int:
+        if root is not None:
+            first = f"{root.what} (pid {root.p.pid}) failed with {describe_code(root.p.returncode)}"
+        else:
+            first = (f"{order[0].what} (pid {order[0].p.pid}) ended because another process "
+                     f"of the job failed")
+        say(f"{first}; ending the job")
+        self._wait_for_scheduler_reason()
+        self.terminate()
+        # said last (by the caller, after its clean-up), so that follow-on errors of other
+        # processes do not bury it
+        self.last_words = f"job failed; root cause: {self.root_cause(root)}"
+        if root is not None:
+            code = root.p.returncode
+            return code if code > 0 else 128 - code
+        return PEER_FAILED_EXIT if self.in_cluster else 1
+
+    def _wait_for_scheduler_reason(self, limit: float = 2.0) -> None:
+        """The scheduler tells everyone first and then leaves its reason: give it a moment."""
+        sched = self.scheduler
+        deadline = time.monotonic() + limit
+        while sched is not None and sched.p.poll() is None and time.monotonic() < deadline \
+                and sched.p.pid not in self.reasons():
+            time.sleep(0.05)
+
+    def say_last(self) -> None:
+        """Print the root-cause line (if the job failed) as bpslaunch's last line."""
+        if self.last_words:
+            say(self.last_words)
+            self.last_words = None
+
+    def reasons(self) -> dict[int, str]:
+        """{pid: reason} that children left in the status folder (byteps.core.node)."""
+        out: dict[int, str] = {}
+        folder = self.status_dir
+        for name in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
+            if name.startswith("reason.") and name[7:].isdigit():
+                try:
+                    with open(os.path.join(folder, name), errors="replace") as f:
+                        out[int(name[7:])] = f.read().strip()
+                except OSError:
+                    pass
+        return out
+
+    def root_cause(self, root: Proc | None) -> str:
+        reasons = self.reasons()
+        said = reasons.get(self.scheduler.p.pid) if self.scheduler is not None else None
+        if root is not None:
+            text = f"{root.what} (pid {root.p.pid}) failed with {describe_code(root.p.returncode)}"
+            if root is self.scheduler and said:
+                return f"the scheduler (pid {root.p.pid}) ended the job: {said}"
+            return f"{text}; the scheduler: {said}" if said else text
+        if said:
+            return f"the scheduler ended the job: {said}"
+        told = next((r for pid, r in reasons.items()), None)
+        where = "another machine" if self.in_cluster else "a process of the job"
+        text = (f"every process of this bpslaunch ended because {where} failed (exit code "
+                f"{PEER_FAILED_EXIT})")
+        return f"{text}: {told}" if told else f"{text}; see the scheduler's log for the reason"
