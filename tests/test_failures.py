@@ -158,7 +158,8 @@ def test_sigstop_worker_warns_then_finishes(cluster):
 
 
 def test_stall_shutdown_names_missing_rank_and_tensor(cluster):
-    # rank 1 stops calling BytePS and ignores SIGINT: its exit watchdog must end it (code 1)
+    # rank 1 stops calling BytePS and ignores SIGINT: its exit watchdog must end it (code 86:
+    # ended because of a failure elsewhere)
     c = cluster(workers=2, servers=1, args=(FOREVER, "idle:1:3:ignore"),
                 BYTEPS_STALL_WARNING_S=0.5, BYTEPS_STALL_SHUTDOWN_S=2)
     c.wait_files("idle.rank1", 1)
@@ -172,9 +173,13 @@ def test_stall_shutdown_names_missing_rank_and_tensor(cluster):
     assert "layer" in err or "bias" in err, err
     assert "partition(s)" in c.log("server0"), c.log("server0")[-3000:]
     text = c.log("worker1")
-    assert "exiting this worker process with code 1" in text, text[-3000:]
-    last = text.strip().splitlines()[-3:]
-    assert any(x.startswith("bpslaunch: job failed; first failure:") for x in last), last
+    assert "exiting this worker process with code 86" in text, text[-3000:]
+    # its bpslaunch ends with the root cause: not here, the job was ended by the scheduler
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("bpslaunch: job failed; root cause: every process of this "
+                           "bpslaunch ended because another machine failed"), last
+    assert "BYTEPS_STALL_SHUTDOWN_S=2" in last, last
+    assert c.procs["worker1"].returncode == 86 and c.procs["scheduler"].returncode == 1
     assert_gone(c)
 
 
