@@ -22,37 +22,83 @@ def _value(x) -> float:
 
 
 class BroadcastGlobalVariablesCallbackImpl:
-    """Make every rank start from rank ``root_rank``'s model and optimizer state."""
+    """Make every rank start from rank ``root_rank``'s model and optimizer state.
+
+    What exists when training begins is broadcast then, so that even the first
+    gradients come from identical weights.  A model built lazily (a ``Sequential``
+    without an input shape) and the optimizer's slots only get their variables in
+    the first step: like Horovod, everything is broadcast again right after that
+    step, before the second update.  That is done by wrapping ``model.train_function``
+    for one call rather than by a batch hook, so Keras 3 keeps its asynchronous
+    callback dispatch.
+    """
 
     def __init__(self, backend, root_rank: int, device: str = "", *args):
         super().__init__(*args)
         self.backend, self.root_rank, self.device = backend, root_rank, device
         self.broadcast_done = False
+        self._train = None          # the model's own train_function while ours wraps it
 
-    def _broadcast(self) -> bool:
-        model = self.model
-        opt = getattr(model, "optimizer", None)
+    def _model_variables(self) -> list:
+        try:
+            return list(self.model.variables)
+        except ValueError:          # tf-keras: "Weights for model ... not yet created"
+            return []
+
+    def _complete(self) -> bool:
+        """Whether every variable the first step would create exists already."""
+        model, opt = self.model, getattr(self.model, "optimizer", None)
+        return (bool(getattr(model, "built", True)) and bool(self._model_variables())
+                and (opt is None or _is_built(opt)))
+
+    def _broadcast(self) -> None:
+        opt = getattr(self.model, "optimizer", None)
         seen, variables = set(), []
-        for v in list(model.variables) + optimizer_variables(opt):
+        for v in self._model_variables() + optimizer_variables(opt):
             if id(v) not in seen:
                 seen.add(id(v))
                 variables.append(v)
         with tf.device(self.device):
             _ops_broadcast(variables, self.root_rank)
-        return bool(model.variables) and (opt is None or _is_built(opt))
+
+    def _broadcast_after_first_step(self) -> None:
+        model = self.model
+        train = getattr(model, "train_function", None)
+        if train is None:       # not a Keras fit loop we know: the batch-end hook, if any
+            return
+        self._train = train
+
+        def first_step(*args, **kwargs):
+            self._restore()
+            logs = train(*args, **kwargs)
+            self._broadcast()
+            self.broadcast_done = True
+            return logs
+        model.train_function = first_step
+
+    def _restore(self) -> None:
+        if self._train is not None:
+            self.model.train_function, self._train = self._train, None
 
     def on_train_begin(self, logs=None):
-        if core.size() > 1:
-            self.broadcast_done = self._broadcast()
-        else:
+        if core.size() == 1 or self.broadcast_done:
             self.broadcast_done = True
+            return
+        self._broadcast()
+        if self._complete():
+            self.broadcast_done = True
+        else:
+            self._broadcast_after_first_step()
+
+    def on_train_end(self, logs=None):
+        self._restore()                      # fit() ended before its first step
 
 
 class BroadcastAfterFirstBatchMixin:
-    """tf-keras builds optimizers (and unbuilt models) in the first step: broadcast after it.
+    """tf-keras: a batch-end fallback for fit loops without a ``train_function`` to wrap.
 
-    Keras 3 builds both before ``on_train_begin``; leaving batch hooks out there
-    keeps Keras 3's asynchronous callback dispatch on.
+    Keras 3 has none: a batch-end hook there would turn off its asynchronous
+    callback dispatch.
     """
 
     def on_batch_end(self, batch, logs=None):
