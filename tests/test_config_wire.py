@@ -38,7 +38,7 @@ def test_cluster_config_parses_every_variable():
     ("DMLC_PS_ROOT_PORT", "70000", "must be <= 65535"),
     ("DMLC_ROLE", "boss", "must be one of worker, server, scheduler"),
     ("BYTEPS_ENABLE_ASYNC", "maybe", "expected 0 or 1"),
-    ("BYTEPS_PARTITION_BYTES", "-5", "must be >= 64"),
+    ("BYTEPS_PARTITION_BYTES", "-5", "must be >= 1"),
     ("DMLC_WORKER_ID", "2", "must be < DMLC_NUM_WORKER=2"),
 ])
 def test_malformed_values_name_variable_value_and_example(name, value, needle):

@@ -218,12 +218,18 @@ def _comp_change(st: _State, name: str, old, new) -> str:
             f"use ({d(old)}); a name keeps its compression settings")
 
 
+def _partition(st: _State, arr: np.ndarray, name: str) -> int:
+    """Partition size of a tensor the engine pushes itself (with local reduction the
+    reducer cuts it, and warns where the size is capped)."""
+    return st.cfg.partition_size(arr.nbytes if st.local is None else 0, name)
+
+
 def _tensor(st: _State, name: str, arr: np.ndarray, params=None) -> Tensor:
     t = st.tensors.get(name)
     if t is None:
         spec = _spec(name, params) if params else st.declared.get(name)
-        t = st.tensors[name] = Tensor(name, arr, st.cfg.partition_bytes, st.nservers, spec,
-                                      st.cfg.min_compress_bytes)
+        t = st.tensors[name] = Tensor(name, arr, _partition(st, arr, name),
+                                      st.nservers, spec, st.cfg.min_compress_bytes)
     elif t.shape != tuple(arr.shape) or t.dtype != arr.dtype:
         raise BytePSError(f"tensor {name!r} on rank {st.rank}: shape {tuple(arr.shape)} "
                           f"{arr.dtype} differs from its first use {t.shape} {t.dtype}; a "

@@ -16,6 +16,9 @@ import warnings
 from typing import Mapping
 
 ROLES = ("worker", "server", "scheduler")
+MSG_HEADROOM = 4096     # bytes of a message left for headers when partitions are capped
+_PARTITION_WARNED: list[str] = []
+log = logging.getLogger("byteps.config")
 LOG_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
               "WARNING": logging.WARNING, "WARN": logging.WARNING,
               "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
@@ -216,7 +219,23 @@ class Config:
     @property
     def credit_bytes(self) -> int:
         """Bytes allowed in flight per worker (credit partitions x partition size)."""
-        return max(1, self.scheduling_credit) * self.partition_bytes
+        return max(1, self.scheduling_credit) * self.partition_size()
+
+    def partition_size(self, nbytes: int = 0, name: str = "") -> int:
+        """The partition size for a tensor of ``nbytes``: BYTEPS_PARTITION_BYTES, at most what
+        one message may carry (BYTEPS_MAX_MSG_BYTES less header room, 8-byte aligned).  A
+        partition larger than a tensor means no partitioning.  Warns once per process when a
+        tensor is actually cut smaller than asked (the only case where the cap matters)."""
+        cap = max(8, (self.max_msg_bytes - MSG_HEADROOM) // 8 * 8)
+        if self.partition_bytes <= cap:
+            return self.partition_bytes
+        if nbytes > cap and not _PARTITION_WARNED:
+            _PARTITION_WARNED.append(name)
+            log.warning("tensor %r (%d bytes) is cut into partitions of %d bytes, not "
+                        "BYTEPS_PARTITION_BYTES=%d: one message carries at most "
+                        "BYTEPS_MAX_MSG_BYTES=%d", name, nbytes, cap, self.partition_bytes,
+                        self.max_msg_bytes)
+        return cap
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -273,7 +292,7 @@ class Config:
             role=role, distributed=distributed, num_worker=num_worker,
             worker_id=worker_id, node_host=node_host,
             local_rank=local_rank, local_size=local_size,
-            partition_bytes=e.int("BYTEPS_PARTITION_BYTES", 4096000, lo=64, hi=1 << 30),
+            partition_bytes=e.int("BYTEPS_PARTITION_BYTES", 4096000, lo=1, hi=(1 << 63) - 1),
             scheduling_credit=e.int("BYTEPS_SCHEDULING_CREDIT", 4, lo=0, hi=1 << 20),
             server_engine_threads=e.int("BYTEPS_SERVER_ENGINE_THREAD", 4, lo=1, hi=256),
             enable_async=e.bool("BYTEPS_ENABLE_ASYNC"), force_distributed=force,

@@ -82,7 +82,7 @@ def push_pull_async(tensor, name: str, average: bool = True, priority: int = 0) 
     flat = tensor.detach().reshape(-1).contiguous()
     like = np.empty(flat.numel(), dtype=str(flat.dtype).replace("torch.", ""))
     item = like.dtype.itemsize
-    chunk = max(1, red.cfg.partition_bytes // item)
+    chunk = max(1, red.chunk_bytes(flat.numel() * item, name) // item)
     n, m, i = flat.numel(), len(red.mygroup), red.mygroup.index(red.me)
 
     owner = red.owner_of(api.tensor_key(name), n * item)

@@ -110,14 +110,14 @@ class LocalReducer:
             raise self.fatal
         flat_src = src.reshape(-1)
         n = flat_src.size
-        chunk = max(1, self.cfg.partition_bytes // src.dtype.itemsize)
+        chunk = max(1, self.chunk_bytes(src.nbytes, tensor.name) // src.dtype.itemsize)
         seg = self.segs.get(tensor.name)
         if seg is None and n:
             path = os.path.join(self.dir, f"{self.prefix}t{tensor.key:016x}")
             try:   # without a network stage the chunks may shrink to fit a small /dev/shm
                 seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
                               len(self.groups) if self.two_level else 1, self.me,
-                              fixed_chunk=self.network)
+                              fixed_chunk=self.network or pre is not None)
             except ValueError as exc:
                 raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
             if seg.fallback:
@@ -150,6 +150,13 @@ class LocalReducer:
             self.incoming.append(op)
         self._wake()
         return h
+
+    def chunk_bytes(self, nbytes: int, name: str) -> int:
+        """Bytes of one chunk of a tensor: the partition size (capped to fit a message)
+        where slices go to the servers; BYTEPS_PARTITION_BYTES as given without a network
+        stage."""
+        return (self.cfg.partition_size(nbytes, name) if self.network else
+                self.cfg.partition_bytes)
 
     def owner_of(self, key: int, nbytes: int) -> int | None:
         """The local rank that reduces a whole small tensor (None: every rank a slice)."""
