@@ -2,18 +2,30 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# exact versions of the tested set (pyproject.toml has lower bounds only)
+PIP := $(PY) -m pip install -q -c constraints.txt
+# MXNet 1.9.1 needs numpy<1.24, which has wheels for Python <= 3.11 only
+MXPYTHON ?= $(PYTHON)
 MXVENV := .venv-mxnet
 
-.PHONY: venv demo test test-core test-mxnet bench clean
+.PHONY: venv demo test test-core test-mxnet mxnet-tests bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# the demo needs PyTorch and scikit-learn only (no TensorFlow)
+$(VENV)/.demo: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[torch,examples]'
+	touch $@
+
+# the tests need every plugin's framework (MXNet has its own environment, below)
+$(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[torch,tensorflow,tf-keras,examples,test]'
+	touch $@ $(VENV)/.demo
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[torch,tensorflow,test]'
-	touch $@
-
-demo: venv
+demo: $(VENV)/.demo
 	$(VENV)/bin/bpslaunch --standalone --num-workers 2 --num-servers 2 \
 		$(PY) examples/torch/train_digits.py
 
@@ -24,12 +36,21 @@ test: venv
 test-core: venv
 	$(PY) -m pytest -q tests --ignore-glob='tests/test_tensorflow*' --ignore-glob='tests/test_keras*'
 
-# MXNet 1.9.1 needs numpy<1.24: it lives in its own virtual environment.
-test-mxnet: $(MXVENV)/.installed
+# MXNet lives in its own virtual environment; on Python 3.12+ it is skipped with a message.
+test-mxnet:
+	@if $(MXPYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
+		echo "SKIPPED the MXNet tests: MXNet 1.9.1 needs numpy<1.24, which has no wheel for" \
+		     "Python $$($(MXPYTHON) -c 'import sys; print(*sys.version_info[:2], sep=".")');" \
+		     "run them with a Python 3.10 or 3.11: make test-mxnet MXPYTHON=python3.11"; \
+	else \
+		$(MAKE) mxnet-tests; \
+	fi
+
+mxnet-tests: $(MXVENV)/.installed
 	$(MXVENV)/bin/python -m pytest -q tests/test_mxnet*.py
 
 $(MXVENV)/.installed: requirements-mxnet.txt pyproject.toml
-	$(PYTHON) -m venv $(MXVENV)
+	$(MXPYTHON) -m venv $(MXVENV)
 	$(MXVENV)/bin/python -m pip install -q -r requirements-mxnet.txt
 	$(MXVENV)/bin/python -m pip install -q --no-deps -e .
 	$(MXVENV)/bin/python -c "import byteps.mxnet, sklearn; print('mxnet', byteps.mxnet.mx.__version__)"
@@ -39,4 +60,4 @@ bench: venv
 	$(PY) benchmarks/push_pull.py
 
 clean:
-	rm -rf $(VENV) $(MXVENV) build *.egg-info
+	rm -rf $(VENV) $(MXVENV) build dist *.egg-info

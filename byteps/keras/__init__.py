@@ -10,6 +10,12 @@
 """
 from __future__ import annotations
 
+try:
+    import tensorflow  # noqa: F401
+except ImportError as _exc:
+    from byteps import missing_framework
+    raise missing_framework("tensorflow", "tensorflow", "byteps.keras", _exc) from _exc
+
 from byteps import _keras as _impl
 from byteps.core.api import (
     BytePSError,

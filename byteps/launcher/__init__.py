@@ -21,10 +21,9 @@ import socket
 import sys
 import tempfile
 
+from byteps import DIST
 from byteps.core.config import NAMES_CHECKED, Config, ConfigError, name_report
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
-
-DIST = "byteps-ps"     # the distribution name (``import byteps`` stays)
 
 
 def free_port() -> int:

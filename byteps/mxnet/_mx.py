@@ -16,11 +16,13 @@ def _import_mxnet():
         threads = torch.get_num_threads()
     try:
         import mxnet
-    except ImportError as exc:
+    except (ImportError, AttributeError) as exc:   # numpy>=1.24: no np.bool (AttributeError)
+        from byteps import DIST
         raise ImportError(
-            f"byteps.mxnet needs mxnet ({exc}). MXNet 1.9.1 needs numpy<1.24, so it lives in "
-            f"its own environment: `make test-mxnet` builds .venv-mxnet from "
-            f"requirements-mxnet.txt (see docs/mxnet.md)") from exc
+            f"byteps.mxnet needs mxnet ({type(exc).__name__}: {exc}). MXNet 1.9.1, its last "
+            f"release, imports only with numpy<1.24 (Python <= 3.11), so give it an environment "
+            f"of its own: pip install '{DIST}[mxnet]' there (it pins numpy<1.24); in a checkout "
+            f"of the project `make test-mxnet` builds .venv-mxnet (see docs/mxnet.md)") from exc
     if threads is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return mxnet

@@ -15,7 +15,11 @@ ops, so XLA (``jit_compile=True``) cannot compile a step that communicates.
 """
 from __future__ import annotations
 
-import tensorflow as tf
+try:
+    import tensorflow as tf
+except ImportError as _exc:
+    from byteps import missing_framework
+    raise missing_framework("tensorflow", "tensorflow", "byteps.tensorflow", _exc) from _exc
 
 from byteps.core.api import (
     BytePSError,

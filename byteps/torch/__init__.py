@@ -11,6 +11,12 @@
 Start it with ``bpslaunch --standalone --num-workers 2 --num-servers 2 python
 train.py``; see docs/torch.md.
 """
+try:
+    import torch  # noqa: F401
+except ImportError as _exc:
+    from byteps import missing_framework
+    raise missing_framework("torch", "torch", "byteps.torch", _exc) from _exc
+
 from byteps.core.api import BytePSError
 from byteps.torch.compat import (
     Adasum,
