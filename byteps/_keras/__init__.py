@@ -153,7 +153,8 @@ def _is_built(opt) -> bool:
 def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", device_sparse="",
                                  compression=Compression.none, sparse_as_dense=False,
                                  op=_ops.Average, backward_passes_per_step=1,
-                                 average_aggregated_gradients=False, in_place=None):
+                                 average_aggregated_gradients=False, in_place=None,
+                                 compression_params=None):
     """Wrap a Keras optimizer: same class name and config, gradients averaged across workers.
 
     An unbuilt optimizer is re-created from its config (the original stays
@@ -167,23 +168,44 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
     if not hasattr(optimizer, "apply_gradients"):
         raise TypeError(f"DistributedOptimizer needs a Keras optimizer or a "
                         f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
+    from byteps.tensorflow.compression import with_params
+    compression = with_params(compression, _momentum_params(optimizer, compression_params))
     base = type(optimizer)
     mixin = _Keras3 if hasattr(optimizer, "stateless_apply") else _Keras2
     cls = type(base.__name__, (mixin, base), {"__module__": base.__module__,
                                               "__doc__": base.__doc__})
     if in_place is None:
         in_place = _is_built(optimizer)
+    moved = compression_params and compression_params.get("momentum")
     if in_place:
         opt = optimizer
         opt.__class__ = cls
+        if moved:
+            opt.momentum = 0.0
     else:
-        opt = cls.from_config(optimizer.get_config())
+        config = optimizer.get_config()
+        if moved:
+            config["momentum"] = 0.0     # the compressor does the momentum now
+        opt = cls.from_config(config)
     prefix = (name or "Distributed" + base.__name__) + ".Push_Pull."
     settings = _Settings(prefix, compression, sparse_as_dense, _ops.resolve_op(op, None),
                          device_dense, device_sparse, backward_passes_per_step,
                          average_aggregated_gradients)
     object.__setattr__(opt, "_bps", settings)   # bypass Keras attribute tracking
     return opt
+
+
+def _momentum_params(optimizer, params):
+    """Compressor momentum takes ``mu`` from the optimizer's ``momentum`` (unless given)."""
+    if not params or not params.get("momentum") or "mu" in params:
+        return params
+    mu = getattr(optimizer, "momentum", None)
+    if not isinstance(mu, (int, float)) or not 0 < mu < 1:
+        raise ValueError(f"compression_params['momentum']={params['momentum']!r} takes mu from "
+                         f"the optimizer's momentum, but {type(optimizer).__name__} has "
+                         f"momentum={mu!r}; use e.g. SGD(momentum=0.9) or give "
+                         f"compression_params['mu']")
+    return dict(params, mu=float(mu))
 
 
 # ------------------------------------------------------------------ module-level helpers

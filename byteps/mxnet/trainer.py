@@ -40,8 +40,9 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     Each gradient's push_pull starts as soon as MXNet has computed it (last layers
     first); front layers get the higher priority, since the next forward pass needs
-    them first.  ``compression_params`` takes the original BytePS keys; ``{"fp16":
-    True}`` sends gradients as float16.
+    them first.  ``compression_params`` takes the original BytePS keys (e.g.
+    ``{"compressor": "onebit", "ef": "vanilla"}``, or ``{"fp16": True}``): gradients are
+    compressed in the core on their way to the servers and back (docs/compression.md).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
@@ -50,7 +51,8 @@ class DistributedTrainer(mx.gluon.Trainer):
             optimizer = optimizer._bps_unwrap()
             warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
                           "optimizer. We have unwrapped it for you.", stacklevel=2)
-        self._bps_fp16 = parse_compression(compression_params, optimizer_params)
+        self._bps_cparams, optimizer_params = parse_compression(compression_params,
+                                                                optimizer_params)
         if core.get_config().enable_async:
             raise NotImplementedError(
                 "BYTEPS_ENABLE_ASYNC=1 (asynchronous training) is not available yet in "
@@ -71,7 +73,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i, param in enumerate(self._params):
             core.declare(self._bps_param_names[i])
             if param.grad_req != "null":
-                core.declare(self._bps_grad_names[i])
+                core.declare(self._bps_grad_names[i], compression_params=self._bps_cparams)
         # Broadcast now, before the first forward pass (gradients of the first step
         # must come from identical parameters); a parameter whose initialisation is
         # deferred is broadcast the moment the forward pass initialises it.  The first
@@ -117,6 +119,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         if self._bps_size == 1 and len(self._contexts) == 1:
             return
         pending = []
+        if self._bps_cparams:
+            core.set_compression_lr(float(self.learning_rate))   # lr-aware error feedback
         try:
             # Last layers' gradients are computed first by backward: start them first,
             # each as soon as MXNet's engine has it (host_array waits for that one only).
@@ -130,8 +134,6 @@ class DistributedTrainer(mx.gluon.Trainer):
                 for g in grads[1:]:
                     np.add(view, g.asnumpy(), out=view)
                 arr = view
-                if self._bps_fp16 and arr.dtype != np.float16:
-                    arr = arr.astype(np.float16)
                 handle = core.push_pull_async(arr, name, average=True, priority=-i, out=arr)
                 pending.append((handle, writer(grads, view if shared else None)))
         except BaseException:

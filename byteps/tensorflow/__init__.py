@@ -167,15 +167,18 @@ class _DistributedGradientTape(tf.GradientTape):
 
 def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
                             compression=Compression.none, sparse_as_dense: bool = False,
-                            op=Average):
+                            op=Average, compression_params: dict | None = None):
     """Wrap a recorded ``tf.GradientTape``: its gradients are averaged over workers.
 
     Each gradient's push_pull starts as soon as backpropagation produces it
     (first layers get the highest priority); ``gradient()`` waits once for
     all.  ``tf.IndexedSlices`` gradients stay sparse unless
-    ``sparse_as_dense=True``.
+    ``sparse_as_dense=True``.  ``compression_params`` (the original BytePS keys,
+    docs/compression.md) compresses dense gradients in the core.
     """
     op = _ops.resolve_op(op, None)
+    from byteps.tensorflow.compression import with_params
+    compression = with_params(compression, compression_params)
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                gradtape._persistent, gradtape._watch_accessed_variables)
@@ -185,14 +188,19 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
                          device_dense: str = "", device_sparse: str = "",
                          compression=Compression.none, sparse_as_dense: bool = False,
                          backward_passes_per_step: int = 1, op=Average,
-                         average_aggregated_gradients: bool = False):
+                         average_aggregated_gradients: bool = False,
+                         compression_params: dict | None = None):
     """Wrap an optimizer so that it averages gradients across workers before applying them.
 
     Keras optimizers (Keras 3, or tf-keras under ``TF_USE_LEGACY_KERAS=1``)
     get the shared Keras implementation (``byteps.keras.DistributedOptimizer``);
     ``tf.compat.v1.train.Optimizer`` instances are wrapped by delegation.
+    ``compression_params`` (the original BytePS keys, docs/compression.md)
+    compresses gradients in the core.
     """
     op = _ops.resolve_op(op, None)
+    from byteps.tensorflow.compression import with_params
+    compression = with_params(compression, compression_params)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         from byteps.tensorflow._v1 import wrap_v1_optimizer
         return wrap_v1_optimizer(optimizer, name, use_locking, device_dense, device_sparse,

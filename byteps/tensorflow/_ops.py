@@ -119,6 +119,9 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
         raise ValueError(f"{prefix}: {len(grads)} gradients for {len(sources)} variables")
     names = unique_names(prefix, sources)
     average = op == Average
+    cparams = getattr(compression, "core_params", None)
+    if cparams:              # the core compresses (byteps.compression); nothing to do here
+        compression = _NoCompression
     plan, tickets, specs = {}, [], []
     for i in reversed(range(len(grads))):       # last layers' gradients exist first
         g = grads[i]
@@ -135,6 +138,8 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
                 specs += [(c.dtype, tf.TensorShape([None]).concatenate(c.shape[1:])),
                           (tf.int64, tf.TensorShape([None]))]
             else:
+                if cparams:
+                    core.declare(names[i], compression_params=cparams)
                 tickets.append(start_dense(c, names[i], average, -i))
                 specs.append((c.dtype, c.shape))
         plan[i] = (g, sparse, ctx, wdt)
@@ -152,6 +157,16 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
             else:
                 out[i] = r
     return out
+
+
+class _NoCompression:
+    @staticmethod
+    def compress(t):
+        return t, None
+
+    @staticmethod
+    def decompress(t, ctx):
+        return t
 
 
 def broadcast_tensors(tensors: list, names: list[str], root_rank: int) -> list:

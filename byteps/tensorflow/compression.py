@@ -29,7 +29,11 @@ class NoneCompressor(Compressor):
 
 
 class FP16Compressor(Compressor):
-    """Send floating-point tensors as float16 (half the bytes); others unchanged."""
+    """Send floating-point tensors as float16 (half the bytes); others unchanged.
+
+    In DistributedOptimizer / DistributedGradientTape the cast runs in the core's
+    compression pipeline (``core_params``), like every other compressor."""
+    core_params = {"compressor": "fp16"}
 
     @staticmethod
     def compress(tensor):
@@ -40,6 +44,31 @@ class FP16Compressor(Compressor):
     @staticmethod
     def decompress(tensor, ctx):
         return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class CoreCompressor(NoneCompressor):
+    """``compression_params`` (the original BytePS keys) for the core's compressors
+    (byteps.compression): the tensors stay as they are here, the core compresses
+    what leaves the host."""
+
+    def __init__(self, params: dict):
+        self.core_params = params
+
+    def __repr__(self) -> str:
+        return f"CoreCompressor({self.core_params!r})"
+
+
+def with_params(compression, compression_params):
+    """The compression object for ``compression`` plus ``compression_params``."""
+    if not compression_params:
+        return compression
+    from byteps import compression as _comp
+    _comp.parse(compression_params)           # a clear error now, not at the first step
+    if compression not in (None, NoneCompressor) and not isinstance(compression,
+                                                                     NoneCompressor):
+        raise ValueError(f"compression={compression!r} and compression_params="
+                         f"{compression_params!r} both choose a compressor; pass one of them")
+    return CoreCompressor(dict(compression_params))
 
 
 class Compression:

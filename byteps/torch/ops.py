@@ -99,9 +99,10 @@ def local_size() -> int:
     return _core.local_size()
 
 
-def declare(name: str) -> int:
-    """Declare a tensor name (optional: keys come from names, in any order)."""
-    _core.declare(name)
+def declare(name: str, compression_params: dict | None = None) -> int:
+    """Declare a tensor name (optional: keys come from names, in any order);
+    ``compression_params`` compresses it on the wire (docs/compression.md)."""
+    _core.declare(name, compression_params=compression_params)
     return 0
 
 
@@ -171,7 +172,7 @@ def _check_tensor(tensor, name) -> None:
 
 
 def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, name,
-                     priority: int) -> int:
+                     priority: int, compression_params: dict | None = None) -> int:
     _check_tensor(tensor, name)
     if name is None:
         name = _auto_name("push_pull")
@@ -209,31 +210,33 @@ def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, 
     if src.ndim == 0:              # the core works on arrays of at least one dimension
         src, out = src.reshape(1), out.reshape(1)
     h = _core.push_pull_async(src, name, average=bool(average), priority=int(priority),
-                              out=out)
+                              out=out, compression_params=compression_params)
     with _lock:
         _handles[h] = _Pending(tensor, output, src, staged_out)
     return h
 
 
 def push_pull_async(tensor: torch.Tensor, average: bool = True, name: str | None = None,
-                    version: int = 0, priority: int = 0) -> int:
+                    version: int = 0, priority: int = 0,
+                    compression_params: dict | None = None) -> int:
     """Start averaging (or summing) ``tensor`` over all workers; returns a handle.
 
     The input is not modified and must not change until :func:`synchronize`.
     Higher ``priority`` goes first.  ``version`` is accepted for compatibility
     and ignored.  Without a ``name``, one is generated from a per-process
     counter, so every rank must then issue its unnamed calls in the same order.
+    ``compression_params`` compresses the tensor on the wire (docs/compression.md).
     """
     _check_tensor(tensor, name)
     output = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-    return _push_pull_async(tensor, output, average, name, priority)
+    return _push_pull_async(tensor, output, average, name, priority, compression_params)
 
 
 def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True,
                             name: str | None = None, version: int = 0,
-                            priority: int = 0) -> int:
+                            priority: int = 0, compression_params: dict | None = None) -> int:
     """Like :func:`push_pull_async` but the result overwrites ``tensor``."""
-    return _push_pull_async(tensor, tensor, average, name, priority)
+    return _push_pull_async(tensor, tensor, average, name, priority, compression_params)
 
 
 def poll(handle: int) -> bool:

@@ -31,8 +31,11 @@ __all__ = ["DistributedOptimizer"]
 class _DistributedOptimizer:
     """Mixin placed in front of the user's optimizer class (see DistributedOptimizer)."""
 
-    def _bps_setup(self, named_parameters, compression, backward_passes_per_step: int):
+    def _bps_setup(self, named_parameters, compression, backward_passes_per_step: int,
+                   compression_params=None):
         self._bps_compression = compression
+        self._bps_cparams = compression_params
+        self._bps_lr = None
         params, seen = [], set()
         for group in self.param_groups:
             for p in group["params"]:
@@ -72,7 +75,7 @@ class _DistributedOptimizer:
         self._bps_hooks = []
         self._bps_async = async_mode()
         for name in sorted(self._bps_names.values()):
-            declare("Gradient." + name)
+            declare("Gradient." + name, compression_params=compression_params)
         if self._bps_async:
             self._bps_async_init()
             return
@@ -129,6 +132,9 @@ class _DistributedOptimizer:
     def _bps_push(self, p):
         if p.grad.is_sparse and self._bps_sparse_as_dense:
             p.grad = p.grad.to_dense()
+        if self._bps_cparams and self.param_groups[0]["lr"] != self._bps_lr:
+            self._bps_lr = self.param_groups[0]["lr"]   # lr-aware error feedback
+            _core.set_compression_lr(float(self._bps_lr))
         compressed, ctx = self._bps_compression.compress(p.grad)
         handle = push_pull_async_inplace(compressed, average=self._bps_average,
                                          name="Gradient." + self._bps_names[p],
@@ -210,7 +216,8 @@ _CLASSES: dict[type, type] = {}
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step: int = 1, staleness: int = 0, op=None,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                         groups=None, sparse_as_dense: bool = False, process_set=None):
+                         groups=None, sparse_as_dense: bool = False, process_set=None,
+                         compression_params: dict | None = None):
     """Wrap ``optimizer`` so that gradients are averaged over all workers.
 
     Returns an instance of a subclass of ``type(optimizer)`` sharing its
@@ -232,6 +239,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     the servers hold the parameters: they are seeded with rank 0's values when
     the optimizer is built, and every ``step()`` runs the local update, pushes
     the parameter change and pulls the servers' current parameters.
+
+    ``compression_params`` (the original BytePS keys, e.g. ``{"compressor":
+    "onebit", "ef": "vanilla"}``) compresses gradients in the core, on the way
+    to the servers and back (docs/compression.md); ``compression=
+    bps.Compression.fp16`` is the same as ``{"compressor": "fp16"}``.  With
+    ``"momentum": "nesterov"`` the momentum moves into the compressor: ``mu`` is
+    taken from the optimizer's ``momentum`` (unless given) and the optimizer
+    then runs without momentum, as the original documents.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer expects a torch.optim.Optimizer, got "
@@ -267,5 +282,37 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
                           if k not in ("step", "zero_grad", "synchronize")})
     dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
-    dist._bps_setup(named_parameters, compression, backward_passes_per_step)
+    compression, compression_params = _core_compression(dist, compression, compression_params)
+    dist._bps_setup(named_parameters, compression, backward_passes_per_step, compression_params)
     return dist
+
+
+def _core_compression(opt, compression, params):
+    """Move fp16 and ``compression_params`` into the core pipeline; take compressor
+    momentum's ``mu`` from the optimizer and switch the optimizer's own momentum off."""
+    from byteps.torch.compression import FP16Compressor
+    if compression is FP16Compressor or isinstance(compression, FP16Compressor):
+        if params and params.get("compressor") not in (None, "fp16"):
+            raise ValueError(f"compression=Compression.fp16 and compression_params="
+                             f"{params!r} both choose a compressor; pass one of them")
+        params, compression = dict(params or {}, compressor="fp16"), Compression.none
+    if not params:
+        return compression, None
+    from byteps import compression as _comp
+    params = dict(params)
+    spec = _comp.parse(params)              # a clear error for bad keys and values, now
+    if spec is not None and spec.momentum and "mu" not in params:
+        mus = {g.get("momentum", 0) for g in opt.param_groups}
+        if len(mus) != 1 or not 0 < next(iter(mus)) < 1:
+            raise ValueError(f"compression_params['momentum']={spec.momentum!r} takes mu from "
+                             f"the optimizer's momentum, but its param groups have momentum "
+                             f"{sorted(mus)}; give the optimizer one momentum in (0, 1) or "
+                             f"compression_params['mu']")
+        params["mu"] = float(next(iter(mus)))
+    if spec is not None and spec.momentum:
+        for g in opt.param_groups:         # the compressor does the momentum now
+            if "momentum" in g:
+                g["momentum"] = 0
+            if "nesterov" in g:
+                g["nesterov"] = False
+    return compression, params

@@ -53,16 +53,20 @@ __all__ = [
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=Average,
-                         average_aggregated_gradients=False):
+                         average_aggregated_gradients=False, compression_params=None):
     """Wrap a Keras optimizer so that gradients are averaged across workers before use.
 
     Works with ``model.compile``/``model.fit`` and with ``apply_gradients``.
     ``backward_passes_per_step=N`` sums N local gradients and communicates
     once per N steps (divided by N with ``average_aggregated_gradients``).
+    ``compression_params`` (the original BytePS keys, docs/compression.md)
+    compresses gradients in the core; with ``"momentum": "nesterov"`` the
+    optimizer's momentum moves into the compressor.
     """
     return _impl.create_distributed_optimizer(
         _impl.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
-        sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients)
+        sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients,
+        compression_params=compression_params)
 
 
 def broadcast_global_variables(root_rank: int):
