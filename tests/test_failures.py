@@ -67,6 +67,10 @@ def test_sigkill_worker_ends_every_process(cluster):
     others = [n for n in c.procs if n != "worker0"]
     assert_all_failed_in_time(c, t_kill, others)
     c.wait(10, ["worker0"])
+    # the killed worker's bpslaunch reports the signal; every other process ended because
+    # of it: exit code 86 (the uncaught BytePSError, the watchdog, servers, the scheduler)
+    assert c.procs["worker0"].returncode == 128 + signal.SIGKILL
+    assert {n: c.procs[n].returncode for n in others} == {n: 86 for n in others}, c.logs()
     for name in ("worker1", "worker2", "scheduler", "server0", "server1"):
         text = c.log(name)
         assert "worker rank 0" in text and f"pid {victim}" in text and "id0" in text, \
