@@ -37,3 +37,16 @@ def test_compressed_training(tmp_path, plugin):
 def test_compressed_training_tensorflow(tmp_path, plugin):
     pytest.importorskip("tensorflow")
     check_training(tmp_path, plugin, timeout=360)
+
+
+def test_qadam_torch(tmp_path):
+    """bps.QAdamOptimizer: Adam for 20 warm-up steps, then the momentum is exchanged with
+    onebit + error feedback (about 1/32 of the bytes): as accurate as Adam, ranks equal."""
+    pytest.importorskip("torch")
+    res = run_script("torch_qadam.py", tmp_path, workers=2, servers=1, timeout=200)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert out[0]["qadam"][1] == out[1]["qadam"][1], "ranks differ"
+    assert out[0]["qadam"][0] >= out[0]["adam"][0] - 0.02, out[0]
+    mb = out[0]["momentum_bytes"]
+    assert mb and mb["pushed_wire"] * 25 < mb["pushed"], mb

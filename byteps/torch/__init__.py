@@ -57,11 +57,13 @@ from byteps.torch.ops import (
     synchronize,
 )
 from byteps.torch.optimizer import DistributedOptimizer
+from byteps.torch.qadam import QAdamOptimizer
 
 # The original BytePS API first; Horovod's names (allreduce, broadcast, allgather, ops, ...)
 # are there so that a Horovod script needs only its import changed.
 __all__ = [
     "Adasum", "Average", "BytePSError", "Compression", "DistributedOptimizer", "Max", "Min",
+    "QAdamOptimizer",
     "Product", "Sum", "allgather", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "cross_rank", "cross_size", "declare",

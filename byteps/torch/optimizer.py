@@ -135,6 +135,14 @@ class _DistributedOptimizer:
         if self._bps_cparams and self.param_groups[0]["lr"] != self._bps_lr:
             self._bps_lr = self.param_groups[0]["lr"]   # lr-aware error feedback
             _core.set_compression_lr(float(self._bps_lr))
+        comm = self._bps_comm(p) if hasattr(self, "_bps_comm") else None
+        if comm is not None:            # the optimizer exchanges another tensor (QAdam)
+            tensor, prefix, cparams = comm
+            handle = push_pull_async_inplace(tensor, average=self._bps_average,
+                                             name=prefix + self._bps_names[p],
+                                             priority=self._bps_priority[p],
+                                             compression_params=cparams)
+            return handle, _OWN_TENSOR
         compressed, ctx = self._bps_compression.compress(p.grad)
         handle = push_pull_async_inplace(compressed, average=self._bps_average,
                                          name="Gradient." + self._bps_names[p],
@@ -158,6 +166,9 @@ class _DistributedOptimizer:
             try:
                 for p, (handle, ctx) in self._bps_handles.items():
                     out = synchronize(handle)
+                    if ctx is _OWN_TENSOR:      # averaged in place; the gradient stays
+                        self._bps_delay[p] = self._bps_bpps
+                        continue
                     result = self._bps_compression.decompress(out, ctx)
                     if result is not p.grad:
                         p.grad.copy_(result)
@@ -201,6 +212,9 @@ class _DistributedOptimizer:
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition (gradients are still being push_pulled).")
         return super().zero_grad(set_to_none=set_to_none)
+
+
+_OWN_TENSOR = object()     # marks a push_pull of an optimizer's own tensor (QAdam)
 
 
 def _register_hook(p: torch.Tensor, hook):
