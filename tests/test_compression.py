@@ -72,3 +72,23 @@ def test_malformed_compressed_frames_are_dropped_and_results_stay_exact(tmp_path
     for r, o in out.items():
         assert o["failures"] == [], f"rank {r}: {o['failures']}"
     assert "malformed compressed push" in res.stderr + res.stdout
+
+
+@pytest.mark.parametrize("mode", ["root", "slice"])
+def test_compression_after_local_reduction(tmp_path, mode):
+    """2 hosts x 2 local ranks: ranks of a host sum in shared memory at full precision,
+    only what leaves the host is compressed; all 4 ranks end identical."""
+    res = run_script("compress_pushpull.py", tmp_path, "local", workers=4, servers=2,
+                     timeout=120, launcher_args=("--hosts", "2", "--local-size", "2"),
+                     BYTEPS_LOCAL_REDUCE=mode)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3]
+    for r, o in out.items():
+        assert o["failures"] == [], f"rank {r}: {o['failures']}"
+        assert o["digests"] == out[0]["digests"], f"rank {r} differs from rank 0"
+    wire = sum(v["pushed_wire"] for o in out.values() for k, v in o["bytes"].items()
+               if k.startswith("loc.onebit"))
+    raw = sum(v["pushed"] for o in out.values() for k, v in o["bytes"].items()
+              if k.startswith("loc.onebit"))
+    assert 0 < wire < raw / 25, (wire, raw)
