@@ -187,3 +187,23 @@ def test_importing_mxnet_keeps_torch_threads(tmp_path):
                          env=job_env(PYTHONPATH=tmp_path), timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "8"
+
+
+@pytest.mark.timeout(120)
+def test_original_meta_test_cycles_are_fast(tmp_path):
+    """The original's tests/test_mxnet.py through its meta_test.py: a new scheduler and
+    server around every test, BYTEPS_PARTITION_BYTES=2147483647; 3 cycles used to take
+    190 s (the scheduler waited BYTEPS_STARTUP_TIMEOUT after shutdown())."""
+    import json
+
+    from conftest import SCRIPTS
+
+    from byteps.launcher import free_port
+    out = tmp_path / "cycles.json"
+    res = subprocess.run([sys.executable, str(SCRIPTS / "reinit_meta.py"), str(out), "3",
+                          str(free_port()), "mxnet"], env=job_env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=100)
+    assert_ok(res)
+    cycles = json.loads(out.read_text())
+    assert [c["codes"] for c in cycles] == [[0, 0]] * 3
+    assert all(c["exit_wait_s"] < 4.5 for c in cycles), cycles

@@ -119,11 +119,17 @@ def init(lazy: bool = False) -> None:
                                                   steps=st.steps)
                 if _local.enabled(cfg):
                     st.local = _local.start(cfg, st.engine, book, st.link.epoch)
-            except BaseException:
+            except BaseException as exc:
                 if st.engine is not None:
                     st.engine.stop(leave=False)
                 st.link.close()
                 st.ctx.destroy(linger=0)      # closes any socket still open; never blocks
+                if _LAST_LINK is not None and isinstance(exc, BytePSError) and \
+                        "unreachable" in str(exc):
+                    raise BytePSError(
+                        f"{exc}. This process called shutdown() before: a job ends "
+                        f"BYTEPS_REINIT_WAIT_S={cfg.reinit_wait_s:g} s after all of its workers "
+                        f"called shutdown() unless one calls init() again") from None
                 raise
             _LAST_LINK = {"cfg": cfg, "node_id": st.link.node_id, "epoch": st.link.epoch,
                           "identity": ident}

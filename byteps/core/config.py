@@ -31,7 +31,7 @@ KNOWN = {
     "BYTEPS_FORCE_DISTRIBUTED": "0", "BYTEPS_LOG_LEVEL": "WARNING",
     "BYTEPS_STALL_WARNING_S": "60", "BYTEPS_STALL_SHUTDOWN_S": "300",
     "BYTEPS_HEARTBEAT_INTERVAL": "1", "BYTEPS_HEARTBEAT_TIMEOUT": "10",
-    "BYTEPS_STARTUP_TIMEOUT": "60", "BYTEPS_JOB_ID": "myjob",
+    "BYTEPS_STARTUP_TIMEOUT": "60", "BYTEPS_REINIT_WAIT_S": "2", "BYTEPS_JOB_ID": "myjob",
     "BYTEPS_JOB_SECRET": "<random hex>", "BYTEPS_AUTH_DISABLE": "0",
     "BYTEPS_MAX_MSG_BYTES": "1073741824", "BYTEPS_ENABLE_IPC": "1",
     "BYTEPS_EMULATED_HOST": "host0", "BYTEPS_TEST_DROP_RATE": "0.05",
@@ -196,6 +196,7 @@ class Config:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     startup_timeout: float = 60.0
+    reinit_wait_s: float = 2.0     # job ends this long after every worker left, if none re-inits
     job_id: str = "byteps"
     job_secret: str | None = None
     auth_disable: bool = False
@@ -301,6 +302,7 @@ class Config:
             stall_shutdown_s=e.float("BYTEPS_STALL_SHUTDOWN_S", None, lo=0.1),
             heartbeat_interval=hb_int, heartbeat_timeout=hb_to,
             startup_timeout=e.float("BYTEPS_STARTUP_TIMEOUT", 60.0, lo=0.5),
+            reinit_wait_s=e.float("BYTEPS_REINIT_WAIT_S", 2.0, lo=0.0),
             job_id=e.str("BYTEPS_JOB_ID", "byteps"), job_secret=secret,
             auth_disable=auth_disable,
             resend_timeout_s=e.float("BYTEPS_RESEND_TIMEOUT_S", 1.0, lo=0.01),

@@ -134,10 +134,12 @@ class Engine:
             self.send(s, Op.HELLO, {})
         waiting = set(range(len(self.servers)))
         deadline = time.monotonic() + self.cfg.startup_timeout
-        again = time.monotonic() + 1.0
+        pause = 0.02
+        again = time.monotonic() + pause
         while waiting:
             if time.monotonic() > again:      # the server may not have the new epoch yet
-                again = time.monotonic() + 1.0
+                pause = min(1.0, pause * 2)
+                again = time.monotonic() + pause
                 for i in waiting:
                     self.send(self.servers[i], Op.HELLO, {})
             for i in list(waiting):

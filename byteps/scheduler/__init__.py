@@ -393,13 +393,16 @@ class Scheduler:
                       f"called init() again after {self.cfg.startup_timeout:g} s")
             return
         gone = [w for w in self.workers if w in self.exited or w in self.left]
-        if len(gone) == len(self.workers) and not self.rejoin:
-            # every worker called shutdown() (or exited); if some EXIT never arrives and no
-            # one re-initialises, end the job instead of keeping the servers forever
+        if len(gone) == len(self.workers) and not self.rejoin and not self.early_rejoin:
+            # every worker called shutdown() (or exited) and none has called init() again:
+            # like the original, shutdown() ends the job (its tests start a new scheduler and
+            # servers for the next init() and wait for these to exit); a re-init that comes
+            # within BYTEPS_REINIT_WAIT_S re-forms the group instead
             self.all_left_since = self.all_left_since or now
-            if now - self.all_left_since > self.cfg.startup_timeout:
-                log.warning("all workers called shutdown() and none re-initialised or reported "
-                            "its exit within %g s; ending the job", self.cfg.startup_timeout)
+            wait = min(self.cfg.reinit_wait_s, self.cfg.startup_timeout)
+            if now - self.all_left_since > wait:
+                log.info("all workers called shutdown() and none called init() again within "
+                         "%g s (BYTEPS_REINIT_WAIT_S); ending the job", wait)
                 self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers left"})
                 self.exit_code = 0
                 return

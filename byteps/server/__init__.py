@@ -180,6 +180,8 @@ class Server:
             return self.drops.warn("malformed message", str(exc))
         if hdr.op == Op.HELLO:
             w = self.workers_by_id.get(hdr.sender)
+            if hdr.epoch > self.link.epoch:     # re-init: the server's new book is on its way
+                return log.debug("HELLO of epoch %d before this server's book", hdr.epoch)
             if w is None or hdr.epoch != self.link.epoch:
                 return self.drops.warn("HELLO from a node id the scheduler did not assign (or "
                                        "of a stale epoch)", f"sender {hdr.sender}, epoch "
