@@ -36,6 +36,7 @@ import mmap
 import os
 import re
 import tempfile
+import time
 
 import numpy as np
 
@@ -263,20 +264,23 @@ class Segment:
             f"{FIX}, or set BYTEPS_LOCAL_REDUCE=0 to push without local reduction")
 
     def _create_or_open(self, header: list[int], chunk: int) -> mmap.mmap:
-        try:
-            return self._open()      # another local rank was first: reserve nothing
-        except FileNotFoundError:
-            pass
-        tmp = f"{self.path}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            c, w, size = self._reserve(fd, chunk)
-            mm = mmap.mmap(fd, size)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        finally:
-            os.close(fd)
+        pause = 0.05
+        while True:
+            try:
+                return self._open()      # another local rank was first: reserve nothing
+            except FileNotFoundError:
+                pass
+            tmp = f"{self.path}.tmp{os.getpid()}"
+            try:
+                mm, c, w = self._create_tmp(tmp, chunk)
+                break
+            except ShmSpaceError:
+                # local ranks that create the same segment at once both hold a reservation
+                # for a moment: wait for the other one's segment, or for the space it frees
+                if pause > 1.0:
+                    raise
+            time.sleep(pause)
+            pause *= 2
         header = header[:5] + [-(-self.n // c) if self.n else 0, header[6], c, w, 0]
         np.frombuffer(mm, np.int64, HEADER, 0)[:] = header
         try:
@@ -289,6 +293,18 @@ class Segment:
         finally:
             os.unlink(tmp)
         return self._open()
+
+    def _create_tmp(self, tmp: str, chunk: int) -> tuple[mmap.mmap, int, int]:
+        """A new file ``tmp``, reserved for the best layout that fits: (map, chunk, window)."""
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            c, w, size = self._reserve(fd, chunk)
+            return mmap.mmap(fd, size), c, w
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
 
     def _open(self) -> mmap.mmap:
         fd = os.open(self.path, os.O_RDWR)
