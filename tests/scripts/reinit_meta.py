@@ -27,13 +27,14 @@ if flavour == "mxnet":
 
     import byteps.mxnet as bps
 else:
-    import byteps.numpy as bps  # noqa: E402
+    import byteps.numpy as bps
 
 cycle_docs = []
 for it in range(cycles):
     t0 = time.monotonic()
     services = [subprocess.Popen([sys.executable, "-m", "byteps.launcher"],
-                                 env=dict(base, DMLC_ROLE=role)) for role in ("scheduler", "server")]
+                                 env=dict(base, DMLC_ROLE=role))
+                for role in ("scheduler", "server")]
     bps.init()
     t_init = time.monotonic() - t0
     if flavour == "mxnet":                  # as the original's tests/test_mxnet.py

@@ -144,7 +144,7 @@ class _Layout:
         self.size = _align(self.off_out + self.span * item)
 
 
-def _mb(nbytes: int | float) -> str:
+def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.1f} MB"
 
 
