@@ -12,6 +12,7 @@ import atexit
 import hashlib
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ from byteps.core.engine import Engine, Handle, Task, comp_pipeline
 from byteps.core.logs import setup_logging
 from byteps.core.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
+from byteps.core.torchrun import warn_if_torchrun_without_byteps
 from byteps.transport.wire import Op, dtype_code, encode, new_seq
 
 log = logging.getLogger("byteps.worker")
@@ -99,6 +101,7 @@ def init(lazy: bool = False) -> None:
             return
         cfg = Config.from_env()
         setup_logging(cfg, "worker")
+        warn_if_torchrun_without_byteps(cfg.distributed, os.environ)
         st = _State(cfg)
         st.rank = cfg.local_rank
         if cfg.distributed:

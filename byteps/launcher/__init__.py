@@ -22,6 +22,7 @@ import sys
 import tempfile
 
 from byteps import DIST
+from byteps.core import torchrun
 from byteps.core.config import NAMES_CHECKED, Config, ConfigError, name_report
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
 
@@ -98,7 +99,8 @@ def standalone(args, cmd: list[str]) -> int:
     base.pop("DMLC_NODE_HOST", None)
 
     def worker_env(h: int, lr: int) -> dict:
-        return dict(base, DMLC_ROLE="worker", DMLC_WORKER_ID=str(h), BYTEPS_LOCAL_RANK=str(lr),
+        return dict(torchrun.apply(base, h, lr, local, hosts), DMLC_ROLE="worker",
+                    DMLC_WORKER_ID=str(h), BYTEPS_LOCAL_RANK=str(lr),
                     BYTEPS_LOCAL_SIZE=str(local), BYTEPS_EMULATED_HOST=f"host{h}")
     try:
         check_config({"scheduler": dict(base, DMLC_ROLE="scheduler"),
@@ -193,7 +195,8 @@ def role_mode(args, cmd: list[str]) -> int:
     wid = os.environ.get("DMLC_WORKER_ID", "?")
     try:
         for lr in range(local):
-            env = dict(os.environ, BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local),
+            env = dict(torchrun.apply(os.environ, cfg.worker_id, lr, local, cfg.num_worker),
+                       BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local),
                        BPSLAUNCH_STATUS_DIR=status, **{NAMES_CHECKED: "1"})
             workers.append(job.start(
                 f"worker (DMLC_WORKER_ID={wid}, host {cfg.node_host}, local rank {lr})", cmd,

@@ -1,0 +1,65 @@
+"""torchrun-style rank variables for libraries that read them (Accelerate, Lightning).
+
+bpslaunch gives every worker ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE`` and ``GROUP_RANK``/``NODE_RANK`` (the worker host's index),
+with the values BytePS itself assigns: the scheduler orders worker hosts by
+``DMLC_WORKER_ID`` and then local rank, so with L workers per host
+``RANK = DMLC_WORKER_ID * L + BYTEPS_LOCAL_RANK``.
+
+A script started by ``torchrun`` (``WORLD_SIZE`` > 1) without any BytePS
+configuration would run as WORLD_SIZE separate single-process jobs: ``init()``
+warns about it once (``warn_if_torchrun_without_byteps``).
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+_WARNED = False
+
+
+def torchrun_env(host: int | None, local_rank: int, local_size: int,
+                 num_hosts: int | None) -> dict[str, str]:
+    """The variables of one worker: host index ``host`` (DMLC_WORKER_ID) of ``num_hosts``
+    hosts with ``local_size`` workers each.  Without a host index (the scheduler assigns
+    it at registration) only the local variables are known."""
+    env = {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_size)}
+    if host is not None and num_hosts is not None:
+        env.update(RANK=str(host * local_size + local_rank),
+                   WORLD_SIZE=str(num_hosts * local_size),
+                   GROUP_RANK=str(host), NODE_RANK=str(host))
+    return env
+
+
+def apply(env: dict, host: int | None, local_rank: int, local_size: int,
+          num_hosts: int | None) -> dict:
+    """``env`` with the torchrun variables of one worker (stale global ones removed)."""
+    out = {k: v for k, v in env.items() if k not in NAMES}
+    out.update(torchrun_env(host, local_rank, local_size, num_hosts))
+    return out
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    try:
+        return int(env.get(name, ""))
+    except ValueError:
+        return None
+
+
+def warn_if_torchrun_without_byteps(distributed: bool, env: Mapping[str, str]) -> bool:
+    """Warn once when torchrun (or any launcher setting WORLD_SIZE > 1) started this process
+    but BytePS is not configured: each process would train alone.  Returns whether it warned."""
+    global _WARNED
+    world = _int(env, "WORLD_SIZE")
+    if _WARNED or distributed or world is None or world <= 1:
+        return False
+    _WARNED = True
+    warnings.warn(
+        f"WORLD_SIZE={world} (RANK={env.get('RANK', '?')}) says this process is one of "
+        f"{world} started by torchrun or a similar launcher, but no BytePS job is configured "
+        f"(no DMLC_* variables): they run as {world} separate single-process jobs and "
+        f"nothing is averaged. Start the script with bpslaunch instead, e.g. "
+        f"`bpslaunch -np {world} python train.py`, or set DMLC_* (docs/deployment.md)",
+        RuntimeWarning, stacklevel=3)
+    return True

@@ -1,0 +1,17 @@
+"""Print BytePS's rank next to the torchrun-style variables bpslaunch set (one JSON line)."""
+import json
+import os
+import sys
+
+import byteps.numpy as bps
+
+bps.init()
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+doc = {"rank": bps.rank(), "size": bps.size(), "local_rank": bps.local_rank(),
+       "local_size": bps.local_size(), "env": {k: os.environ.get(k) for k in names}}
+out = sys.argv[1] if len(sys.argv) > 1 else None
+if out:
+    with open(os.path.join(out, f"rank{bps.rank()}.json"), "w") as f:
+        json.dump(doc, f)
+print("RANKENV " + json.dumps(doc), flush=True)
+bps.shutdown()
