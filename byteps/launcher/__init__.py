@@ -266,6 +266,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["k8s"]:                 # bpslaunch k8s ...: print Kubernetes manifests
+        from byteps.launcher import k8s
+        return k8s.main(argv[1:])
     ap = parser()
     args = ap.parse_args(argv)
     cmd = args.command
