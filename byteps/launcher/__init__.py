@@ -261,6 +261,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=None,
                     help="prefix each output line of a worker with [worker RANK] (default: on "
                          "when more than one worker writes to a terminal)")
+    ap.add_argument("--slurm", action="store_true",
+                    help="inside a Slurm allocation: srun bpslaunch --slurm python train.py "
+                         "(roles and ranks from SLURM_*; docs/deployment.md)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return ap
 
@@ -281,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     for v in ("num_workers", "num_servers", "hosts", "local_size"):
         if getattr(args, v) < 0:
             ap.error(f"--{v.replace('_', '-')} must be >= 0")
+    if args.slurm:                          # one Slurm task's share of the job
+        from byteps.launcher import slurm
+        args.num_servers_given = servers_given
+        return slurm.run(args, cmd)
     whole_job = bool(args.num_workers or args.hosts or servers_given)
     role = os.environ.get("DMLC_ROLE")
     if not args.standalone and whole_job:
