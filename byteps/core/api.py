@@ -33,7 +33,7 @@ log = logging.getLogger("byteps.worker")
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull_async", "push_pull", "poll", "synchronize", "broadcast",
-           "barrier", "BytePSError", "tensor_key", "get_config", "get_pushpull_speed",
+           "barrier", "join", "BytePSError", "tensor_key", "get_config", "get_pushpull_speed",
            "set_compression_lr"]
 
 
@@ -437,6 +437,33 @@ def barrier() -> None:
     st = _state()
     if st.engine is not None:
         st.engine.barrier(f"barrier.{next(st.barrier_n)}")
+
+
+def join(device: int = -1) -> int:
+    """This rank ran out of data: Horovod's ``join``.  Until every rank has joined, the
+    others' push_pulls complete with zeros from this rank (an average still divides by
+    :func:`size`); returns, on every rank, the rank that joined last.  Training may go on
+    afterwards (round counters and barriers restart together on every rank).
+
+    ``device`` is accepted for Horovod compatibility and ignored (CPU summation).
+    """
+    st = _state()
+    if st.engine is None:
+        return st.rank
+    if st.local is not None:
+        raise BytePSError(f"worker rank {st.rank}: join() is not available with local "
+                          f"reduction (BYTEPS_LOCAL_SIZE={st.cfg.local_size}); set "
+                          f"BYTEPS_LOCAL_REDUCE=0 to use join()")
+    for h in list(st.handles.values()):     # this rank's own operations finish first
+        while not h.event.wait(0.5):
+            if st.engine.fatal:
+                st.engine.fail_handle(h, st.engine.fatal)
+    last = st.engine.join()
+    with st.lock:
+        for t in st.tensors.values():
+            t.round = 0                       # the servers reset their rounds too
+        st.barrier_n = itertools.count()
+    return last
 
 
 # ------------------------------------------------------------------ process exit

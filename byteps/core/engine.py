@@ -116,6 +116,9 @@ class Engine:
         self.fatal: BytePSError | None = None
         self.key_errors: dict[int, str] = {}
         self.barriers: dict[str, threading.Event] = {}
+        self.barrier_errors: dict[str, str] = {}
+        self.join_event: threading.Event | None = None
+        self.join_result: dict = {}
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         self.running = True
@@ -203,6 +206,28 @@ class Engine:
                 raise self.fatal
         if self.fatal:
             raise self.fatal
+        err = self.barrier_errors.pop(name, None)
+        if err:
+            raise BytePSError(f"worker rank {self.rank}: barrier cannot complete: {err}")
+
+    def join(self) -> int:
+        """Tell the scheduler this rank is out of data; wait until every rank is (the
+        servers count joined ranks as pushing zeros).  Returns the last rank to join."""
+        ev = self.join_event = threading.Event()
+        self.join_result = {}
+        self.request(("join", None))
+        while not ev.wait(0.2):
+            if self.fatal:
+                raise self.fatal
+        if self.fatal:
+            raise self.fatal
+        body = self.join_result
+        if body.get("error") is not None:
+            raise BytePSError(f"worker rank {self.rank}: {body['error']}")
+        last = body.get("last_rank")
+        if type(last) is not int:
+            raise BytePSError(f"worker rank {self.rank}: malformed JOIN_DONE {body!r:.200}")
+        return last
 
     def stop(self, leave: bool = True) -> None:
         if self.thread.is_alive():
@@ -261,6 +286,8 @@ class Engine:
         for kind, arg in items:
             if kind == "barrier":
                 self.link.send(Op.BARRIER, {"name": arg})
+            elif kind == "join":
+                self.link.send(Op.JOIN, {})
             elif kind == "stop":
                 if arg:
                     self.link.send(Op.LEAVE, {})
@@ -490,8 +517,16 @@ class Engine:
         if hdr is None:
             return
         if hdr.op == Op.BARRIER_DONE:
-            ev = self.barriers.pop(hdr.body.get("name"), None)
+            name = hdr.body.get("name")
+            ev = self.barriers.pop(name, None)
             if ev:
+                if hdr.body.get("error") is not None:
+                    self.barrier_errors[name] = str(hdr.body["error"])[:2000]
+                ev.set()
+        elif hdr.op == Op.JOIN_DONE:
+            ev = self.join_event
+            if ev is not None and not ev.is_set():
+                self.join_result = hdr.body
                 ev.set()
         elif hdr.op == Op.NODE_DEAD:
             dead = hdr.body.get("dead") or {}
@@ -565,5 +600,7 @@ class Engine:
             self.fail_handle(t.handle, err)
         for ev in self.barriers.values():
             ev.set()
+        if self.join_event is not None:
+            self.join_event.set()
         self.running = False
         end_process_later(f"worker rank {self.rank}", err)

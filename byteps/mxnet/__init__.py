@@ -15,6 +15,7 @@ from byteps.core.api import (
     BytePSError,
     init,
     is_initialized,
+    join,
     local_rank,
     local_size,
     rank,
@@ -29,7 +30,7 @@ from byteps.mxnet.trainer import DistributedTrainer
 
 __all__ = ["BytePSError", "DistributedOptimizer", "DistributedTrainer", "broadcast_parameters",
            "byteps_declare_tensor", "byteps_push_pull", "init", "is_initialized",
-           "local_rank", "local_size", "parse_compression", "rank", "shutdown", "size"]
+           "join", "local_rank", "local_size", "parse_compression", "rank", "shutdown", "size"]
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
 

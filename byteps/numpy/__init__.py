@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.core import api as _api
-from byteps.core.api import (BytePSError, barrier, declare, init, is_initialized, local_rank,
-                             local_size, poll, rank, shutdown, size)
+from byteps.core.api import (BytePSError, barrier, declare, init, is_initialized, join,
+                             local_rank, local_size, poll, rank, shutdown, size)
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull", "push_pull_async", "poll", "synchronize", "broadcast",
-           "barrier", "BytePSError", "step_done"]
+           "barrier", "join", "BytePSError", "step_done"]
 
 
 def push_pull(array, name: str, average: bool = True, priority: int = 0,

@@ -24,7 +24,7 @@ from byteps.core.config import Config
 from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
                               failure_exit_code)
 from byteps.compression import CompressionError, Spec, server_pipeline
-from byteps.server.store import Slot, apply
+from byteps.server.store import Slot, apply, recheck
 from byteps.transport.wire import (ACK, COMP, DTYPES, PUSH, SHM, Op, WireError, decode, encode,
                                    entry_array, frame_bytes, new_seq, payload_count)
 
@@ -64,6 +64,11 @@ class Server:
         self.bytes_by_host: dict[str, int] = {}   # pushed payload bytes per worker host
         self.local_reduce = "off"
         self.push_maps: dict[tuple, np.ndarray] = {}
+        # membership within an epoch (the scheduler's MEMBERS): ranks that called join()
+        # count as pushing zeros; ranks gone (shutdown() or exit 0) fail rounds they miss
+        self.joined: frozenset = frozenset()
+        self.gone: dict[int, str] = {}
+        self.pushers: set = set()
 
     # ---------------------------------------------------------------- set-up
     def start(self) -> None:
@@ -84,6 +89,10 @@ class Server:
         if type(pc) is int and 1 <= pc <= len(workers):
             self.nworkers = pc
         self.local_reduce = body.get("local_reduce", "off")
+        pushers = body.get("pushers")
+        self.pushers = set(pushers) if isinstance(pushers, list) else \
+            {w["rank"] for w in workers}
+        self.joined, self.gone = frozenset(), {}
         self.peers.clear()
         self.seqs.forget()
         for s in self.slots.values():
@@ -171,6 +180,81 @@ class Server:
         elif hdr.op == Op.NODE_DEAD:
             log.error("job failed: %s", hdr.body.get("reason"))
             self.exit_code = PEER_FAILED_EXIT
+        elif hdr.op == Op.MEMBERS:
+            self.on_members(hdr.body)
+
+    def on_members(self, body: dict) -> None:
+        """Joined ranks, ranks gone and round resets from the scheduler (join(), shutdown(),
+        exit 0 within an epoch; docs/fault_tolerance.md)."""
+        joined, gone = body.get("joined", []), body.get("gone", [])
+        if not (isinstance(joined, list) and all(type(r) is int for r in joined)
+                and isinstance(gone, list) and all(
+                    isinstance(g, list) and len(g) == 2 and type(g[0]) is int
+                    and isinstance(g[1], str) for g in gone)):
+            return self.drops.warn("bad MEMBERS", repr(body)[:200])
+        if body.get("reset") is True:
+            # every worker joined and synchronized everything: the next rounds start at 0
+            with self.lock:
+                for slot in self.slots.values():
+                    slot.reset_rounds()
+            self.joined = frozenset()
+        else:
+            self.joined = frozenset(joined)
+        self.gone.update((r, text[:1000]) for r, text in gone)
+        if self.joined or self.gone:
+            for slot in list(self.slots.values()):
+                if slot.engine < 0:
+                    self.recheck(slot)
+                else:
+                    self.queues[slot.engine].put((slot, None, None, -1, None))
+        self.link.send(Op.MEMBERS_OK, {"id": body.get("id")})
+
+    def recheck(self, slot: Slot) -> None:
+        """After a membership change: finish the rounds that only joined ranks were missing
+        from, and fail the pulls of rounds that a gone rank never pushed."""
+        out: dict = {}
+        recheck(slot, self.nworkers, self.joined, out)
+        for rnd, rs in list(slot.rounds.items()):
+            if rs.result is None and rs.waiting:
+                why = self.blocked(slot, rnd)
+                if why:
+                    for ident, _, _ in rs.waiting:
+                        self.round_error(ident, slot.key, why)
+                    rs.waiting.clear()
+        if out:
+            self.outbox.append(out)
+            self.wake()
+
+    def blocked(self, slot: Slot, rnd: int) -> str | None:
+        """Why round ``rnd`` of ``slot`` can never complete (a pusher left the job without
+        pushing it and without join()), or None."""
+        if not self.gone or self.cfg.enable_async:
+            return None
+        rs = slot.rounds.get(rnd)
+        if rs is not None and rs.result is not None:
+            return None
+        for r, text in sorted(self.gone.items()):
+            if r in self.pushers and r not in self.joined and (rs is None or r not in rs.ranks):
+                name = self.decls.get(slot.key, {}).get("name", slot.key)
+                return (f"push_pull of tensor {name!r} (round {rnd}) cannot complete: {text} "
+                        f"without pushing it and without calling join(); when ranks have "
+                        f"different amounts of data, call bps.join() on each rank that runs "
+                        f"out (the others go on with zeros from it), or give every rank the "
+                        f"same number of steps")
+        return None
+
+    def round_error(self, ident: bytes, key: int, message: str) -> None:
+        """Fail one worker's push_pulls of ``key`` (a round that cannot complete); sent by
+        the I/O thread (this may run on an engine thread)."""
+        name = self.decls.get(key, {}).get("name", "")
+        self.outbox.append((ident, {"key": key, "name": name, "message": message}))
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:
+            pass
 
     def on_worker(self, frames: list) -> None:
         ident = frames[0].bytes
@@ -252,6 +336,10 @@ class Server:
                 continue
             if arr is not None and not self.comp_ok(slot, e, arr, rank):
                 continue
+            why = self.blocked(slot, e[2]) if self.gone else None
+            if why:
+                self.round_error(ident, e[0], why)
+                continue
             if e[3] & SHM and slot.segs is None and not slot.rounds:
                 try:
                     segs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
@@ -300,7 +388,7 @@ class Server:
                 return self.drops.warn("malformed compressed push",
                                        f"tensor {name!r} partition {e[1]} from rank {rank}: "
                                        f"{exc}")
-        apply(slot, e, arr, rank, ident, self.nworkers, self.cfg.enable_async, out)
+        apply(slot, e, arr, rank, ident, self.nworkers, self.cfg.enable_async, out, self.joined)
 
     def declare(self, d: list, w: dict) -> None:
         key, name, shape, dt, _, comp = d
@@ -368,6 +456,12 @@ class Server:
     def engine(self, q: queue.SimpleQueue) -> None:
         while True:
             slot, e, arr, rank, ident = q.get()
+            if e is None:               # a membership change: recheck this slot's rounds
+                try:
+                    self.recheck(slot)
+                except Exception:
+                    log.exception("server engine thread: recheck failed")
+                continue
             out: dict = {}
             try:
                 self.apply(slot, e, arr, rank, ident, out)
@@ -375,14 +469,15 @@ class Server:
                 log.exception("server engine thread: entry %s from rank %d failed", e, rank)
             if out:
                 self.outbox.append(out)
-                try:
-                    os.write(self.wake_w, b"x")
-                except BlockingIOError:
-                    pass
+                self.wake()
 
     def flush_outbox(self) -> None:
         while self.outbox:
-            self.send_results(self.outbox.popleft())
+            item = self.outbox.popleft()
+            if isinstance(item, tuple):      # (worker identity, DATA_ERROR body)
+                self.send(item[0], Op.DATA_ERROR, item[1])
+            else:
+                self.send_results(item)
 
     def send_results(self, out: dict) -> None:
         for ident, items in out.items():
@@ -427,7 +522,8 @@ class Server:
                 if age < warn or (rs.warned and not (kill and age >= kill)):
                     continue
                 name = self.decls.get(slot.key, {}).get("name", slot.key)
-                missing = [w for w in self.workers_by_id.values() if w["rank"] not in rs.ranks]
+                missing = [w for w in self.workers_by_id.values()
+                           if w["rank"] not in rs.ranks and w["rank"] not in self.joined]
                 if self.local_reduce != "off":    # one push per host: name the missing hosts
                     done = {w.get("host_id") for w in self.workers_by_id.values()
                             if w["rank"] in rs.ranks}

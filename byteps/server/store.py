@@ -10,6 +10,9 @@ Compressed partitions (``slot.pipe``, byteps.compression): the caller decompress
 each push into float32 (:meth:`Slot.unpack`); the round is summed in float32 and
 the finished sum is compressed once (server-side error feedback lives in the
 pipeline), so every worker pulls the same compressed frame.
+
+Ranks that called ``join()`` (out of data) count as having pushed zeros: a round
+completes when every other pusher is in, with no frame from them (docs/fault_tolerance.md).
 """
 from __future__ import annotations
 
@@ -65,12 +68,43 @@ class Slot:
         self.applied.clear()
 
 
+def full(rs: Round, nworkers: int, joined: frozenset) -> bool:
+    """Every pusher is in: pushed, or joined (``join()``: counted as a zero contribution,
+    no frame needed, so compressed tensors need nothing special)."""
+    return len(rs.ranks) + len(joined - rs.ranks) >= nworkers
+
+
+def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
+    """The round's sum is complete: compress it once (compressed tensors) and answer the
+    pulls that wait."""
+    if slot.pipe is not None:
+        rs.acc = slot.pipe.compress(rs.acc, rnd)
+    elif not rs.owned and slot.segs:      # a single pusher: result into shm too
+        dst = slot.bufs[rnd % 2]
+        np.copyto(dst, rs.acc)
+        rs.acc = dst
+    rs.result = rs.acc
+    rs.acc = None
+    for w_ident, w_rank, w_entry in rs.waiting:
+        out.setdefault(w_ident, []).append((w_entry, rs.result))
+        rs.pulled.add(w_rank)
+    rs.waiting.clear()
+
+
+def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> None:
+    """Finish the rounds that a newly joined rank was the last one missing from."""
+    for rnd, rs in list(slot.rounds.items()):
+        if rs.result is None and rs.ranks and full(rs, nworkers, joined):
+            finish(slot, rnd, rs, out)
+
+
 def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
-          async_mode: bool, out: dict) -> None:
+          async_mode: bool, out: dict, joined: frozenset = frozenset()) -> None:
     """Apply one entry (push and/or pull) from ``rank``; queue replies into ``out``.
 
     ``out`` maps a worker identity to a list of (entry, array-or-None).  Pushes are
     acknowledged by the caller on receipt (that releases the worker's credit).
+    ``joined``: ranks that called ``join()``; they count as having pushed zeros.
     """
     key, part, rnd, flags, dt, length = entry
     if async_mode:
@@ -109,19 +143,8 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             rs.ranks.add(rank)
             slot.pushes += 1
             slot.bytes_in += arr.nbytes
-            if len(rs.ranks) >= nworkers:
-                if slot.pipe is not None:
-                    rs.acc = slot.pipe.compress(rs.acc, rnd)
-                elif not rs.owned and slot.segs:      # a single worker: result into shm too
-                    dst = slot.bufs[rnd % 2]
-                    np.copyto(dst, rs.acc)
-                    rs.acc = dst
-                rs.result = rs.acc
-                rs.acc = None
-                for w_ident, w_rank, w_entry in rs.waiting:
-                    out.setdefault(w_ident, []).append((w_entry, rs.result))
-                    rs.pulled.add(w_rank)
-                rs.waiting.clear()
+            if full(rs, nworkers, joined):
+                finish(slot, rnd, rs, out)
     if flags & PULL:
         reply = [key, part, rnd, PULL | COMP if slot.pipe is not None
                  else PULL | (flags & SHM if slot.segs else 0), dt, length]
@@ -131,8 +154,8 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             out.setdefault(ident, []).append((reply, rs.result))
         elif not any(w[1] == rank for w in rs.waiting):
             rs.waiting.append((ident, rank, reply))
-    if rs.result is not None and len(rs.pulled) >= nworkers:
+    if rs.result is not None and len(rs.pulled | joined) >= nworkers:
         # keep this finished round for resent pulls; drop older finished rounds
         for old in [r for r, st in slot.rounds.items() if r < rnd and st.result is not None
-                    and len(st.pulled) >= nworkers]:
+                    and len(st.pulled | joined) >= nworkers]:
             del slot.rounds[old]

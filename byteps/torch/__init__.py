@@ -17,7 +17,7 @@ except ImportError as _exc:
     from byteps import missing_framework
     raise missing_framework("torch", "torch", "byteps.torch", _exc) from _exc
 
-from byteps.core.api import BytePSError
+from byteps.core.api import BytePSError, join
 from byteps.torch.compat import (
     Adasum,
     Average,
@@ -67,7 +67,7 @@ __all__ = [
     "Product", "Sum", "allgather", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "cross_rank", "cross_size", "declare",
-    "init", "is_initialized", "local_rank", "local_size", "mpi_threads_supported",
+    "init", "is_initialized", "join", "local_rank", "local_size", "mpi_threads_supported",
     "nccl_built", "parallel", "poll", "push_pull", "push_pull_async", "push_pull_async_inplace",
     "push_pull_inplace", "rank", "shutdown", "size", "synchronize",
 ]

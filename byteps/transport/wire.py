@@ -35,7 +35,7 @@ import time
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_HEADER_BYTES = 1 << 20
 MAX_ENTRIES = 65536
 
@@ -54,10 +54,14 @@ class Op(enum.IntEnum):
     TERMINATE = 11      # scheduler -> all: job over (body: reason, ok)
     HELLO = 12          # worker -> server after registration
     HELLO_OK = 13
+    JOIN = 14           # worker -> scheduler: join() (out of data; body: {})
+    JOIN_DONE = 15      # scheduler -> worker: every worker joined (last_rank) or error
     DATA = 20           # worker -> server: entries (push and/or pull)
     RESULT = 21         # server -> worker: entries with payload (or acks)
     DATA_ERROR = 22     # server -> workers: a key failed (body: keys, message)
     STALL = 23          # server -> scheduler: stall report
+    MEMBERS = 24        # scheduler -> server: joined ranks, ranks gone, round reset (id)
+    MEMBERS_OK = 25     # server -> scheduler: MEMBERS applied (id)
 
 
 # entry flags
