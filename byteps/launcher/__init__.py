@@ -264,6 +264,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--slurm", action="store_true",
                     help="inside a Slurm allocation: srun bpslaunch --slurm python train.py "
                          "(roles and ranks from SLURM_*; docs/deployment.md)")
+    ap.add_argument("--grace-period", type=float, default=10.0, metavar="S",
+                    help="after SIGINT (Ctrl-C) the workers get SIGINT (KeyboardInterrupt) and "
+                         "S seconds to end; then SIGTERM, then SIGKILL (default 10)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return ap
 
@@ -281,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     servers_given = args.num_servers is not None
     if args.num_servers is None:
         args.num_servers = 1
-    for v in ("num_workers", "num_servers", "hosts", "local_size"):
+    for v in ("num_workers", "num_servers", "hosts", "local_size", "grace_period"):
         if getattr(args, v) < 0:
             ap.error(f"--{v.replace('_', '-')} must be >= 0")
+    from byteps.launcher import supervise
+    supervise.GRACE_PERIOD_S = args.grace_period
     if args.slurm:                          # one Slurm task's share of the job
         from byteps.launcher import slurm
         args.num_servers_given = servers_given

@@ -20,6 +20,10 @@ from byteps.core.node import PEER_FAILED_EXIT
 # After the first process ended because of a failure elsewhere, wait this long for the
 # process that failed for its own reason (still tearing down) before ending the job.
 ROOT_CAUSE_WAIT_S = 10.0
+# SIGINT (Ctrl-C) to bpslaunch: the workers get SIGINT (KeyboardInterrupt) and this long to
+# end by themselves (bpslaunch --grace-period); then SIGTERM, and SIGKILL TERM_GRACE_S later
+GRACE_PERIOD_S = 10.0
+TERM_GRACE_S = 3.0
 _OUT_LOCK = threading.Lock()
 
 
@@ -137,10 +141,22 @@ class Job:
         self.in_cluster = in_cluster      # other processes of the job run elsewhere
         self.scheduler: Proc | None = None
         self.last_words: str | None = None
+        self.workers: list[Proc] | None = None     # known once supervise() runs
+        self.interrupted: float | None = None      # when SIGINT was forwarded to the workers
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum, _frame) -> None:
+        if signum == signal.SIGINT and self.workers is not None and self.interrupted is None:
+            # like a terminal's Ctrl-C under torchrun: the workers' `except KeyboardInterrupt`
+            # and `finally:` run; supervise() escalates after the grace period
+            self.interrupted = time.monotonic()
+            alive = [w for w in self.workers if w.p.poll() is None]
+            say(f"received SIGINT; sent SIGINT to {len(alive)} worker(s); SIGTERM in "
+                f"{GRACE_PERIOD_S:g} s (--grace-period), then SIGKILL (SIGINT again: now)")
+            for w in alive:
+                w.kill(signal.SIGINT)
+            return
         say(f"received {signal.Signals(signum).name}; ending the job")
         self.terminate()
         sys.exit(128 + signum)
@@ -151,7 +167,7 @@ class Job:
         self.procs.append(p)
         return p
 
-    def terminate(self, grace: float = 3.0) -> None:
+    def terminate(self, grace: float = TERM_GRACE_S) -> None:
         for p in self.procs:
             if p.p.poll() is None:
                 p.kill(signal.SIGTERM)
@@ -185,7 +201,10 @@ class Job:
         """Wait for the workers; end everything on the first failure and name its root cause."""
         order: list[Proc] = []            # children in the order their exit was seen
         ending_since = None
+        self.workers = workers
         while True:
+            if self.interrupted is not None:
+                return self._interrupt(workers)
             self._note_exits(order)
             root = next((p for p in order if _own_failure(p.p.returncode)), None)
             if root is not None:
@@ -198,6 +217,21 @@ class Job:
             elif all(w.p.poll() == 0 for w in workers):
                 return self._finish(services)
             time.sleep(0.05)
+
+    def _interrupt(self, workers: list[Proc]) -> int:
+        """After SIGINT: wait up to the grace period for the workers, then end everything."""
+        while time.monotonic() - self.interrupted < GRACE_PERIOD_S and \
+                any(w.p.poll() is None for w in workers):
+            time.sleep(0.05)
+        late = [w for w in workers if w.p.poll() is None]
+        if late:
+            say(f"{len(late)} worker(s) still running after the {GRACE_PERIOD_S:g} s grace "
+                f"period: SIGTERM, then SIGKILL after {TERM_GRACE_S:g} s")
+        self.terminate()
+        self.last_words = (f"job interrupted (SIGINT): {len(workers) - len(late)} of "
+                           f"{len(workers)} worker(s) ended within the grace period"
+                           + (f", {len(late)} terminated" if late else ""))
+        return 128 + signal.SIGINT
 
     def _finish(self, services: list[Proc]) -> int:
         deadline = time.monotonic() + 15
