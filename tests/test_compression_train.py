@@ -50,3 +50,19 @@ def test_qadam_torch(tmp_path):
     assert out[0]["qadam"][0] >= out[0]["adam"][0] - 0.02, out[0]
     mb = out[0]["momentum_bytes"]
     assert mb and mb["pushed_wire"] * 25 < mb["pushed"], mb
+
+
+def test_qadam_keras(tmp_path):
+    """byteps.keras.QAdamOptimizer (Keras 3, model.fit): as accurate as Adam, ranks equal,
+    momentum exchanged at about 1/32 of its float32 bytes after warm-up."""
+    pytest.importorskip("tensorflow")
+    import os
+    if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
+        pytest.skip("QAdamOptimizer needs Keras 3")
+    res = run_script("keras_qadam.py", tmp_path, workers=2, servers=1, timeout=300)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert out[0]["qadam"][1] == out[1]["qadam"][1], "ranks differ"
+    assert out[0]["qadam"][0] >= out[0]["adam"][0] - 0.02, out[0]
+    mb = out[0]["momentum_bytes"]
+    assert mb and mb["pushed_wire"] * 25 < mb["pushed"], mb

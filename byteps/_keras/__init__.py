@@ -124,6 +124,10 @@ class _Keras3(_Distributed):
         if not self.built:       # build outside any tf.cond below
             self.build(variables)
         st = self._bps
+        if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
+            if st.passes != 1:
+                raise ValueError("QAdamOptimizer does not support backward_passes_per_step > 1")
+            return super().apply(self._bps_exchange(grads, variables, st), variables)
         if st.passes == 1:
             return super().apply(st.reduce(grads, variables), variables)
         st.aggregate(grads, variables, lambda g: super(_Keras3, self).apply(g, variables))

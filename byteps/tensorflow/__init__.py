@@ -43,6 +43,7 @@ __all__ = [
     "Compression",
     "DistributedGradientTape",
     "DistributedOptimizer",
+    "QAdamOptimizer",
     "Sum",
     "barrier",
     "broadcast",
@@ -184,6 +185,14 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                gradtape._persistent, gradtape._watch_accessed_variables)
+
+
+def QAdamOptimizer(learning_rate=0.001, warmup_steps=100, **kwargs):
+    """QAdam / 1-bit Adam for Keras 3 optimizers (see byteps.keras.QAdamOptimizer)."""
+    from byteps import _keras
+    from byteps._keras.qadam import qadam_class
+    return qadam_class(_keras.default_keras())(learning_rate=learning_rate,
+                                                warmup_steps=warmup_steps, **kwargs)
 
 
 def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool = False,

@@ -121,7 +121,8 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
     average = op == Average
     cparams = getattr(compression, "core_params", None)
     if cparams:              # the core compresses (byteps.compression); nothing to do here
-        compression = _NoCompression
+        from byteps.tensorflow.compression import NoneCompressor
+        compression = NoneCompressor
     plan, tickets, specs = {}, [], []
     for i in reversed(range(len(grads))):       # last layers' gradients exist first
         g = grads[i]
@@ -157,16 +158,6 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
             else:
                 out[i] = r
     return out
-
-
-class _NoCompression:
-    @staticmethod
-    def compress(t):
-        return t, None
-
-    @staticmethod
-    def decompress(t, ctx):
-        return t
 
 
 def broadcast_tensors(tensors: list, names: list[str], root_rank: int) -> list:

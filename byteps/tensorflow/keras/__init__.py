@@ -34,6 +34,7 @@ __all__ = [
     "BytePSError",
     "Compression",
     "DistributedOptimizer",
+    "QAdamOptimizer",
     "Sum",
     "broadcast",
     "broadcast_global_variables",
@@ -67,6 +68,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         _impl.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
         sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients,
         compression_params=compression_params)
+
+
+def QAdamOptimizer(learning_rate=0.001, warmup_steps=100, **kwargs):
+    """QAdam / 1-bit Adam (Keras 3): Adam for ``warmup_steps``, then the variance is frozen
+    and the momentum is exchanged compressed (default onebit + error feedback); wrap it in
+    DistributedOptimizer.  Other arguments: ``beta_1``, ``beta_2``, ``epsilon``,
+    ``compression_params``.  See docs/compression.md."""
+    from byteps._keras.qadam import qadam_class
+    return qadam_class(keras)(learning_rate=learning_rate, warmup_steps=warmup_steps, **kwargs)
 
 
 def broadcast_global_variables(root_rank: int):
