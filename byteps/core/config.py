@@ -41,7 +41,7 @@ KNOWN = {
     "BYTEPS_FUSION_BYTES": "65536", "BYTEPS_RESEND_TIMEOUT_S": "1",
     "BYTEPS_SERVER_PORT": "9100", "BYTEPS_LOCAL_REDUCE": "1",
     "BYTEPS_SHM_DIR": "/dev/shm", "BYTEPS_TEST_RECORD": "/tmp/arrivals.txt",
-    "BYTEPS_MIN_COMPRESS_BYTES": "65536",
+    "BYTEPS_MIN_COMPRESS_BYTES": "65536", "BYTEPS_RESTART_COUNT": "1",
 }
 # Names of the original BytePS that we accept without a warning (no effect).
 ORIGINAL_ONLY = {
@@ -197,6 +197,7 @@ class Config:
     heartbeat_timeout: float = 10.0
     startup_timeout: float = 60.0
     reinit_wait_s: float = 2.0     # job ends this long after every worker left, if none re-inits
+    restart_count: int = 0         # bpslaunch --max-restarts: restarts so far (epoch base)
     job_id: str = "byteps"
     job_secret: str | None = None
     auth_disable: bool = False
@@ -303,6 +304,7 @@ class Config:
             heartbeat_interval=hb_int, heartbeat_timeout=hb_to,
             startup_timeout=e.float("BYTEPS_STARTUP_TIMEOUT", 60.0, lo=0.5),
             reinit_wait_s=e.float("BYTEPS_REINIT_WAIT_S", 2.0, lo=0.0),
+            restart_count=e.int("BYTEPS_RESTART_COUNT", 0, lo=0, hi=32767),
             job_id=e.str("BYTEPS_JOB_ID", "byteps"), job_secret=secret,
             auth_disable=auth_disable,
             resend_timeout_s=e.float("BYTEPS_RESEND_TIMEOUT_S", 1.0, lo=0.01),

@@ -113,7 +113,28 @@ def standalone(args, cmd: list[str]) -> int:
         say(str(exc))
         return exc.code
     tag = _tagging(args.tag_output, hosts * local)
+    restarts = getattr(args, "max_restarts", 0)
+    for attempt in range(restarts + 1):
+        if attempt:
+            # the same job id and secret; a new scheduler port and a new range of membership
+            # epochs (BYTEPS_RESTART_COUNT), so nothing of the failed incarnation is current
+            base.update(DMLC_PS_ROOT_PORT=str(free_port()), BYTEPS_RESTART_COUNT=str(attempt))
+            say(f"restart {attempt} of {restarts} (--max-restarts): starting the job again "
+                f"with the same job secret, membership epoch {attempt << 16}+")
+        rc, job = _standalone_once(args, cmd, base, hosts, local, worker_env, tag)
+        if rc == 0 or job.interrupted is not None or attempt == restarts:
+            if rc == 0 and attempt:
+                say(f"job finished after {attempt} restart(s)")
+            elif rc and restarts:
+                say(f"job failed after {attempt} restart(s) (--max-restarts {restarts})")
+            return rc
+    return rc
+
+
+def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
+    """Start and supervise one incarnation of a standalone job: (exit code, Job)."""
     summaries = tempfile.mkdtemp(prefix="bpslaunch-summary-")
+    base = dict(base)
     base.update({NAMES_CHECKED: "1", "BPSLAUNCH_SUMMARY_DIR": summaries,
                  "BPSLAUNCH_STATUS_DIR": summaries})
     py = sys.executable
@@ -131,13 +152,15 @@ def standalone(args, cmd: list[str]) -> int:
                 rank = h * local + lr
                 workers.append(job.start(
                     f"worker rank {rank} (host host{h}, local rank {lr})", cmd,
-                    worker_env(h, lr), cpus=_numa_cpus(lr, local, base),
+                    dict(worker_env(h, lr), **{k: base[k] for k in (
+                        NAMES_CHECKED, "BPSLAUNCH_SUMMARY_DIR", "BPSLAUNCH_STATUS_DIR")}),
+                    cpus=_numa_cpus(lr, local, base),
                     tag=f"worker {rank}" if tag else None))
-        return job.supervise(workers, services)
+        return job.supervise(workers, services), job
     except LaunchError as exc:          # checked above; a race (the file went away) lands here
         job.terminate(grace=1.0)
         say(str(exc))
-        return exc.code
+        return exc.code, job
     finally:
         print_summaries(summaries)
         _remove_shm(base, None)
@@ -267,6 +290,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--grace-period", type=float, default=10.0, metavar="S",
                     help="after SIGINT (Ctrl-C) the workers get SIGINT (KeyboardInterrupt) and "
                          "S seconds to end; then SIGTERM, then SIGKILL (default 10)")
+    ap.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                    help="standalone: start the whole job again after a failure, up to N "
+                         "times (same job secret, new membership epoch; the script resumes "
+                         "from its own checkpoint, see docs/fault_tolerance.md)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return ap
 
@@ -284,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     servers_given = args.num_servers is not None
     if args.num_servers is None:
         args.num_servers = 1
-    for v in ("num_workers", "num_servers", "hosts", "local_size", "grace_period"):
+    for v in ("num_workers", "num_servers", "hosts", "local_size", "grace_period",
+              "max_restarts"):
         if getattr(args, v) < 0:
             ap.error(f"--{v.replace('_', '-')} must be >= 0")
     from byteps.launcher import supervise
     supervise.GRACE_PERIOD_S = args.grace_period
+    if args.slurm and args.max_restarts:
+        ap.error("--max-restarts restarts a --standalone job; under Slurm use --requeue")
     if args.slurm:                          # one Slurm task's share of the job
         from byteps.launcher import slurm
         args.num_servers_given = servers_given
@@ -301,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"machine, but DMLC_ROLE={role} is set; unset it, or use --local-size for "
                      f"the workers of this machine")
         args.standalone = True
+    if args.max_restarts and not args.standalone:
+        ap.error("--max-restarts restarts a --standalone job; on a cluster every machine's "
+                 "processes must restart together: use the cluster manager's restarts (a "
+                 "Kubernetes Job's backoffLimit, Slurm's --requeue) with BYTEPS_RESTART_COUNT "
+                 "set to the attempt number")
     if args.standalone:
         if not cmd:
             ap.error("--standalone needs a command to run")

@@ -37,6 +37,7 @@ VARIABLES = (
     ("BYTEPS_STALL_SHUTDOWN_S", "stall_shutdown_s", "off", "end the job after this long"),
     ("BYTEPS_JOB_ID", "job_id", None, "job identity"),
     ("BYTEPS_JOB_SECRET", "job_secret", "--standalone makes one", "authenticates messages"),
+    ("BYTEPS_RESTART_COUNT", "restart_count", None, "restarts so far (--max-restarts sets it)"),
     ("BYTEPS_TRACE_ON", "trace_on", None, "write timelines (docs/timeline.md)"),
     ("BYTEPS_TRACE_DIR", "trace_dir", None, "where timelines go"),
     ("BYTEPS_SHM_DIR", "shm_dir", None, "shared-memory folder"),

@@ -48,7 +48,9 @@ class Scheduler:
         self.workers: dict[bytes, dict] = {}
         self.hosts: dict[str, dict] = {}      # host_id -> {local_size, worker_id, order}
         self.formed = False
-        self.epoch = 0
+        # a job restarted by bpslaunch --max-restarts starts in a new range of epochs, so
+        # that no frame of an earlier incarnation (same job id and secret) is ever current
+        self.epoch = cfg.restart_count << 16
         self.seq = new_seq()
         self.left: set[bytes] = set()       # workers that called shutdown()
         self.exited: set[bytes] = set()
