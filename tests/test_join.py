@@ -94,3 +94,33 @@ def test_every_plugin_has_join(plugin):
         assert bps.join() == 0 and bps.join(device=-1) == 0
     finally:
         bps.shutdown()
+
+
+def test_torch_distributed_optimizer_with_join(tmp_path):
+    torch = pytest.importorskip("torch")
+    steps = [6, 9, 12]
+    res = run_job([sys.executable, str(SCRIPTS / "torch_join.py"), str(tmp_path),
+                   ",".join(map(str, steps))], workers=3, servers=1, timeout=120,
+                  BYTEPS_ENABLE_IPC=0)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert {o["last"] for o in out.values()} == {2}
+    assert out[0]["params"] == out[1]["params"] == out[2]["params"]
+    # reference: one process, per step the gradients of the ranks with data / size
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    for s in range(max(steps)):
+        total = [torch.zeros_like(p) for p in model.parameters()]
+        for r in range(len(steps)):
+            if s < steps[r]:
+                g = torch.Generator().manual_seed(1000 * r + s)
+                x, y = torch.randn(4, 8, generator=g), torch.randn(4, 3, generator=g)
+                model.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                for t, p in zip(total, model.parameters()):
+                    t += p.grad
+        with torch.no_grad():
+            for t, p in zip(total, model.parameters()):
+                p -= 0.1 * t / len(steps)
+    for k, v in model.state_dict().items():
+        assert np.allclose(np.array(out[0]["params"][k]), v.numpy(), atol=1e-6), k
