@@ -92,3 +92,19 @@ def test_compression_after_local_reduction(tmp_path, mode):
     raw = sum(v["pushed"] for o in out.values() for k, v in o["bytes"].items()
               if k.startswith("loc.onebit"))
     assert 0 < wire < raw / 25, (wire, raw)
+
+
+def test_timeline_has_compress_and_decompress_spans(tmp_path):
+    traces, out = tmp_path / "traces", tmp_path / "out"
+    out.mkdir()
+    res = run_script("trace_pushpull.py", out, workers=2, servers=1, timeout=120,
+                     BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR=traces, BYTEPS_PARTITION_BYTES=400_000,
+                     TRACE_COMPRESSION=json.dumps({"compressor": "onebit", "ef": "vanilla"}))
+    assert_ok(res)
+    for rank in (0, 1):
+        doc = json.loads((traces / str(rank) / "comm.json").read_text())
+        spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "compress"]
+        # 1.2 MB weight in 400 KB partitions: 3 compress + 3 decompress per step
+        names = [e["name"] for e in spans]
+        assert names.count("compress") >= 3 and names.count("decompress") >= 3, names
+        assert {e["args"]["tensor"] for e in spans} == {"layer.weight"}

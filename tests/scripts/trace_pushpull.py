@@ -3,6 +3,7 @@
 argv: out_dir.  Writes out_dir/rank<r>.json with the push-pull speed it saw.
 """
 import json
+import os
 import sys
 
 import numpy as np
@@ -15,8 +16,9 @@ bps.init()
 r = bps.rank()
 w = np.full(300_000, r + 1.0, dtype=np.float32)     # 1.2 MB: several partitions
 b = np.full(10, r + 1.0, dtype=np.float32)
+comp = json.loads(os.environ.get("TRACE_COMPRESSION", "null"))   # compression_params
 for step in range(5):
-    hw = bps.push_pull_async(w, name="layer.weight")
+    hw = bps.push_pull_async(w, name="layer.weight", compression_params=comp)
     hb = bps.push_pull_async(b, name="layer.bias", priority=1)
     bps.synchronize(hb)
     bps.synchronize(hw)
