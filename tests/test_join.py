@@ -14,7 +14,7 @@ from conftest import SCRIPTS, assert_ok, read_results, run_job
 pytestmark = pytest.mark.timeout(180)
 sys.path.insert(0, str(SCRIPTS))
 LR = np.float32(0.5)
-SIZES = {"w.small": 37, "w.parts": 5000, "w.big": 100_000, "w.fp16": 3000}
+SIZES = {"w.small": 37, "w.parts": 120_000, "w.big": 200_000, "w.fp16": 3000}
 
 
 def _grad(rank, step, size):
@@ -42,7 +42,7 @@ def _run(tmp_path, mode, steps, **env):
     return run_job([sys.executable, str(SCRIPTS / "join_uneven.py"), str(tmp_path), mode,
                     ",".join(map(str, steps))], workers=len(steps), servers=2, timeout=120,
                    BYTEPS_ENABLE_IPC=env.pop("BYTEPS_ENABLE_IPC", 0),
-                   BYTEPS_PARTITION_BYTES=4096, **env)
+                   BYTEPS_PARTITION_BYTES=300000, **env)
 
 
 @pytest.mark.parametrize("ipc", [0, 1])

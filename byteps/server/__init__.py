@@ -213,7 +213,10 @@ class Server:
         """After a membership change: finish the rounds that only joined ranks were missing
         from, and fail the pulls of rounds that a gone rank never pushed."""
         out: dict = {}
-        recheck(slot, self.nworkers, self.joined, out)
+        if recheck(slot, self.nworkers, self.joined, out):
+            log.debug("joined rank(s) %s: finished waiting rounds of key %d part %d (%s)",
+                      sorted(self.joined), slot.key, slot.part,
+                      "engine thread" if slot.engine >= 0 else "inline")
         for rnd, rs in list(slot.rounds.items()):
             if rs.result is None and rs.waiting:
                 why = self.blocked(slot, rnd)

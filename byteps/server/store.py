@@ -91,11 +91,15 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     rs.waiting.clear()
 
 
-def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> None:
-    """Finish the rounds that a newly joined rank was the last one missing from."""
+def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> int:
+    """Finish the rounds that a newly joined rank was the last one missing from; returns
+    how many."""
+    done = 0
     for rnd, rs in list(slot.rounds.items()):
         if rs.result is None and rs.ranks and full(rs, nworkers, joined):
             finish(slot, rnd, rs, out)
+            done += 1
+    return done
 
 
 def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,

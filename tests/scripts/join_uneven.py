@@ -21,9 +21,10 @@ bps.init()
 r, n = bps.rank(), bps.size()
 assert n == len(steps), (n, steps)
 LR = np.float32(0.5)
-# (name, elements, compression_params): several partitions on 2 servers, one tensor over
-# the server's inline limit (engine threads), one compressed (fp16: exact here), one onebit
-TENSORS = [("w.small", 37, None), ("w.parts", 5000, None), ("w.big", 100_000, None),
+# (name, elements, compression_params): with BYTEPS_PARTITION_BYTES=300000, two tensors
+# cut into partitions on 2 servers, partly over the server's inline limit (summed on engine
+# threads), one compressed with fp16 (exact here), one with onebit
+TENSORS = [("w.small", 37, None), ("w.parts", 120_000, None), ("w.big", 200_000, None),
            ("w.fp16", 3000, {"compressor": "fp16"}), ("w.onebit", 2000, {"compressor": "onebit"})]
 
 
@@ -46,6 +47,8 @@ res: dict = {"rank": r}
 if mode == "join":
     for s in range(steps[r]):
         step(s)
+    if r == 0:           # the others push round 10 and wait: join() must finish those rounds
+        time.sleep(0.5)
     t0 = time.time()
     res["last"] = bps.join()
     res["join_s"] = time.time() - t0
