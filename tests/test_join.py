@@ -124,3 +124,17 @@ def test_torch_distributed_optimizer_with_join(tmp_path):
                 p -= 0.1 * t / len(steps)
     for k, v in model.state_dict().items():
         assert np.allclose(np.array(out[0]["params"][k]), v.numpy(), atol=1e-6), k
+
+
+@pytest.mark.parametrize("mode", ["joined", "left"])
+def test_barrier_counts_joined_ranks_and_fails_for_a_rank_that_left(tmp_path, mode):
+    res = run_job([sys.executable, str(SCRIPTS / "join_barrier.py"), str(tmp_path), mode],
+                  workers=2, servers=1, timeout=60, BYTEPS_ENABLE_IPC=0)
+    out = read_results(tmp_path)
+    if mode == "joined":
+        assert_ok(res)
+        assert out[1] == {"sum": [1.0, 1.0, 1.0], "last": 1} and out[0] == {"last": 1}, out
+    else:
+        err = out[1]["error"]
+        assert "barrier cannot complete" in err and "worker rank 0" in err, err
+        assert "called shutdown()" in err and out[1]["error_at"] - out[0]["left_at"] < 10

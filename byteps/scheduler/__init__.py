@@ -178,9 +178,9 @@ class Scheduler:
                 self.register_again(*early)
             elif ident in self.workers:
                 self.worker_gone(ident, node, "left the job (called shutdown())")
-        elif hdr.op == Op.JOIN:
+        elif hdr.op == Op.JOIN and ident in self.workers:
             self.join(ident, node)
-        elif hdr.op == Op.MEMBERS_OK:
+        elif hdr.op == Op.MEMBERS_OK and ident in self.servers:
             self.members_ok(ident, hdr.body)
         elif hdr.op == Op.EXIT:
             self.node_exit(ident, node, hdr.body)
