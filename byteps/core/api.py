@@ -27,7 +27,7 @@ from byteps.core.logs import setup_logging
 from byteps.core.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
 from byteps.core.torchrun import warn_if_torchrun_without_byteps
-from byteps.transport.wire import Op, dtype_code, encode, new_seq
+from byteps.transport.wire import REDUCE_OPS, Op, dtype_code, encode, new_seq
 
 log = logging.getLogger("byteps.worker")
 
@@ -45,11 +45,12 @@ def tensor_key(name: str) -> int:
 
 class Tensor:
     __slots__ = ("name", "key", "dtype_code", "shape", "dtype", "parts", "round", "busy",
-                 "spec", "asked", "pipes", "comp_wire")
+                 "spec", "asked", "pipes", "comp_wire", "op")
 
     def __init__(self, name: str, arr: np.ndarray, partition_bytes: int, nservers: int,
-                 spec=None, min_compress_bytes: int = 0):
+                 spec=None, min_compress_bytes: int = 0, op: int = 0):
         self.name, self.key = name, tensor_key(name)
+        self.op = op      # the servers' reduction (wire.REDUCE_OPS): 0 sum, 1 min, 2 max, 3 prod
         self.dtype = arr.dtype
         self.dtype_code = dtype_code(arr.dtype, name)
         self.shape = tuple(arr.shape)
@@ -85,6 +86,7 @@ class _State:
         self.local = None        # byteps.core.local.reducer.LocalReducer (local reduction)
         self.steps = StepCounter()   # training steps: step_done(), the trace window
         self.declared: dict = {}  # name -> compression Spec given to declare()
+        self.user_timeline = None     # start_timeline() (Horovod's name)
 
 
 _STATE: _State | None = None
@@ -233,12 +235,16 @@ def _partition(st: _State, arr: np.ndarray, name: str) -> int:
     return st.cfg.partition_size(arr.nbytes if st.local is None else 0, name)
 
 
-def _tensor(st: _State, name: str, arr: np.ndarray, params=None) -> Tensor:
+def _tensor(st: _State, name: str, arr: np.ndarray, params=None, op: int = 0) -> Tensor:
     t = st.tensors.get(name)
     if t is None:
         spec = _spec(name, params) if params else st.declared.get(name)
         t = st.tensors[name] = Tensor(name, arr, _partition(st, arr, name),
-                                      st.nservers, spec, st.cfg.min_compress_bytes)
+                                      st.nservers, spec, st.cfg.min_compress_bytes, op)
+    elif t.op != op:
+        raise BytePSError(f"tensor {name!r} on rank {st.rank}: reduction "
+                          f"{REDUCE_OPS[op]} differs from its first use ({REDUCE_OPS[t.op]}); "
+                          f"a name keeps its reduction op")
     elif t.shape != tuple(arr.shape) or t.dtype != arr.dtype:
         raise BytePSError(f"tensor {name!r} on rank {st.rank}: shape {tuple(arr.shape)} "
                           f"{arr.dtype} differs from its first use {t.shape} {t.dtype}; a "
@@ -251,17 +257,23 @@ def _tensor(st: _State, name: str, arr: np.ndarray, params=None) -> Tensor:
 
 
 def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
-                    out: np.ndarray | None = None, compression_params: dict | None = None) -> int:
+                    out: np.ndarray | None = None, compression_params: dict | None = None,
+                    op: int = 0) -> int:
     """Start summing (or averaging) ``array`` across all workers; returns a handle.
 
     Higher ``priority`` goes first.  The input must not change until the
     handle is synchronized.  ``out`` may be ``array`` itself (in place).
     ``compression_params`` (first use of a name fixes them, as does ``declare``)
     compresses what leaves the host; see docs/compression.md.
+    ``op`` is the servers' element-wise reduction (``wire.REDUCE_OPS``: 0 sum, 1 min,
+    2 max, 3 product; plugins resolve Horovod's ``op=`` with
+    :func:`byteps.core.collectives.resolve_op`).
     """
     st = _state()
     if not isinstance(name, str) or not name:
         raise ValueError(f"push_pull needs a tensor name, got {name!r}")
+    if op:
+        _check_op(st, name, op, average, compression_params)
     if not isinstance(array, np.ndarray):
         raise TypeError(f"tensor {name!r}: expected a numpy array, got {type(array).__name__}")
     src = _contiguous(array)
@@ -270,7 +282,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
         raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
                          f"shape {src.shape}")
-    t = _tensor(st, name, src, compression_params)
+    t = _tensor(st, name, src, compression_params, op)
     st.steps.pushed(name)
     hid = next(st.ids)
     if st.engine is None:
@@ -285,9 +297,9 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         raise BytePSError(err)
     with st.lock:
         if t.busy is not None:
-            raise BytePSError(f"tensor {name!r} is already in flight on rank {st.rank} (handle "
-                              f"{t.busy}); synchronize() it before pushing the name again, or "
-                              f"use a distinct name")
+            raise NameInFlightError(
+                f"tensor {name!r} is already in flight on rank {st.rank} (handle {t.busy}); "
+                f"synchronize() it before pushing the name again, or use a distinct name")
         t.busy = hid
     if st.local is not None:            # local reduction: shared memory, then the network
         try:
@@ -322,6 +334,25 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     return hid
 
 
+class NameInFlightError(BytePSError, ValueError):
+    """A name was used again before its previous operation was synchronized (Horovod
+    raises ValueError for this; it is also a BytePSError)."""
+
+
+def _check_op(st: _State, name: str, op: int, average: bool, params) -> None:
+    """min/max/product: element-wise on the servers, so never averaged, compressed,
+    asynchronous or pre-reduced by the (summing) local reduction."""
+    if not 0 < op < len(REDUCE_OPS):
+        raise ValueError(f"tensor {name!r}: unknown reduction op {op!r}")
+    why = ("average=True" if average else
+           "compression" if params or st.declared.get(name) is not None else
+           "BYTEPS_ENABLE_ASYNC=1" if st.cfg.enable_async and st.cfg.distributed else
+           f"local reduction (BYTEPS_LOCAL_SIZE={st.cfg.local_size}; set "
+           f"BYTEPS_LOCAL_REDUCE=0)" if st.local is not None else None)
+    if why:
+        raise ValueError(f"tensor {name!r}: op {REDUCE_OPS[op]} cannot be combined with {why}")
+
+
 def _contiguous(array: np.ndarray) -> np.ndarray:
     """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
@@ -329,12 +360,21 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
 
 def poll(handle: int) -> bool:
     """True when the operation behind ``handle`` has finished."""
+    from byteps.core import collectives
+    if handle in collectives.OPS:
+        return collectives.OPS[handle].event.is_set()
     h = _handle(handle)
     return h.event.is_set()
 
 
 def synchronize(handle: int) -> np.ndarray:
-    """Wait for ``handle`` and return the result (raises BytePSError on failure)."""
+    """Wait for ``handle`` and return the result (raises BytePSError on failure).
+
+    Handles of the collectives in :mod:`byteps.core.collectives` return their result
+    (an array, a list of arrays, or ``(array, received_splits)`` for alltoall)."""
+    from byteps.core import collectives
+    if handle in collectives.OPS:
+        return collectives.wait(handle)
     st = _state()
     h = _handle(handle)
     while not h.event.wait(0.5):
@@ -393,6 +433,37 @@ def get_pushpull_speed(per_tensor: bool = False):
         name: {"pushed": b[0], "pushed_wire": b[1], "pulled": b[2], "pulled_wire": b[3]}
         for name, b in list(st.engine.bytes.items())}
     return ms, mbs, table
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's ``start_timeline``: trace this worker's operations from now on (the
+    ``BYTEPS_TRACE_ON`` spans, docs/timeline.md) into ``file_path`` (Chrome trace JSON),
+    written by :func:`stop_timeline`.  ``mark_cycles`` is accepted and ignored."""
+    st = _state()
+    if not isinstance(file_path, str) or not file_path:
+        raise ValueError(f"start_timeline needs a file path, got {file_path!r}")
+    tl = Timeline(os.path.dirname(os.path.abspath(file_path)), st.rank, st.size,
+                  st.steps.n, 1 << 62, steps=st.steps)
+    tl.path = os.path.abspath(file_path)
+    if st.engine is not None:
+        if st.engine.timeline is not None and st.engine.timeline.path != tl.path:
+            st.engine.timeline.write()
+        st.engine.timeline = tl
+    st.user_timeline = tl
+
+
+def stop_timeline() -> None:
+    """Stop the timeline started by :func:`start_timeline` and write its file."""
+    st = _state()
+    tl = getattr(st, "user_timeline", None)
+    if tl is None:
+        return
+    st.user_timeline = None
+    if tl.on_step in st.steps.listeners:
+        st.steps.listeners.remove(tl.on_step)
+    if st.engine is not None and st.engine.timeline is tl:
+        st.engine.timeline = None
+    tl.write()
 
 
 def _finish(st: _State) -> None:
@@ -523,5 +594,18 @@ def _identity(cfg: Config) -> bytes:
     import os
     import secrets
     return f"w/{cfg.host_id}/{cfg.local_rank}/{os.getpid()}/{secrets.token_hex(8)}".encode()
+
+
+# Horovod's collectives on numpy arrays (every rule decided once, for every plugin)
+from byteps.core.collectives import (  # noqa: E402
+    allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async,
+    grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_async,
+    grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async)
+
+__all__ += ["allgather", "allgather_async", "allreduce", "allreduce_async", "alltoall",
+            "alltoall_async", "grouped_allgather", "grouped_allgather_async",
+            "grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter",
+            "grouped_reducescatter_async", "reducescatter", "reducescatter_async",
+            "start_timeline", "stop_timeline"]
 
 

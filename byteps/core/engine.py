@@ -328,8 +328,11 @@ class Engine:
             # declare with every push until the server has acknowledged one (drops, resends)
             if (tn.key, server) not in self.declared and tn.key not in sent:
                 sent.add(tn.key)
-                decls.append([tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank,
-                              getattr(tn, "comp_wire", [])])
+                decl = [tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank,
+                        getattr(tn, "comp_wire", [])]
+                if getattr(tn, "op", 0):             # min/max/product (wire.REDUCE_OPS)
+                    decl.append(tn.op)
+                decls.append(decl)
                 self.held[server][tn.key] = tn.name
             if t.comp is not None:         # compressed: over the socket even when colocated
                 if t.wire is None:

@@ -25,8 +25,9 @@ from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, desc
                               failure_exit_code)
 from byteps.compression import CompressionError, Spec, server_pipeline
 from byteps.server.store import Slot, apply, recheck
-from byteps.transport.wire import (ACK, COMP, DTYPES, PUSH, SHM, Op, WireError, decode, encode,
-                                   entry_array, frame_bytes, new_seq, payload_count)
+from byteps.transport.wire import (ACK, COMP, DTYPES, PUSH, REDUCE_OPS, SHM, Op, WireError,
+                                   decode, encode, entry_array, frame_bytes, new_seq,
+                                   payload_count)
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024
@@ -394,7 +395,8 @@ class Server:
         apply(slot, e, arr, rank, ident, self.nworkers, self.cfg.enable_async, out, self.joined)
 
     def declare(self, d: list, w: dict) -> None:
-        key, name, shape, dt, _, comp = d
+        key, name, shape, dt, _, comp = d[:6]
+        op = d[6] if len(d) > 6 else 0          # wire.REDUCE_OPS: sum, min, max, product
         try:
             spec = Spec.from_wire(comp) if comp else None
             if spec is not None and DTYPES[dt].kind != "f":
@@ -405,7 +407,7 @@ class Server:
         old = self.decls.get(key)
         if old is None:
             self.decls[key] = {"name": name, "shape": shape, "dtype": dt, "rank": w["rank"],
-                               "host": w.get("host_id"), "comp": spec}
+                               "host": w.get("host_id"), "comp": spec, "op": op}
         elif old.get("error"):
             return
         elif old.get("comp") != spec and old["name"] == name:
@@ -415,6 +417,11 @@ class Server:
                 f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed it with "
                 f"{d(spec)} but rank {old['rank']} (host {old['host']}) declared {d(old['comp'])}"
                 f" first; every rank must use the same compression_params for a tensor"))
+        elif old.get("op", 0) != op and old["name"] == name:
+            self.key_error(key, (
+                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) reduces it with "
+                f"op {REDUCE_OPS[op]} but rank {old['rank']} (host {old['host']}) declared op "
+                f"{REDUCE_OPS[old.get('op', 0)]} first; every rank must use the same op"))
         elif (old["name"], old["shape"], old["dtype"]) != (name, shape, dt):
             self.key_error(key, (
                 f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed shape "
@@ -431,7 +438,7 @@ class Server:
             self.engine_load[engine] += nbytes
         spec = self.decls.get(e[0], {}).get("comp")
         pipe = server_pipeline(spec, e[5], e[0], e[1]) if spec is not None else None
-        slot = Slot(e[0], e[1], e[4], e[5], engine, pipe)
+        slot = Slot(e[0], e[1], e[4], e[5], engine, pipe, self.decls.get(e[0], {}).get("op", 0))
         self.slots[(e[0], e[1])] = slot
         return slot
 

@@ -22,6 +22,9 @@ import numpy as np
 
 from byteps.transport.wire import COMP, DTYPES, PULL, PUSH, SHM
 
+# the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
+REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
+
 
 class Round:
     __slots__ = ("acc", "owned", "ranks", "result", "waiting", "pulled", "started", "warned")
@@ -40,9 +43,10 @@ class Round:
 class Slot:
     """One partition (key, part) stored on this server."""
     __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
-                 "bytes_in", "bufs", "segs", "applied", "pipe", "scratch")
+                 "bytes_in", "bufs", "segs", "applied", "pipe", "scratch", "reduce")
 
-    def __init__(self, key: int, part: int, dtype: int, length: int, engine: int, pipe=None):
+    def __init__(self, key: int, part: int, dtype: int, length: int, engine: int, pipe=None,
+                 op: int = 0):
         self.key, self.part, self.dtype, self.length = key, part, dtype, length
         self.rounds: dict[int, Round] = {}
         self.value = None
@@ -54,6 +58,7 @@ class Slot:
         self.applied: dict[int, int] = {}   # async: rank -> last round applied (dedup)
         self.pipe = pipe      # server-side compression pipeline (None: raw payloads)
         self.scratch = None
+        self.reduce = REDUCE[op]    # element-wise reduction of a round (declared op)
 
     def unpack(self, buf, rnd: int) -> np.ndarray:
         """Decompress a push into this slot's float32 scratch array (raises
@@ -140,10 +145,10 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
                 if slot.bufs is None:
                     slot.bufs = [np.empty(length, arr.dtype), np.empty(length, arr.dtype)]
                 # round r+2 starts only after every worker received round r: reuse is safe
-                rs.acc = np.add(rs.acc, arr, out=slot.bufs[rnd % 2])
+                rs.acc = slot.reduce(rs.acc, arr, out=slot.bufs[rnd % 2])
                 rs.owned = True
             else:
-                np.add(rs.acc, arr, out=rs.acc)
+                slot.reduce(rs.acc, arr, out=rs.acc)
             rs.ranks.add(rank)
             slot.pushes += 1
             slot.bytes_in += arr.nbytes

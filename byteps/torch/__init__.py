@@ -18,26 +18,8 @@ except ImportError as _exc:
     raise missing_framework("torch", "torch", "byteps.torch", _exc) from _exc
 
 from byteps.core.api import BytePSError, join
-from byteps.torch.compat import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather,
-    allgather_object,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    broadcast,
-    broadcast_,
-    cross_rank,
-    cross_size,
-    mpi_threads_supported,
-    nccl_built,
-)
+from byteps.torch.compat import __all__ as _horovod_names
+from byteps.torch.compat import *  # noqa: F401,F403  (Horovod's names, see docs/torch.md)
 from byteps.torch.compression import Compression
 from byteps.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from byteps.torch.ops import (
@@ -62,15 +44,12 @@ from byteps.torch.qadam import QAdamOptimizer
 # The original BytePS API first; Horovod's names (allreduce, broadcast, allgather, ops, ...)
 # are there so that a Horovod script needs only its import changed.
 __all__ = [
-    "Adasum", "Average", "BytePSError", "Compression", "DistributedOptimizer", "Max", "Min",
-    "QAdamOptimizer",
-    "Product", "Sum", "allgather", "allgather_object", "allreduce", "allreduce_",
-    "allreduce_async", "allreduce_async_", "broadcast", "broadcast_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "cross_rank", "cross_size", "declare",
-    "init", "is_initialized", "join", "local_rank", "local_size", "mpi_threads_supported",
-    "nccl_built", "parallel", "poll", "push_pull", "push_pull_async", "push_pull_async_inplace",
-    "push_pull_inplace", "rank", "shutdown", "size", "synchronize",
-]
+    "BytePSError", "Compression", "DistributedOptimizer", "QAdamOptimizer",
+    "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "declare",
+    "init", "is_initialized", "join", "local_rank", "local_size", "parallel", "poll",
+    "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace", "rank",
+    "shutdown", "size", "synchronize",
+] + list(_horovod_names)
 
 
 def __getattr__(name):

@@ -144,6 +144,12 @@ def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Optimize
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    if not optimizer.state:
+        # as Horovod and the original: parameters that will be trained get a zero .grad
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     me = rank()
     tensors: list = []
     data = None

@@ -12,12 +12,12 @@ core cannot carry directly go through a per-name staging buffer:
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 import torch
 
 from byteps.core import api as _core
+from byteps.core import collectives as _collectives
 from byteps.core.api import BytePSError
 from byteps.torch.compression import Compression
 
@@ -44,7 +44,6 @@ _NATIVE = {torch.float16, torch.float32, torch.float64, torch.int32, torch.int64
 _CAST = {torch.bfloat16: torch.float32, torch.int16: torch.int32, torch.bool: torch.int32}
 
 _lock = threading.Lock()
-_noname = itertools.count()
 _handles: dict[int, _Pending] = {}
 _staging: dict[tuple, torch.Tensor] = {}
 
@@ -108,8 +107,7 @@ def declare(name: str, compression_params: dict | None = None) -> int:
 
 def _auto_name(kind: str) -> str:
     """A name for an unnamed call: deterministic if every rank calls in the same order."""
-    with _lock:
-        return f"{kind}.noname.{next(_noname)}"
+    return _collectives.auto_name(kind)
 
 
 class _Pending:
@@ -119,7 +117,7 @@ class _Pending:
     def __init__(self, tensor, output, src, staged_out):
         self.tensor, self.output, self.src, self.staged_out = tensor, output, src, staged_out
 
-    def finish(self) -> torch.Tensor:
+    def finish(self, result=None) -> torch.Tensor:
         if self.staged_out is not None:
             with torch.no_grad():
                 self.output.copy_(self.staged_out)
@@ -251,11 +249,11 @@ def synchronize(handle: int) -> torch.Tensor:
     if pending is None:
         raise ValueError(f"unknown or already synchronized handle {handle!r}")
     try:
-        _core.synchronize(handle)
+        result = _core.synchronize(handle)
     finally:
         with _lock:
             _handles.pop(handle, None)
-    return pending.finish()
+    return pending.finish(result)
 
 
 def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None,

@@ -65,6 +65,7 @@ class _DistributedOptimizer:
             self._bps_names = {p: by_id[id(p)] for p in params}
         else:
             self._bps_names = {p: f"push_pull.noname.{i}" for i, p in enumerate(params)}
+        self._parameter_names = self._bps_names      # Horovod's name for it
         self._bps_priority = {p: -i for i, p in enumerate(params)}
         self._bps_bpps = backward_passes_per_step
         self._bps_delay = {p: backward_passes_per_step for p in params}

@@ -15,7 +15,9 @@ Header (a msgpack array, validated field by field on receipt)::
   drop a frame whose seq is not above the last one they accepted (replay).
 * ``body``     map (control ops) or ``[entries, decls]`` (DATA / RESULT)
 
-A declaration is ``[key, name, shape, dtype, rank, compression]``: sent with a
+A declaration is ``[key, name, shape, dtype, rank, compression]`` or, for a reduction
+other than a sum, ``[key, name, shape, dtype, rank, compression, op]`` (``op`` an index
+into :data:`REDUCE_OPS`): sent with a
 tensor's first push to a server so that the server can fix and check its layout;
 ``compression`` is ``[]`` or the compressor settings as ``[[name, value], ...]``
 (validated by :meth:`byteps.compression.Spec.from_wire`).
@@ -71,6 +73,9 @@ ACK = 4          # server acknowledges a push (no payload)
 SHM = 8          # payload is in a shared-memory segment (colocated peers), not a frame
 COMP = 16        # payload is a compressed frame (byteps.compression), not raw elements
 MAX_COMP_PAIRS = 16
+
+# element-wise reductions a server applies to the pushes of a round (declaration field 6)
+REDUCE_OPS = ("sum", "min", "max", "product")
 
 DTYPES = [np.dtype(t) for t in ("float32", "float64", "float16", "int32", "int64",
                                 "uint8", "int8")]
@@ -196,14 +201,15 @@ def _check_entries(body) -> None:
     if not isinstance(decls, list) or len(decls) > MAX_ENTRIES:
         raise WireError("data decls must be an array")
     for d in decls:
-        if not (isinstance(d, list) and len(d) == 6 and _comp_shape(d[5])
+        if not (isinstance(d, list) and len(d) in (6, 7) and _comp_shape(d[5])
+                and (len(d) == 6 or (_is_int(d[6]) and 0 <= d[6] < len(REDUCE_OPS)))
                 and _is_int(d[0]) and 0 <= d[0] < 1 << 63
                 and isinstance(d[1], str) and len(d[1]) < 4096 and isinstance(d[2], list)
                 and len(d[2]) <= 32 and all(_is_int(x) and 0 <= x < 1 << 40 for x in d[2])
                 and _is_int(d[3]) and 0 <= d[3] < len(DTYPES)
                 and _is_int(d[4]) and 0 <= d[4] < 1 << 31):
             raise WireError("bad declaration (want [key, name, shape, dtype, rank, "
-                            "compression])")
+                            "compression] or [..., compression, op])")
     for e in entries:
         if not isinstance(e, list) or len(e) != 6 or not all(_is_int(x) for x in e):
             raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
