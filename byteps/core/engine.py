@@ -21,12 +21,13 @@ import zmq
 
 from byteps import transport
 from byteps.core.config import Config
+from byteps.core.engine_comp import COMP_LR, CompressionMixin, comp_pipeline  # noqa: F401
 from byteps.core.node import (BytePSError, SchedulerLink, describe, down_grace,
                                end_process_later, held_tensors)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
 from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Op, WireError, decode,
-                                   encode, entry_array, frame_bytes, new_seq, payload_count)
+                                   encode, entry_array, new_seq, payload_count)
 
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
@@ -60,26 +61,7 @@ class Task:
         return (self.prio, self.seq, self.part) < (other.prio, other.seq, other.part)
 
 
-def comp_pipeline(tensor, part: int, length: int):
-    """The worker-side compression pipeline of partition ``part`` of ``tensor`` (None when
-    the tensor travels uncompressed).  One per partition: it owns the partition's error
-    feedback residual and momentum buffer."""
-    spec = getattr(tensor, "spec", None)
-    if spec is None:
-        return None
-    p = tensor.pipes.get(part)
-    if p is None:
-        from byteps import compression
-        p = tensor.pipes[part] = compression.worker_pipeline(spec, length, tensor.key, part)
-        if COMP_LR[0] is not None:
-            p.set_lr(COMP_LR[0])
-    return p
-
-
-COMP_LR: list = [None]    # the learning rate last given to set_compression_lr()
-
-
-class Engine:
+class Engine(CompressionMixin):
     def __init__(self, cfg: Config, ctx: zmq.Context, link: SchedulerLink, book: dict):
         self.cfg, self.ctx, self.link = cfg, ctx, link
         self.rank = book["rank"]
@@ -359,48 +341,6 @@ class Engine:
                 payload.append(t.src)
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
-
-    def drop_task(self, t: Task, err: BytePSError) -> None:
-        """Take an unsent task out of flight and fail its handle."""
-        if self.inflight.pop((t.handle.tensor.key, t.part), None) is not None:
-            self.inflight_bytes -= t.nbytes
-        self.fail_handle(t.handle, err)
-
-    def compress(self, t: Task) -> np.ndarray:
-        """Compress a partition (momentum -> error feedback -> compressor)."""
-        t0 = time.monotonic()
-        src = t.src if t.src.dtype == np.float32 else t.src.astype(np.float32)
-        wire = t.comp.compress(src, t.round)
-        self.count(t.handle.tensor.name, t.src.nbytes, wire.nbytes, 0)
-        tl = self.timeline
-        if tl is not None and tl.traced(t.handle.id):
-            tl.span("compress", t0, time.monotonic(), cat="compress",
-                    tensor=t.handle.tensor.name, part=t.part)
-        return wire
-
-    def decompress(self, t: Task, e: list, frame) -> np.ndarray:
-        """The float32 result of a compressed RESULT entry (raises CompressionError)."""
-        t0 = time.monotonic()
-        out = np.empty(t.length, np.float32)
-        buf = frame_bytes(frame)
-        t.comp.decompress(buf, e[2], out)
-        self.count(t.handle.tensor.name, 0, 0, t.src.nbytes, buf.nbytes)
-        tl = self.timeline
-        if tl is not None and tl.traced(t.handle.id):
-            tl.span("decompress", t0, time.monotonic(), cat="compress",
-                    tensor=t.handle.tensor.name, part=t.part)
-        return out
-
-    def count(self, name: str, raw_out: int, wire_out: int, raw_in: int,
-              wire_in: int | None = None) -> None:
-        """Telemetry: bytes pushed and pulled per tensor, before and after compression."""
-        b = self.bytes.get(name)
-        if b is None:
-            b = self.bytes[name] = [0, 0, 0, 0]
-        b[0] += raw_out
-        b[1] += wire_out
-        b[2] += raw_in
-        b[3] += raw_in if wire_in is None else wire_in
 
     def push_segment(self, t: Task, server: int) -> np.ndarray | None:
         """This partition's shared-memory segment; None (TCP from now on) if it can't be made."""

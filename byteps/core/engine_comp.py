@@ -1,0 +1,78 @@
+"""The worker engine's compression side: per-partition pipelines, compress/decompress with
+timeline spans, and per-tensor byte counts before and after compression.
+
+:class:`CompressionMixin` is a base of :class:`byteps.core.engine.Engine`; it runs on the
+engine thread.  The compressors themselves are in :mod:`byteps.compression`.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from byteps.core.node import BytePSError
+from byteps.transport.wire import frame_bytes
+
+COMP_LR: list = [None]    # the learning rate last given to api.set_compression_lr()
+
+
+def comp_pipeline(tensor, part: int, length: int):
+    """The worker-side compression pipeline of partition ``part`` of ``tensor`` (None when
+    the tensor travels uncompressed).  One per partition: it owns the partition's error
+    feedback residual and momentum buffer."""
+    spec = getattr(tensor, "spec", None)
+    if spec is None:
+        return None
+    p = tensor.pipes.get(part)
+    if p is None:
+        from byteps import compression
+        p = tensor.pipes[part] = compression.worker_pipeline(spec, length, tensor.key, part)
+        if COMP_LR[0] is not None:
+            p.set_lr(COMP_LR[0])
+    return p
+
+
+class CompressionMixin:
+    """Engine methods for compressed partitions (``Task.comp`` is their pipeline)."""
+
+    def drop_task(self, t, err: BytePSError) -> None:
+        """Take an unsent task out of flight and fail its handle."""
+        if self.inflight.pop((t.handle.tensor.key, t.part), None) is not None:
+            self.inflight_bytes -= t.nbytes
+        self.fail_handle(t.handle, err)
+
+    def compress(self, t) -> np.ndarray:
+        """Compress a partition (momentum -> error feedback -> compressor)."""
+        t0 = time.monotonic()
+        src = t.src if t.src.dtype == np.float32 else t.src.astype(np.float32)
+        wire = t.comp.compress(src, t.round)
+        self.count(t.handle.tensor.name, t.src.nbytes, wire.nbytes, 0)
+        self._span("compress", t, t0)
+        return wire
+
+    def decompress(self, t, e: list, frame) -> np.ndarray:
+        """The float32 result of a compressed RESULT entry (raises CompressionError)."""
+        t0 = time.monotonic()
+        out = np.empty(t.length, np.float32)
+        buf = frame_bytes(frame)
+        t.comp.decompress(buf, e[2], out)
+        self.count(t.handle.tensor.name, 0, 0, t.src.nbytes, buf.nbytes)
+        self._span("decompress", t, t0)
+        return out
+
+    def _span(self, what: str, t, t0: float) -> None:
+        tl = self.timeline
+        if tl is not None and tl.traced(t.handle.id):
+            tl.span(what, t0, time.monotonic(), cat="compress", tensor=t.handle.tensor.name,
+                    part=t.part)
+
+    def count(self, name: str, raw_out: int, wire_out: int, raw_in: int,
+              wire_in: int | None = None) -> None:
+        """Telemetry: bytes pushed and pulled per tensor, before and after compression."""
+        b = self.bytes.get(name)
+        if b is None:
+            b = self.bytes[name] = [0, 0, 0, 0]
+        b[0] += raw_out
+        b[1] += wire_out
+        b[2] += raw_in
+        b[3] += raw_in if wire_in is None else wire_in
