@@ -27,7 +27,7 @@ from byteps.core.logs import setup_logging
 from byteps.core.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
 from byteps.core.torchrun import warn_if_torchrun_without_byteps
-from byteps.transport.wire import REDUCE_OPS, Op, dtype_code, encode, new_seq
+from byteps.transport.wire import ASYNC, REDUCE_OPS, Op, dtype_code, encode, new_seq
 
 log = logging.getLogger("byteps.worker")
 
@@ -45,7 +45,7 @@ def tensor_key(name: str) -> int:
 
 class Tensor:
     __slots__ = ("name", "key", "dtype_code", "shape", "dtype", "parts", "round", "busy",
-                 "spec", "asked", "pipes", "comp_wire", "op")
+                 "spec", "asked", "pipes", "comp_wire", "op", "wire_flags")
 
     def __init__(self, name: str, arr: np.ndarray, partition_bytes: int, nservers: int,
                  spec=None, min_compress_bytes: int = 0, op: int = 0):
@@ -67,6 +67,7 @@ class Tensor:
         self.spec = spec if on else None
         self.pipes: dict = {}                 # part -> compression pipeline (engine thread)
         self.comp_wire = spec.to_wire() if on else []
+        self.wire_flags = 0       # wire.ASYNC: an asynchronous key (docs/algorithms.md)
 
 
 class _State:
@@ -258,7 +259,7 @@ def _tensor(st: _State, name: str, arr: np.ndarray, params=None, op: int = 0) ->
 
 def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
                     out: np.ndarray | None = None, compression_params: dict | None = None,
-                    op: int = 0) -> int:
+                    op: int = 0, asynchronous: bool = False) -> int:
     """Start summing (or averaging) ``array`` across all workers; returns a handle.
 
     Higher ``priority`` goes first.  The input must not change until the
@@ -268,10 +269,19 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     ``op`` is the servers' element-wise reduction (``wire.REDUCE_OPS``: 0 sum, 1 min,
     2 max, 3 product; plugins resolve Horovod's ``op=`` with
     :func:`byteps.core.collectives.resolve_op`).
+
+    ``asynchronous=True`` (the numpy API and the async algorithms set it with
+    ``BYTEPS_ENABLE_ASYNC=1``): the servers add ``array`` (a delta) to the value they
+    hold for ``name`` at once and the result is their current value, with no rounds
+    and no averaging (``average=True`` is an error); ``BYTEPS_ASYNC_STALENESS`` bounds
+    how far a worker may run ahead (docs/algorithms.md).
     """
     st = _state()
     if not isinstance(name, str) or not name:
         raise ValueError(f"push_pull needs a tensor name, got {name!r}")
+    if asynchronous:
+        from byteps.core.algorithms.async_ps import check_async
+        check_async(st, name, average, op, compression_params)
     if op:
         _check_op(st, name, op, average, compression_params)
     if not isinstance(array, np.ndarray):
@@ -282,11 +292,20 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
         raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
                          f"shape {src.shape}")
+    new = name not in st.tensors
     t = _tensor(st, name, src, compression_params, op)
+    if new and asynchronous:
+        t.wire_flags = ASYNC
+    if bool(t.wire_flags & ASYNC) != bool(asynchronous):
+        from byteps.core.algorithms.async_ps import mode_change
+        raise BytePSError(mode_change(st, name, asynchronous))
     st.steps.pushed(name)
     hid = next(st.ids)
     if st.engine is None:
         h = Handle(hid, t, out, 0, average)
+        if asynchronous:        # one process: the "servers' value" is kept here
+            from byteps.core.algorithms.async_ps import local_add
+            src = local_add(st, name, src)
         if out is not src:
             np.copyto(out, src)
         h.event.set()
@@ -484,10 +503,11 @@ def _handle(handle: int) -> Handle:
 
 
 def push_pull(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
-              out: np.ndarray | None = None, compression_params: dict | None = None
-              ) -> np.ndarray:
+              out: np.ndarray | None = None, compression_params: dict | None = None,
+              asynchronous: bool = False) -> np.ndarray:
     """push_pull_async + synchronize."""
-    return synchronize(push_pull_async(array, name, average, priority, out, compression_params))
+    return synchronize(push_pull_async(array, name, average, priority, out, compression_params,
+                                       asynchronous=asynchronous))
 
 
 def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
@@ -596,6 +616,8 @@ def _identity(cfg: Config) -> bytes:
     return f"w/{cfg.host_id}/{cfg.local_rank}/{os.getpid()}/{secrets.token_hex(8)}".encode()
 
 
+
+
 # Horovod's collectives on numpy arrays (every rule decided once, for every plugin)
 from byteps.core.collectives import (  # noqa: E402
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async,
@@ -607,5 +629,3 @@ __all__ += ["allgather", "allgather_async", "allreduce", "allreduce_async", "all
             "grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter",
             "grouped_reducescatter_async", "reducescatter", "reducescatter_async",
             "start_timeline", "stop_timeline"]
-
-

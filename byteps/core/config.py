@@ -42,6 +42,7 @@ KNOWN = {
     "BYTEPS_SERVER_PORT": "9100", "BYTEPS_LOCAL_REDUCE": "1",
     "BYTEPS_SHM_DIR": "/dev/shm", "BYTEPS_TEST_RECORD": "/tmp/arrivals.txt",
     "BYTEPS_MIN_COMPRESS_BYTES": "65536", "BYTEPS_RESTART_COUNT": "1",
+    "BYTEPS_ASYNC_STALENESS": "2",
 }
 # Names of the original BytePS that we accept without a warning (no effect).
 ORIGINAL_ONLY = {
@@ -189,6 +190,7 @@ class Config:
     scheduling_credit: int = 4
     server_engine_threads: int = 4
     enable_async: bool = False
+    async_staleness: int | None = None   # BYTEPS_ASYNC_STALENESS: None = unbounded
     force_distributed: bool = False
     log_level: int = logging.WARNING
     stall_warning_s: float = 60.0
@@ -298,6 +300,7 @@ class Config:
             scheduling_credit=e.int("BYTEPS_SCHEDULING_CREDIT", 4, lo=0, hi=1 << 20),
             server_engine_threads=e.int("BYTEPS_SERVER_ENGINE_THREAD", 4, lo=1, hi=256),
             enable_async=e.bool("BYTEPS_ENABLE_ASYNC"), force_distributed=force,
+            async_staleness=e.int("BYTEPS_ASYNC_STALENESS", None, lo=0, hi=1 << 30),
             log_level=LOG_LEVELS[lvl],
             stall_warning_s=e.float("BYTEPS_STALL_WARNING_S", 60.0, lo=0.1),
             stall_shutdown_s=e.float("BYTEPS_STALL_SHUTDOWN_S", None, lo=0.1),

@@ -334,10 +334,12 @@ class Engine(CompressionMixin):
             seg = self.push_segment(t, server) if self.shm_ok[server] else None
             if seg is not None:
                 np.copyto(seg, t.src)
-                entries.append([tn.key, t.part, t.round, PUSH | PULL | SHM, tn.dtype_code,
-                                t.length])
+                entries.append([tn.key, t.part, t.round,
+                                PUSH | PULL | SHM | getattr(tn, "wire_flags", 0),
+                                tn.dtype_code, t.length])
             else:
-                entries.append([tn.key, t.part, t.round, PUSH | PULL, tn.dtype_code, t.length])
+                entries.append([tn.key, t.part, t.round, PUSH | PULL | getattr(tn, "wire_flags", 0),
+                                tn.dtype_code, t.length])
                 payload.append(t.src)
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
@@ -524,7 +526,8 @@ class Engine(CompressionMixin):
         for server, ts in pulls.items():
             self.resends += len(ts)
             flags = PULL | (SHM if self.shm_ok[server] else 0)
-            entries = [[t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else flags,
+            entries = [[t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else
+                        flags | getattr(t.handle.tensor, "wire_flags", 0),
                         t.handle.tensor.dtype_code, t.length] for t in ts]
             for t in ts:
                 t.sent_at = now

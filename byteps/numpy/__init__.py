@@ -15,7 +15,10 @@ from byteps.core.api import (BytePSError, barrier, declare, init, is_initialized
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull", "push_pull_async", "poll", "synchronize", "broadcast",
-           "barrier", "join", "BytePSError", "step_done"]
+           "barrier", "join", "BytePSError", "step_done", "DistributedOptimizer", "algorithms"]
+
+from byteps.core import algorithms  # noqa: E402
+from byteps.numpy.optimizer import DistributedOptimizer  # noqa: E402
 
 
 def push_pull(array, name: str, average: bool = True, priority: int = 0,
@@ -25,16 +28,26 @@ def push_pull(array, name: str, average: bool = True, priority: int = 0,
     ``compression_params`` (e.g. ``{"compressor": "onebit", "ef": "vanilla"}``,
     see docs/compression.md) compresses the tensor on the wire; the first use of
     a name (or :func:`declare`) fixes its settings.
+
+    With ``BYTEPS_ENABLE_ASYNC=1`` (asynchronous mode, as the original): the servers add
+    ``array`` (a delta) to the value they hold for ``name`` and the result is their
+    current global value (no averaging: ``average=True`` raises BytePSError; pass
+    ``average=False``).  See docs/algorithms.md.
     """
     return _api.push_pull(np.asarray(array), name, average=average, priority=priority,
-                          compression_params=compression_params)
+                          compression_params=compression_params, asynchronous=_async())
 
 
 def push_pull_async(array, name: str, average: bool = True, priority: int = 0,
                     compression_params: dict | None = None) -> int:
     """Start a push_pull; returns a handle for :func:`poll` / :func:`synchronize`."""
     return _api.push_pull_async(np.asarray(array), name, average=average, priority=priority,
-                                compression_params=compression_params)
+                                compression_params=compression_params,
+                                asynchronous=_async())
+
+
+def _async() -> bool:
+    return _api.get_config().enable_async
 
 
 def synchronize(handle: int) -> np.ndarray:

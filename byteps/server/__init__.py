@@ -24,9 +24,10 @@ from byteps.core.config import Config
 from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
                               failure_exit_code)
 from byteps.compression import CompressionError, Spec, server_pipeline
+from byteps.server.staleness import AsyncStore
 from byteps.server.store import Slot, apply, recheck
-from byteps.transport.wire import (ACK, COMP, DTYPES, PUSH, REDUCE_OPS, SHM, Op, WireError,
-                                   decode, encode, entry_array, frame_bytes, new_seq,
+from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, REDUCE_OPS, SHM, Op,
+                                   WireError, decode, encode, entry_array, frame_bytes, new_seq,
                                    payload_count)
 
 log = logging.getLogger("byteps.server")
@@ -70,6 +71,7 @@ class Server:
         self.joined: frozenset = frozenset()
         self.gone: dict[int, str] = {}
         self.pushers: set = set()
+        self.async_store = AsyncStore(cfg.async_staleness)   # ASYNC entries (staleness.py)
 
     # ---------------------------------------------------------------- set-up
     def start(self) -> None:
@@ -225,6 +227,7 @@ class Server:
                     for ident, _, _ in rs.waiting:
                         self.round_error(ident, slot.key, why)
                     rs.waiting.clear()
+        self.async_store.release(slot, self.async_ranks(), out)   # a slow rank left/joined
         if out:
             self.outbox.append(out)
             self.wake()
@@ -232,7 +235,7 @@ class Server:
     def blocked(self, slot: Slot, rnd: int) -> str | None:
         """Why round ``rnd`` of ``slot`` can never complete (a pusher left the job without
         pushing it and without join()), or None."""
-        if not self.gone or self.cfg.enable_async:
+        if not self.gone:
             return None
         rs = slot.rounds.get(rnd)
         if rs is not None and rs.result is not None:
@@ -340,7 +343,7 @@ class Server:
                 continue
             if arr is not None and not self.comp_ok(slot, e, arr, rank):
                 continue
-            why = self.blocked(slot, e[2]) if self.gone else None
+            why = self.blocked(slot, e[2]) if self.gone and not e[3] & ASYNC else None
             if why:
                 self.round_error(ident, e[0], why)
                 continue
@@ -392,7 +395,15 @@ class Server:
                 return self.drops.warn("malformed compressed push",
                                        f"tensor {name!r} partition {e[1]} from rank {rank}: "
                                        f"{exc}")
-        apply(slot, e, arr, rank, ident, self.nworkers, self.cfg.enable_async, out, self.joined)
+        if e[3] & ASYNC:
+            return self.async_store.apply(slot, e, arr, rank, ident, self.async_ranks(), out)
+        # asynchronous keys carry wire.ASYNC; the rest (broadcasts, collectives) keep rounds
+        apply(slot, e, arr, rank, ident, self.nworkers, False, out, self.joined)
+
+    def async_ranks(self) -> set:
+        """Ranks whose progress bounds the staleness (not joined, not gone)."""
+        return {w["rank"] for w in self.workers_by_id.values()} - set(self.joined) \
+            - set(self.gone)
 
     def declare(self, d: list, w: dict) -> None:
         key, name, shape, dt, _, comp = d[:6]
@@ -517,11 +528,17 @@ class Server:
                               f)
             except OSError as exc:
                 log.warning("cannot write the byte count: %s", exc)
+            if self.async_store.stats["pushes"]:
+                try:
+                    with open(f"{self.record}.staleness.{os.getpid()}.json", "w") as f:
+                        json.dump(self.async_store.stats, f)
+                except OSError as exc:
+                    log.warning("cannot write the staleness counters: %s", exc)
 
     # ---------------------------------------------------------------- stalls
     def scan_stalls(self, now: float) -> None:
-        if self.cfg.enable_async:
-            return
+        if self.async_store.held:
+            self.scan_held(now)
         warn, kill = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
         reports: dict = {}
         for slot in list(self.slots.values()):
@@ -557,6 +574,30 @@ class Server:
             if not fatal:
                 log.warning("stall: %s", text)
             self.link.send(Op.STALL, {"text": text, "fatal": fatal})
+
+
+    def scan_held(self, now: float) -> None:
+        """Bounded staleness: report pulls held longer than BYTEPS_STALL_WARNING_S,
+        naming the slow rank(s) they wait for (once per tensor and period)."""
+        reports: dict = {}
+        for key, part, rank, rnd, age, low, slow in self.async_store.waiting(
+                self.slots, self.async_ranks(), self.cfg.stall_warning_s, now):
+            name = self.decls.get(key, {}).get("name", key)
+            k = (name, tuple(slow), low)
+            reports.setdefault(k, [set(), 0.0])
+            reports[k][0].add((rank, rnd))
+            reports[k][1] = max(reports[k][1], age)
+        for (name, slow, low), (waiters, age) in reports.items():
+            if self.async_store.reported == (name, slow, low):
+                continue
+            self.async_store.reported = (name, slow, low)
+            who = ", ".join(describe(self.workers_by_id[n]) for n in self.workers_by_id
+                            if self.workers_by_id[n]["rank"] in slow)
+            text = (f"tensor {name!r}: pulls of rank(s) {sorted({r for r, _ in waiters})} "
+                    f"held {age:.0f} s by BYTEPS_ASYNC_STALENESS={self.async_store.staleness}: "
+                    f"waiting for the slow rank(s) {list(slow)} ({who}) at round {low}")
+            log.warning("stall: %s", text)
+            self.link.send(Op.STALL, {"text": text, "fatal": False})
 
 
 def main(cfg: Config | None = None) -> int:

@@ -5,8 +5,6 @@ the result is the root's value bit for bit on every rank.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import torch
 
@@ -14,7 +12,6 @@ from byteps.core import api as _core
 from byteps.torch import _objects
 from byteps.torch.ops import (
     _auto_name,
-    async_mode,
     push_pull_async_inplace,
     rank,
     size,
@@ -25,7 +22,6 @@ __all__ = ["broadcast_object", "broadcast_optimizer_state", "broadcast_parameter
 _SLOT_NUMEL = 64          # optimizer-state tensors at least this big travel as tensors
 
 
-_async_calls = itertools.count()
 
 
 def _check_root(root_rank: int, what: str) -> None:
@@ -38,16 +34,12 @@ def _check_root(root_rank: int, what: str) -> None:
 def broadcast_inplace(tensors: list, root_rank: int) -> None:
     """Overwrite every ``(name, tensor)`` with the root's value, in place.
 
-    Sync mode: one sum in which the other ranks contribute zeros.  Async mode
-    (servers add each push at once and answer pulls with the current value):
-    the names get a per-call suffix (a store is never reused), the root's push
-    is followed by a barrier, then the other ranks pull by pushing zeros.
+    One synchronous sum in which the other ranks contribute zeros, in async mode too
+    (only the asynchronous algorithms' keys are asynchronous on the servers,
+    docs/algorithms.md).
     """
     me = rank()
-    if async_mode():
-        suffix = f".async{next(_async_calls)}"
-        tensors = [(name + suffix, t) for name, t in tensors]
-    rounds = 2 if async_mode() else 1
+    rounds = 1
     with torch.no_grad():
         for k in range(rounds):
             if k == 1:

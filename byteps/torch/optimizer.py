@@ -14,14 +14,12 @@ import warnings
 
 import torch
 
+from byteps.core import algorithms as _algorithms
 from byteps.core import api as _core
 from byteps.torch.compression import Compression
 from byteps.torch.ops import (
-    async_mode,
     declare,
-    push_pull_async,
     push_pull_async_inplace,
-    rank,
     synchronize,
 )
 
@@ -32,7 +30,7 @@ class _DistributedOptimizer:
     """Mixin placed in front of the user's optimizer class (see DistributedOptimizer)."""
 
     def _bps_setup(self, named_parameters, compression, backward_passes_per_step: int,
-                   compression_params=None):
+                   compression_params=None, algorithm=None):
         self._bps_compression = compression
         self._bps_cparams = compression_params
         self._bps_lr = None
@@ -74,44 +72,62 @@ class _DistributedOptimizer:
         self._bps_should_sync = True
         self._bps_synchronized = False
         self._bps_hooks = []
-        self._bps_async = async_mode()
+        if algorithm is None:
+            algorithm = _algorithms.default()
+        elif not isinstance(algorithm, _algorithms.Algorithm):
+            raise TypeError(f"algorithm must be a byteps.torch.algorithms.Algorithm (SyncPS, "
+                            f"AsyncPS, AsyncModelAverage or a subclass), got "
+                            f"{type(algorithm).__name__}")
+        self.algorithm = algorithm
+        # every algorithm but SyncPS runs in step() (``_bps_alg_*``); the flag keeps its name
+        self._bps_async = not algorithm.plugin_gradients
         for name in sorted(self._bps_names.values()):
             declare("Gradient." + name, compression_params=compression_params)
         if self._bps_async:
-            self._bps_async_init()
+            self._bps_alg_init()
             return
         for p in self._bps_requires_update:
             self._bps_hooks.append(_register_hook(p, self._bps_make_hook(p)))
 
-    # ------------------------------------------------------------------ async mode
-    def _bps_async_push(self, tensors: list) -> None:
-        """push_pull ``(param, tensor)`` pairs into the parameter stores; params get the result."""
-        handles = [(p, push_pull_async(t, average=False, name="AsyncParam." + self._bps_names[p],
-                                       priority=self._bps_priority[p])) for p, t in tensors]
-        for p, h in handles:
-            p.copy_(synchronize(h))
-
-    def _bps_async_init(self) -> None:
-        """BYTEPS_ENABLE_ASYNC=1: the servers keep the parameters; seed them with rank 0's."""
+    # ------------------------------------------------------------------ algorithms
+    def _bps_alg_init(self) -> None:
+        """A core algorithm (AsyncPS with BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, ...)
+        on numpy views of the parameters (docs/algorithms.md)."""
         with torch.no_grad():
-            params = self._bps_requires_update
-            handles = [push_pull_async(p.detach() if rank() == 0 else torch.zeros_like(p),
-                                       average=False, name="AsyncParam." + self._bps_names[p])
-                       for p in params]
-            for h in handles:
-                synchronize(h)
-            _core.barrier()                  # every seed push has been applied
-            self._bps_async_push([(p, torch.zeros_like(p)) for p in params])
+            named = {self._bps_names[p]: p for p in self._bps_requires_update}
+            arrs = _as_arrays(named)
+            self.algorithm.init(arrs)
+            _write_back(named, arrs)
 
-    def _bps_async_step(self, closure):
-        """Local step, then push the parameter change and pull the servers' current value."""
-        params = [p for p in self._bps_requires_update if p.grad is not None]
-        old = [p.detach().clone() for p in params]
+    def _bps_alg_step(self, closure):
+        """Gradients (algorithm), local step, parameters (algorithm)."""
+        with torch.no_grad():
+            grads = {self._bps_names[p]: p.grad for p in self._bps_requires_update
+                     if p.grad is not None}
+            if grads and type(self.algorithm).reduce_gradients is not \
+                    _algorithms.Algorithm.reduce_gradients:
+                arrs = _as_arrays(grads)
+                self.algorithm.reduce_gradients(arrs)
+                _write_back(grads, arrs)
         loss = super().step(closure)
         with torch.no_grad():
-            self._bps_async_push([(p, p.detach() - o) for p, o in zip(params, old)])
+            named = {self._bps_names[p]: p for p in self._bps_requires_update}
+            arrs = _as_arrays(named)
+            self.algorithm.after_step(arrs)
+            _write_back(named, arrs)
         _core.step_done()
         return loss
+
+    def finish(self) -> None:
+        """End of training with a core algorithm: its final exchange (e.g. the last
+        synchronous average of AsyncModelAverage); every rank must call it."""
+        if not self._bps_async:
+            return
+        with torch.no_grad():
+            named = {self._bps_names[p]: p for p in self._bps_requires_update}
+            arrs = _as_arrays(named)
+            self.algorithm.finish(arrs)
+            _write_back(named, arrs)
 
     # ------------------------------------------------------------------ hooks
     def _bps_make_hook(self, p):
@@ -182,8 +198,9 @@ class _DistributedOptimizer:
     def skip_synchronize(self):
         """Inside this block ``step()`` does not synchronize (call synchronize() yourself)."""
         if self._bps_async:
-            raise AssertionError("skip_synchronize cannot be used in async training "
-                                 "(BYTEPS_ENABLE_ASYNC=1)")
+            raise AssertionError(f"skip_synchronize cannot be used with "
+                                 f"{self.algorithm.describe()} (asynchronous or "
+                                 f"BYTEPS_ENABLE_ASYNC=1 training)")
         self._bps_should_sync = False
         try:
             yield
@@ -193,7 +210,7 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         """Finish the gradients' push_pulls, then take the wrapped optimizer's step."""
         if self._bps_async:
-            return self._bps_async_step(closure)
+            return self._bps_alg_step(closure)
         if self._bps_should_sync:
             if self._bps_synchronized and not self._bps_handles:
                 warnings.warn("optimizer.step() called after optimizer.synchronize() without "
@@ -216,6 +233,31 @@ class _DistributedOptimizer:
 
 
 _OWN_TENSOR = object()     # marks a push_pull of an optimizer's own tensor (QAdam)
+_VIEWABLE = (torch.float32, torch.float64, torch.float16)
+
+
+def _as_arrays(named: dict) -> dict:
+    """numpy arrays of tensors: views of contiguous CPU tensors, copies otherwise
+    (:func:`_write_back` copies those back)."""
+    out = {}
+    for n, t in named.items():
+        t = t.detach()
+        if _viewable(t):
+            out[n] = t.numpy()
+        else:
+            dt = t.dtype if t.dtype in _VIEWABLE else torch.float32
+            out[n] = t.to("cpu", dt).contiguous().numpy().copy()
+    return out
+
+
+def _viewable(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.is_contiguous() and t.dtype in _VIEWABLE
+
+
+def _write_back(named: dict, arrs: dict) -> None:
+    for n, t in named.items():
+        if not _viewable(t):
+            t.copy_(torch.from_numpy(arrs[n]).reshape(t.shape))
 
 
 def _register_hook(p: torch.Tensor, hook):
@@ -232,7 +274,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step: int = 1, staleness: int = 0, op=None,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups=None, sparse_as_dense: bool = False, process_set=None,
-                         compression_params: dict | None = None):
+                         compression_params: dict | None = None, algorithm=None):
     """Wrap ``optimizer`` so that gradients are averaged over all workers.
 
     Returns an instance of a subclass of ``type(optimizer)`` sharing its
@@ -253,7 +295,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     With ``BYTEPS_ENABLE_ASYNC=1`` (asynchronous training, as in the original)
     the servers hold the parameters: they are seeded with rank 0's values when
     the optimizer is built, and every ``step()`` runs the local update, pushes
-    the parameter change and pulls the servers' current parameters.
+    the parameter change and pulls the servers' current parameters (the core's
+    ``AsyncPS``, as every plugin; ``BYTEPS_ASYNC_STALENESS`` bounds the staleness).
+
+    ``algorithm`` (``bps.algorithms.SyncPS()``, the default; ``AsyncPS()``;
+    ``AsyncModelAverage(sync_interval_ms=500)``, or your own subclass of
+    ``bps.algorithms.Algorithm``, docs/algorithms.md) chooses the training algorithm;
+    call ``optimizer.finish()`` at the end of training for its final exchange.
 
     ``compression_params`` (the original BytePS keys, e.g. ``{"compressor":
     "onebit", "ef": "vanilla"}``) compresses gradients in the core, on the way
@@ -298,7 +346,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                           if k not in ("step", "zero_grad", "synchronize")})
     dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
     compression, compression_params = _core_compression(dist, compression, compression_params)
-    dist._bps_setup(named_parameters, compression, backward_passes_per_step, compression_params)
+    if algorithm is not None and not getattr(algorithm, "plugin_gradients", False) and \
+            (compression_params or backward_passes_per_step != 1):
+        raise ValueError(f"algorithm={type(algorithm).__name__} cannot be combined with "
+                         f"gradient compression or backward_passes_per_step > 1")
+    dist._bps_setup(named_parameters, compression, backward_passes_per_step, compression_params,
+                    algorithm)
     return dist
 
 

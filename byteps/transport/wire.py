@@ -72,6 +72,8 @@ PULL = 2
 ACK = 4          # server acknowledges a push (no payload)
 SHM = 8          # payload is in a shared-memory segment (colocated peers), not a frame
 COMP = 16        # payload is a compressed frame (byteps.compression), not raw elements
+ASYNC = 32       # asynchronous key (BYTEPS_ENABLE_ASYNC=1): the push is added to the stored
+                 # value at once, the pull returns the current value (byteps/server/staleness.py)
 MAX_COMP_PAIRS = 16
 
 # element-wise reductions a server applies to the pushes of a round (declaration field 6)
@@ -215,7 +217,7 @@ def _check_entries(body) -> None:
             raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
         key, part, rnd, flags, dt, length = e
         if not (0 <= key < 1 << 63 and 0 <= part < 1 << 31 and 0 <= rnd < 1 << 62
-                and 0 <= flags < 32 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
+                and 0 <= flags < 64 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
             raise WireError(f"data entry out of range: {e}")
 
 

@@ -1,0 +1,123 @@
+"""Asynchronous model averaging (Bagua's ``async``): each worker trains without waiting
+for the others; a background thread averages the model through the servers every
+``sync_interval_ms`` and the main thread applies the correction at its next step.
+
+Every round of the background thread starts with a tiny synchronous exchange of control
+flags (stop, pause) so that all ranks agree on what the round does: ``abort()`` on any
+rank pauses the averaging of every rank until it calls ``resume()``; ``finish()``
+stops the threads after the same round everywhere and averages the model once more,
+synchronously, so that all ranks end with identical parameters.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from byteps.core import api
+from byteps.core.algorithms.base import Algorithm, average_now
+
+log = logging.getLogger("byteps.algorithms")
+
+
+class AsyncModelAverage(Algorithm):
+    """Train locally; average the parameters in the background every ``sync_interval_ms``.
+
+    The correction ``average - snapshot`` is added to the parameters at the next
+    :meth:`after_step`, so local progress made while the average was computed is kept.
+    """
+
+    def __init__(self, sync_interval_ms: int = 500, prefix: str = "AsyncAverage."):
+        if not isinstance(sync_interval_ms, (int, float)) or sync_interval_ms < 0:
+            raise ValueError(f"sync_interval_ms must be a number >= 0, got "
+                             f"{sync_interval_ms!r}")
+        self.interval = sync_interval_ms / 1000.0
+        self.prefix = prefix
+        self.lock = threading.Lock()
+        self.want = threading.Event()       # the thread asks the main thread for a snapshot
+        self.have = threading.Event()
+        self.snapshot: dict | None = None
+        self.pending: dict | None = None    # correction for the main thread
+        self.paused = False
+        self.stopping = False
+        self.rounds = 0                     # averaging rounds done (all ranks agree)
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def describe(self) -> str:
+        return f"AsyncModelAverage(sync_interval_ms={self.interval * 1000:g})"
+
+    def abort(self) -> None:
+        """Pause the background averaging (e.g. around evaluation); collective effect."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Resume the background averaging after :meth:`abort`."""
+        self.paused = False
+
+    def init(self, params: dict[str, np.ndarray]) -> None:
+        self.names = list(params)
+        self.thread = threading.Thread(target=self._run, name="bps-async-average",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        n = 0
+        try:
+            while True:
+                time.sleep(self.interval)
+                ctl = api.push_pull(np.array([float(self.stopping), float(self.paused)]),
+                                    f"{self.prefix}ctl", average=False)
+                n += 1
+                if ctl[0] > 0:
+                    return
+                if ctl[1] > 0:
+                    continue
+                self.have.clear()
+                self.want.set()
+                self.have.wait()          # the main thread's next step (or finish())
+                snap = self.snapshot
+                avg = {k: v.copy() for k, v in snap.items()}
+                average_now(avg, self.prefix)
+                corr = {k: avg[k] - snap[k] for k in snap}
+                with self.lock:
+                    if self.pending is None:
+                        self.pending = corr
+                    else:
+                        for k in corr:
+                            self.pending[k] += corr[k]
+                self.rounds += 1
+        except BaseException as exc:      # reported at the next step
+            self.error = exc
+
+    def _serve(self, params: dict[str, np.ndarray]) -> None:
+        with self.lock:
+            if self.pending is not None:
+                for k, c in self.pending.items():
+                    params[k] += c
+                self.pending = None
+        if self.want.is_set():
+            self.snapshot = {k: np.array(p, copy=True) for k, p in params.items()}
+            self.want.clear()
+            self.have.set()
+
+    def after_step(self, params: dict[str, np.ndarray]) -> None:
+        if self.error is not None:
+            raise api.BytePSError(f"{self.describe()}: background averaging failed: "
+                                  f"{self.error}")
+        self._serve(params)
+
+    def finish(self, params: dict[str, np.ndarray]) -> None:
+        """Stop the background thread (same round on every rank), then average the model
+        synchronously: every rank ends with identical parameters."""
+        self.stopping = True
+        while self.thread is not None and self.thread.is_alive():
+            self._serve(params)
+            self.thread.join(0.05)
+        self._serve(params)
+        if self.error is not None:
+            raise api.BytePSError(f"{self.describe()}: background averaging failed: "
+                                  f"{self.error}")
+        average_now(params, self.prefix + "final.")

@@ -1,0 +1,101 @@
+"""Asynchronous keys on the server, with optional bounded staleness (no sockets here).
+
+An entry flagged ``wire.ASYNC`` (a worker with ``BYTEPS_ENABLE_ASYNC=1`` pushing a
+parameter delta, docs/algorithms.md) is applied at once: the push is added to the
+stored value and the pull answers the current value, as in the original BytePS.
+
+Bounded staleness (``BYTEPS_ASYNC_STALENESS=s``): the pull of round ``r`` from a rank
+is held while ``r - s`` exceeds the round of the slowest rank (the smallest round every
+pushing rank has reached on this partition), and answered as soon as that rank pushes
+round ``r - s``.  So no worker runs more than ``s`` steps ahead of the slowest one:
+``s = 0`` is synchronous (every pull of round ``r`` sees exactly the pushes of rounds
+``<= r`` of every rank), unset is unbounded.  Ranks that called ``join()`` or left do
+not hold anyone back.
+
+``stats`` counts what happened (``max_lag``: the largest ``r - slowest`` ever answered),
+written by the server to ``<BYTEPS_TEST_RECORD>.staleness.<pid>.json`` for the tests.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from byteps.transport.wire import DTYPES, PULL, PUSH
+
+
+class AsyncStore:
+    """The asynchronous state of one server: held pulls per partition and counters."""
+
+    def __init__(self, staleness: int | None):
+        self.staleness = staleness
+        self.held: dict[tuple, list] = {}     # (key, part) -> [(ident, rank, rnd, reply, t0)]
+        self.stats = {"staleness": staleness, "pushes": 0, "pulls": 0, "held": 0,
+                      "max_lag": 0, "max_held_s": 0.0}
+        self.reported = None        # the last stall report (tensor, slow ranks, round)
+
+    def slowest(self, slot, ranks) -> tuple[int, list]:
+        """The smallest round pushed on ``slot`` by any of ``ranks`` (-1: one has not
+        pushed yet) and the ranks at that round."""
+        rounds = {r: slot.applied.get(r, -1) for r in ranks}
+        if not rounds:
+            return 1 << 62, []
+        low = min(rounds.values())
+        return low, sorted(r for r, v in rounds.items() if v == low)
+
+    def apply(self, slot, entry: list, arr, rank: int, ident: bytes, ranks, out: dict) -> None:
+        """Apply one asynchronous entry from ``rank``; queue replies into ``out``.
+
+        ``ranks``: the ranks that still push (not joined, not gone)."""
+        key, part, rnd, flags, dt, length = entry
+        if flags & PUSH and slot.applied.get(rank, -1) < rnd:     # a resend is not re-added
+            slot.applied[rank] = rnd
+            if slot.value is None:
+                slot.value = np.zeros(length, dtype=DTYPES[dt])
+            np.add(slot.value, arr, out=slot.value)
+            slot.pushes += 1
+            slot.bytes_in += arr.nbytes
+            self.stats["pushes"] += 1
+        if flags & PULL:
+            reply = [key, part, rnd, PULL, dt, length]
+            held = self.held.setdefault((key, part), [])
+            held[:] = [h for h in held if (h[1], h[2]) != (rank, rnd)]   # a resent pull
+            held.append((ident, rank, rnd, reply, time.monotonic()))
+        self.release(slot, ranks, out)
+
+    def release(self, slot, ranks, out: dict) -> None:
+        """Answer the held pulls of ``slot`` that the bound allows now."""
+        held = self.held.get((slot.key, slot.part))
+        if not held:
+            return
+        low, _ = self.slowest(slot, ranks)
+        keep = []
+        now = time.monotonic()
+        for h in held:
+            ident, rank, rnd, reply, t0 = h
+            if self.staleness is not None and rnd - self.staleness > low:
+                keep.append(h)
+                continue
+            val = slot.value if slot.value is not None else np.zeros(reply[5], DTYPES[reply[4]])
+            out.setdefault(ident, []).append((reply, val.copy()))
+            st = self.stats
+            st["pulls"] += 1
+            if now - t0 > 1e-3:
+                st["held"] += 1
+                st["max_held_s"] = max(st["max_held_s"], round(now - t0, 3))
+            st["max_lag"] = max(st["max_lag"], rnd - min(low, rnd))
+        held[:] = keep
+
+    def waiting(self, slots: dict, ranks, older_than: float, now: float) -> list:
+        """Held pulls older than ``older_than`` seconds: ``(key, part, rank, rnd, age,
+        slowest round, slow ranks)`` for the stall inspector."""
+        found = []
+        for (key, part), held in list(self.held.items()):
+            slot = slots.get((key, part))
+            if slot is None or not held:
+                continue
+            low, slow = self.slowest(slot, ranks)
+            for _, rank, rnd, _, t0 in list(held):
+                if now - t0 >= older_than:
+                    found.append((key, part, rank, rnd, now - t0, low, slow))
+        return found
