@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 
+from byteps.core import algorithms as _algorithms
 from byteps.core import api as core
 from byteps.mxnet._mx import mx
 from byteps.mxnet.compression import parse_compression
@@ -53,10 +54,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                           "optimizer. We have unwrapped it for you.", stacklevel=2)
         self._bps_cparams, optimizer_params = parse_compression(compression_params,
                                                                 optimizer_params)
-        if core.get_config().enable_async:
-            raise NotImplementedError(
-                "BYTEPS_ENABLE_ASYNC=1 (asynchronous training) is not available yet in "
-                "byteps.mxnet; unset it to train synchronously")
+        # BYTEPS_ENABLE_ASYNC=1: the core's AsyncPS (every plugin's rule, docs/algorithms.md)
+        self._bps_alg = _algorithms.AsyncPS() if core.get_config().enable_async else None
+        self._bps_alg_ready = False
         super().__init__(_param_list(params), optimizer, optimizer_params=optimizer_params,
                          kvstore=None)
         size = core.size()
@@ -101,7 +101,25 @@ class DistributedTrainer(mx.gluon.Trainer):
         """Average the gradients across workers, then update the parameters;
         gradients are normalised by ``1/batch_size`` (this worker's batch)."""
         super().step(batch_size, ignore_stale_grad)
+        if self._bps_alg is not None:
+            self._bps_async_exchange()
         core.step_done()                     # the timeline's steps
+
+    def _bps_async_exchange(self) -> None:
+        """AsyncPS after the local update: push the parameter change, pull the servers'
+        parameters (seeded with root_rank's values at the first step)."""
+        params = [p for p in self._params if p.grad_req != "null" and not p._deferred_init]
+        names = [self._bps_param_names[self._bps_index[id(p)]] for p in params]
+        arrs = {n: np.ascontiguousarray(p.list_data()[0].asnumpy()) for n, p in
+                zip(names, params)}
+        if not self._bps_alg_ready:
+            self._bps_alg_ready = True
+            self._bps_alg.init(arrs)
+        else:
+            self._bps_alg.after_step(arrs)
+        for n, p in zip(names, params):
+            for d in p.list_data():
+                d[:] = mx.nd.array(arrs[n], ctx=d.context, dtype=d.dtype)
 
     def _init_params(self):
         # At the first step: broadcast every initialised parameter from root_rank;
@@ -116,7 +134,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                               for p in params], self.root_rank)
 
     def _allreduce_grads(self):
-        if self._bps_size == 1 and len(self._contexts) == 1:
+        if self._bps_alg is not None or (self._bps_size == 1 and len(self._contexts) == 1):
             return
         pending = []
         if self._bps_cparams:

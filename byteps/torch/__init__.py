@@ -60,4 +60,6 @@ def __getattr__(name):
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
 
-__all__ = list(__all__) + ["get_pushpull_speed"]
+from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncModelAverage, ...)
+
+__all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]
