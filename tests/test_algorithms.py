@@ -97,3 +97,31 @@ def test_async_and_model_average_single_process():
             bps.DistributedOptimizer(lambda p, g: None, {"w": np.ones(2)}, algorithm="x")
     finally:
         bps.shutdown()
+
+
+def test_torch_async_model_average_single_process():
+    """torch DistributedOptimizer(algorithm=AsyncModelAverage): rounds run in the
+    background, abort()/resume(), finish(); a wrong algorithm is a TypeError."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    import byteps.torch as bps
+    bps.init()
+    try:
+        m = torch.nn.Linear(4, 1)
+        alg = bps.algorithms.AsyncModelAverage(sync_interval_ms=10)
+        opt = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                       named_parameters=m.named_parameters(), algorithm=alg)
+        for _ in range(30):
+            opt.zero_grad()
+            m(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            time.sleep(0.005)
+        alg.abort()
+        alg.resume()
+        opt.finish()
+        assert alg.rounds > 0 and not alg.thread.is_alive()
+        with pytest.raises(TypeError, match="algorithm"):
+            bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), algorithm="x")
+    finally:
+        bps.shutdown()
