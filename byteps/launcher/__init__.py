@@ -4,6 +4,7 @@
     bpslaunch --standalone --num-workers 2 --num-servers 2 python train.py
     bpslaunch --standalone --hosts 2 --local-size 2 --num-servers 2 python train.py
     DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch --local-size 8 python train.py  # cluster
+    bpslaunch -H gpu1:8,gpu2:8 --server-hosts cpu1,cpu2 python train.py  # over ssh
 
 Every child runs in its own process group and dies with bpslaunch.  When a
 process fails, the job is ended within seconds and the last line names the
@@ -294,6 +295,8 @@ def parser() -> argparse.ArgumentParser:
                     help="standalone: start the whole job again after a failure, up to N "
                          "times (same job secret, new membership epoch; the script resumes "
                          "from its own checkpoint, see docs/fault_tolerance.md)")
+    from byteps.launcher import ssh
+    ssh.add_arguments(ap)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return ap
 
@@ -319,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     supervise.GRACE_PERIOD_S = args.grace_period
     if args.slurm and args.max_restarts:
         ap.error("--max-restarts restarts a --standalone job; under Slurm use --requeue")
+    if args.host_list or args.hostfile:     # the whole job on several machines over ssh
+        from byteps.launcher import ssh
+        if args.slurm or args.standalone or args.max_restarts or args.hosts:
+            ap.error("-H/--hostfile start a job over ssh; --slurm, --standalone, --hosts and "
+                     "--max-restarts do not apply to it")
+        args.num_servers_given = servers_given
+        return ssh.run(args, cmd)
     if args.slurm:                          # one Slurm task's share of the job
         from byteps.launcher import slurm
         args.num_servers_given = servers_given

@@ -109,6 +109,13 @@ class Placement:
     job_id: str
 
 
+def servers_on(node: int, nodes: int, num_servers: int | None = None) -> int:
+    """How many of ``num_servers`` servers (default: one per node) node ``node`` of
+    ``nodes`` runs: server i on node i mod ``nodes``.  The scheduler runs on node 0.
+    (Also the layout of ``bpslaunch -H``, byteps.launcher.ssh.)"""
+    return len(range(node, num_servers or nodes, nodes))
+
+
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -163,7 +170,7 @@ def place(env: Mapping[str, str], num_servers: int | None = None,
     else:
         local_ranks, size = [localid], tasks
     num_servers = num_servers or nnodes
-    servers = len(range(node_id, num_servers, nnodes)) if localid == 0 else 0
+    servers = servers_on(node_id, nnodes, num_servers) if localid == 0 else 0
     job = env.get("SLURM_JOB_ID", "0")
     step = env.get("SLURM_STEP_ID", "0")
     # the same on every task without talking to each other: from the job and step ids

@@ -59,18 +59,21 @@ def _child_setup(cpus: list[int] | None):
     return setup
 
 
-def _pump(pipe, out, prefix: bytes) -> None:
-    """Copy a child's output line by line to ``out``, each line behind ``prefix``."""
+def _pump(pipe, out, prefix: bytes, log=None) -> None:
+    """Copy a child's output line by line to ``out``, each line behind ``prefix``; also
+    to the binary file ``log`` without the prefix (bpslaunch -H --log-dir)."""
     try:
         for line in iter(pipe.readline, b""):
             if not line.endswith(b"\n"):
                 line += b"\n"
             with _OUT_LOCK:
-                try:
-                    out.write(prefix + line)
-                    out.flush()
-                except (OSError, ValueError):
-                    pass
+                for dst, text in ((out, prefix + line), (log, line)):
+                    try:
+                        if dst is not None:
+                            dst.write(text)
+                            dst.flush()
+                    except (OSError, ValueError):
+                        pass
     finally:
         pipe.close()
 
