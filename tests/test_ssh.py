@@ -249,6 +249,17 @@ def test_ctrl_c_reaches_remote_workers_as_keyboard_interrupt(cluster, tmp_path):
     assert "job interrupted (SIGINT): 4 of 4 worker(s)" in err, err[-3000:]
 
 
+@pytest.mark.timeout(200)
+def test_sigkill_of_bpslaunch_leaves_nothing_on_any_host(cluster, tmp_path):
+    """No orphans even when bpslaunch cannot clean up: its ssh clients die with it, every
+    session's input ends and each bootstrap ends its process group."""
+    p = _start_forever(cluster, tmp_path, "d" * 64)
+    t0 = time.monotonic()
+    p.kill()
+    p.communicate(timeout=30)
+    _wait_gone(cluster, max(0.1, 10 - (time.monotonic() - t0)))
+
+
 @pytest.mark.timeout(120)
 def test_unreachable_host_is_one_line_within_the_connect_timeout(cluster, tmp_path):
     t0 = time.monotonic()
