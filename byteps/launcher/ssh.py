@@ -387,15 +387,15 @@ def run(args, cmd: list[str]) -> int:
         os.makedirs(args.log_dir, exist_ok=True)
     tag = args.tag_output is not False             # always, unless --no-tag-output
     job = Job(status_dir=None, in_cluster=False)
+    job.workers = []            # Ctrl-C while starting: SIGINT to the workers started so far
     shosts = ",".join(dict.fromkeys(r.host for r in roles if r.kind == "server"))
     say(f"job {base['BYTEPS_JOB_ID']}: scheduler on {roles[0].host}, {num_servers} "
         f"server(s) on {shosts}, {len(hosts) * hosts[0].slots} worker(s) on "
         f"{','.join(h.name for h in hosts)}")
     try:
         start(args, job, roles, hosts, base, cmd, python, tag)
-        workers = [p for p in job.procs if p.role.kind == "worker"]
         services = [p for p in job.procs if p.role.kind != "worker"]
-        return job.supervise(workers, services)
+        return job.supervise(job.workers, services)
     except LaunchError as exc:
         job.terminate(grace=1.0)
         say(str(exc))
@@ -419,6 +419,8 @@ def start(args, job: Job, roles: list[Role], hosts: list[Host], base: dict, cmd:
                 "announce": announce, "interface": args.network_interface}
         p = RemoteProc(role, ssh_argv(args, role.host, bootstrap(python)), spec)
         job.procs.append(p)
+        if role.kind == "worker":
+            job.workers.append(p)
         return p
 
     sched = launch(roles[0], base, announce=True)
@@ -433,6 +435,8 @@ def start(args, job: Job, roles: list[Role], hosts: list[Host], base: dict, cmd:
     for r in roles[1:]:
         per_host.setdefault(r.host, []).append(r)
     for wave in range(max(len(v) for v in per_host.values())):
+        if job.interrupted is not None:     # Ctrl-C while starting: start no more
+            return
         started = [launch(rs[wave], base) for rs in per_host.values() if wave < len(rs)]
         deadline = time.monotonic() + timeout
         for p in started:
