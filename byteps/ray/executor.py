@@ -1,0 +1,298 @@
+"""``RayExecutor``: a BytePS job (scheduler, servers, workers) as Ray actors."""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from byteps.core import torchrun
+from byteps.core.config import NAMES_CHECKED, Config, ConfigError
+from byteps.ray._actors import ServiceActor, WorkerActor, describe
+from byteps.ray.errors import RayExecutorError, WorkerFailedError
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# variables of the driver that are per process or per job, never copied to the actors
+_NOT_PROPAGATED = {"DMLC_ROLE", "DMLC_WORKER_ID", "DMLC_NODE_HOST", "DMLC_NUM_WORKER",
+                   "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
+                   "BYTEPS_LOCAL_RANK", "BYTEPS_LOCAL_SIZE", "BYTEPS_JOB_SECRET",
+                   "BYTEPS_EMULATED_HOST", NAMES_CHECKED}
+POLL_S = 0.2
+
+
+class RayExecutor:
+    """A BytePS job on Ray: ``num_workers`` workers (one per actor, local size 1) and
+    ``num_servers`` servers, plus the scheduler, in one placement group.
+
+    ``start()`` places the actors; ``run(train_fn, args, kwargs)`` starts a scheduler and
+    the servers, runs ``train_fn`` on every worker (it calls ``bps.init()`` as in any
+    BytePS script) and returns its results ordered by rank; ``shutdown()`` ends every
+    actor and process.  ``run`` may be called several times; each call is a new BytePS
+    job (the same secret, a new scheduler port).
+
+    ``strategy``: the placement group's strategy (PACK: as few nodes as possible;
+    SPREAD: across nodes).  ``env``: extra ``BYTEPS_*`` (or other) variables for every
+    role; the driver's own ``BYTEPS_*``/``DMLC_*`` variables are passed on too, except
+    the per-process ones.  The job secret is generated here and passed to the actors as
+    an argument (never on a command line).
+    """
+
+    def __init__(self, num_workers: int = 1, num_servers: int = 1, cpus_per_worker: float = 1,
+                 use_gpu: bool = False, gpus_per_worker: float | None = None,
+                 cpus_per_server: float = 1, strategy: str = "PACK",
+                 env: Mapping[str, str] | None = None, placement_timeout_s: float = 100.0,
+                 job_id: str | None = None):
+        if num_workers < 1 or num_servers < 1:
+            raise ValueError(f"num_workers={num_workers} and num_servers={num_servers} must "
+                             f"be at least 1")
+        strategy = strategy.upper()
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy={strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if cpus_per_server <= 0:
+            raise ValueError("cpus_per_server must be > 0 (the bundle of a server holds the "
+                             "scheduler too)")
+        self.num_workers, self.num_servers = num_workers, num_servers
+        self.cpus_per_worker, self.cpus_per_server = cpus_per_worker, cpus_per_server
+        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.strategy, self.placement_timeout_s = strategy, placement_timeout_s
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.job_id = job_id or f"ray-{secrets.token_hex(4)}"
+        self._secret = secrets.token_hex(16)
+        self._pg = None
+        self._scheduler = None
+        self._servers: list = []
+        self._workers: list = []
+        self._hosts: dict[str, dict] = {}       # "worker 0", "server 1", "scheduler" -> host
+        self._runs = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Reserve the placement group and create the actors (raises RayExecutorError
+        when the cluster cannot hold them within ``placement_timeout_s``)."""
+        if self._pg is not None:
+            return
+        if not ray.is_initialized():
+            ray.init()
+        bundles = [{"CPU": self.cpus_per_server} for _ in range(self.num_servers)]
+        for _ in range(self.num_workers):
+            b = {"CPU": self.cpus_per_worker} if self.cpus_per_worker else {}
+            if self.gpus_per_worker:
+                b["GPU"] = self.gpus_per_worker
+            if not b:
+                raise ValueError("a worker needs cpus_per_worker > 0 or use_gpu=True")
+            bundles.append(b)
+        self._pg = placement_group(bundles, strategy=self.strategy,
+                                   name=f"byteps-{self.job_id}")
+        try:
+            ray.get(self._pg.ready(), timeout=self.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            need = _total(bundles)
+            self._release()
+            raise RayExecutorError(
+                f"the placement group of {self.num_servers} server(s) and "
+                f"{self.num_workers} worker(s) ({need}, strategy {self.strategy}) was not "
+                f"placed within {self.placement_timeout_s:g} s; the cluster has "
+                f"{ray.available_resources()} free: ask for fewer resources, or add nodes"
+            ) from None
+
+        def at(i: int) -> dict:
+            return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self._pg, placement_group_bundle_index=i)}
+        service = ray.remote(ServiceActor)
+        worker = ray.remote(WorkerActor)
+        # the scheduler shares the first server's bundle (it needs little CPU)
+        self._scheduler = service.options(num_cpus=0, **at(0)).remote("scheduler")
+        self._servers = [service.options(num_cpus=self.cpus_per_server, **at(i))
+                         .remote(f"server {i}") for i in range(self.num_servers)]
+        self._workers = [worker.options(num_cpus=self.cpus_per_worker,
+                                        num_gpus=self.gpus_per_worker,
+                                        **at(self.num_servers + i)).remote(i)
+                         for i in range(self.num_workers)]
+        names = (["scheduler"] + [f"server {i}" for i in range(self.num_servers)]
+                 + [f"worker {i}" for i in range(self.num_workers)])
+        actors = [self._scheduler] + self._servers + self._workers
+        try:
+            hosts = ray.get([a.host.remote() for a in actors], timeout=self.placement_timeout_s)
+        except Exception as exc:
+            self.shutdown()
+            raise RayExecutorError(f"the byteps actors did not start: {exc}") from exc
+        self._hosts = dict(zip(names, hosts))
+        log.info("byteps on Ray: %s", {n: describe(h) for n, h in self._hosts.items()})
+
+    def shutdown(self) -> None:
+        """Stop the byteps processes, kill the actors and remove the placement group."""
+        services = [a for a in [self._scheduler] + self._servers if a is not None]
+        if services:
+            try:
+                ray.get([a.stop.remote() for a in services], timeout=15)
+            except Exception as exc:       # the actor is gone: so is its process
+                log.debug("stopping the services: %s", exc)
+        for a in services + self._workers:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception as exc:
+                log.debug("ray.kill: %s", exc)
+        self._scheduler, self._servers, self._workers = None, [], []
+        self._release()
+
+    def _release(self) -> None:
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception as exc:
+                log.debug("remove_placement_group: %s", exc)
+            self._pg = None
+
+    def __enter__(self) -> RayExecutor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ one job
+    def hosts(self) -> dict[str, str]:
+        """Where each role runs: {"scheduler": "node, 10.0.0.1", "worker 0": ...}."""
+        return {n: describe(h) for n, h in self._hosts.items()}
+
+    def run(self, train_fn: Callable[..., Any], args: tuple | list | None = None,
+            kwargs: dict | None = None) -> list:
+        """Run ``train_fn(*args, **kwargs)`` on every worker as one BytePS job; its return
+        values, ordered by rank.  On a failure (``train_fn`` raised on some rank, an actor
+        died, a scheduler or server process ended with an error) every actor is ended and
+        ``WorkerFailedError`` (rank, host, cause) or ``RayExecutorError`` is raised."""
+        if self._pg is None:
+            raise RayExecutorError("RayExecutor.run() before start() (or after a failure "
+                                   "or shutdown()): call start() first")
+        self._runs += 1
+        base, worker_envs = self._envs()
+        sched_host = self._hosts["scheduler"]
+        services = [("scheduler", self._scheduler)] + [
+            (f"server {i}", a) for i, a in enumerate(self._servers)]
+        try:
+            ray.get(self._scheduler.start.remote(
+                "byteps.launcher._scheduler", dict(_actor_env(base), DMLC_ROLE="scheduler",
+                                                   DMLC_NODE_HOST=sched_host["ip"])))
+            ray.get([a.start.remote("byteps.server", dict(
+                _actor_env(base), DMLC_ROLE="server",
+                DMLC_NODE_HOST=self._hosts[f"server {i}"]["ip"]))
+                for i, a in enumerate(self._servers)])
+        except Exception as exc:
+            self.shutdown()
+            raise RayExecutorError(f"starting the scheduler and servers failed: {exc}") \
+                from exc
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        fn_ref = ray.put(train_fn)
+        refs = [w.execute.remote(env, fn_ref, args, kwargs)
+                for w, env in zip(self._workers, worker_envs)]
+        rank_of = {r: i for i, r in enumerate(refs)}
+        results: list = [None] * len(refs)
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+                failures = []
+                for ref in done:
+                    rank = rank_of[ref]
+                    try:
+                        out = ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        failures.append(WorkerFailedError(
+                            rank, self._host(f"worker {rank}"),
+                            f"its Ray actor died: {_first_line(exc)}"))
+                        continue
+                    if out[0] == "ok":
+                        results[rank] = out[1]
+                    else:
+                        failures.append(WorkerFailedError(rank, self._host(f"worker {rank}"),
+                                                          out[1], out[2]))
+                if failures:
+                    raise _root_cause(failures)
+                if pending:
+                    self._check_services(services)
+        except BaseException:
+            self.shutdown()         # ends the other ranks, wherever they are blocked
+            raise
+        self._stop_services(services)
+        return results
+
+    # ------------------------------------------------------------------ helpers
+    def _host(self, name: str) -> str:
+        h = self._hosts.get(name)
+        return describe(h) if h else "unknown host"
+
+    def _envs(self) -> tuple[dict, list[dict]]:
+        """The job's common variables and each worker's (validated, ConfigError ->
+        RayExecutorError before anything starts)."""
+        n = self.num_workers
+        base = {k: v for k, v in os.environ.items()
+                if k.startswith(("BYTEPS_", "DMLC_")) and k not in _NOT_PROPAGATED}
+        base.update(self.env)
+        base.update(DMLC_NUM_WORKER=str(n), DMLC_NUM_SERVER=str(self.num_servers),
+                    DMLC_PS_ROOT_URI=self._hosts["scheduler"]["ip"],
+                    DMLC_PS_ROOT_PORT=str(ray.get(self._scheduler.free_port.remote())),
+                    BYTEPS_JOB_ID=self.job_id, BYTEPS_JOB_SECRET=self._secret,
+                    BYTEPS_FORCE_DISTRIBUTED="1")
+        workers = []
+        for i in range(n):
+            env = torchrun.apply(base, i, 0, 1, n)
+            env.update(DMLC_ROLE="worker", DMLC_WORKER_ID=str(i), BYTEPS_LOCAL_RANK="0",
+                       BYTEPS_LOCAL_SIZE="1")
+            if "DMLC_INTERFACE" not in base:
+                env["DMLC_NODE_HOST"] = self._hosts[f"worker {i}"]["ip"]
+            workers.append(env)
+        try:
+            for role, env in (("scheduler", base), ("server", base), ("worker", workers[0])):
+                Config.from_env(dict(env, DMLC_ROLE=role), role=role, warn_unknown=False)
+        except ConfigError as exc:
+            raise RayExecutorError(f"the job's configuration: {exc}") from None
+        return base, workers
+
+    def _check_services(self, services: list) -> None:
+        states = ray.get([a.poll.remote() for _, a in services])
+        for (name, _), (rc, tail) in zip(services, states):
+            if rc not in (None, 0):
+                text = f"the byteps {name} (host {self._host(name)}) exited with code {rc}"
+                if tail:
+                    text += f"; its last output:\n{tail}"
+                raise RayExecutorError(text)
+
+    def _stop_services(self, services: list) -> None:
+        try:
+            ray.get([a.stop.remote() for _, a in services], timeout=15)
+        except Exception as exc:
+            log.warning("stopping the byteps scheduler and servers: %s", exc)
+
+
+def _actor_env(base: dict) -> dict:
+    """A service process's whole environment: the actor's own (PATH, PYTHONPATH, Ray's)
+    is added on the actor; here only the job's variables."""
+    return dict(base, **{NAMES_CHECKED: "1"})
+
+
+def _root_cause(failures: list[WorkerFailedError]) -> WorkerFailedError:
+    """Of failures seen together, the one that is not only a consequence of another
+    (a BytePSError about the job ending is a consequence)."""
+    own = [f for f in failures if "BytePSError" not in f.cause and "actor died" not in f.cause]
+    return min(own or failures, key=lambda f: f.rank)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _total(bundles: list[dict]) -> str:
+    tot: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            tot[k] = tot.get(k, 0) + v
+    return ", ".join(f"{v:g} {k}" for k, v in tot.items())
