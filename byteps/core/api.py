@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 
 from byteps.core import local as _local
+from byteps.core import metrics
 from byteps.core.config import Config
 from byteps.core.engine import Engine, Handle, Task, comp_pipeline
 from byteps.core.logs import setup_logging
@@ -141,6 +142,8 @@ def init(lazy: bool = False) -> None:
                           "identity": ident}
             _install_exit_hooks()
         _STATE = st
+        if st.engine is not None:
+            metrics.start_worker(cfg, st.rank)   # BYTEPS_METRICS_PORT, bpslaunch's live view
 
 
 def shutdown() -> None:

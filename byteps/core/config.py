@@ -43,6 +43,8 @@ KNOWN = {
     "BYTEPS_SHM_DIR": "/dev/shm", "BYTEPS_TEST_RECORD": "/tmp/arrivals.txt",
     "BYTEPS_MIN_COMPRESS_BYTES": "65536", "BYTEPS_RESTART_COUNT": "1",
     "BYTEPS_ASYNC_STALENESS": "2",
+    "BYTEPS_METRICS_PORT": "9400", "BYTEPS_METRICS_HOST": "127.0.0.1",
+    "BYTEPS_LIVE_INTERVAL_S": "30",
 }
 # Names of the original BytePS that we accept without a warning (no effect).
 ORIGINAL_ONLY = {

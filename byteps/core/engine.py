@@ -22,6 +22,7 @@ import zmq
 from byteps import transport
 from byteps.core.config import Config
 from byteps.core.engine_comp import COMP_LR, CompressionMixin, comp_pipeline  # noqa: F401
+from byteps.core.metrics import RoundLatency
 from byteps.core.node import (BytePSError, SchedulerLink, describe, down_grace,
                                end_process_later, held_tensors)
 from byteps.core.timeline import PushPullSpeed
@@ -108,6 +109,7 @@ class Engine(CompressionMixin):
         self.drops = transport.RateLimitedLog(log)
         self.timeline = None          # a byteps.core.timeline.Timeline when tracing
         self.speed = PushPullSpeed()
+        self.rounds = RoundLatency(len(self.servers))   # per-server histogram (metrics)
         self.bytes: dict[str, list] = {}   # tensor -> [pushed raw, pushed wire, pulled raw/wire]
         self.hello()
         self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
@@ -432,6 +434,7 @@ class Engine(CompressionMixin):
             np.copyto(dst, arr)
         now = time.monotonic()
         self.speed.add(t.src.nbytes, now)
+        self.rounds.observe(t.server, t_result - t.sent_at)
         if self.timeline is not None:
             self.timeline.part_done(t, t_result, now)
         h.remaining -= 1

@@ -68,6 +68,10 @@ def check_config(envs: dict[str, dict]) -> None:
     if original:
         say(f"note: {', '.join(original)}: variable(s) of the original BytePS or ps-lite that "
             f"this implementation does not need; ignored")
+    from byteps.core.metrics import check_env
+    note = check_env(next(iter(envs.values())))     # BYTEPS_METRICS_PORT
+    if note:
+        say(f"warning: {note}")
 
 
 def _tagging(flag: bool | None, workers: int) -> bool:

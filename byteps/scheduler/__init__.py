@@ -22,6 +22,7 @@ import zmq
 from byteps import transport
 from byteps.core.config import Config
 from byteps.core.config import scheduler_listen_host as _bind_host
+from byteps.core.metrics import serve_scheduler
 from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                               require_secret)
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
@@ -61,6 +62,7 @@ class Scheduler:
         self.started = time.monotonic()
         self.rejoin_since = None
         self.exit_code = None
+        self.stall_reports = 0              # STALL messages received (metrics)
         # after a refusal that ends the job before it formed: tell late registrants too
         self.linger_reason: str | None = None
         self.linger_until = 0.0
@@ -186,6 +188,7 @@ class Scheduler:
             self.node_exit(ident, node, hdr.body)
         elif hdr.op == Op.STALL:
             text = str(hdr.body.get("text"))[:4000]
+            self.stall_reports += 1
             if hdr.body.get("fatal") is True:
                 self.fail(f"stalled longer than BYTEPS_STALL_SHUTDOWN_S="
                           f"{self.cfg.stall_shutdown_s:g} s: {text}")
@@ -590,6 +593,7 @@ def main(cfg: Config | None = None) -> int:
     except (BytePSError, transport.TransportError) as exc:
         log.error("%s", exc)
         return 2
+    serve_scheduler(sched)     # BYTEPS_METRICS_PORT
     return sched.run()
 
 

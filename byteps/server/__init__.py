@@ -21,6 +21,7 @@ import zmq
 from byteps import transport
 from byteps.transport import shm
 from byteps.core.config import Config
+from byteps.core.metrics import serve_server
 from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
                               failure_exit_code)
 from byteps.compression import CompressionError, Spec, server_pipeline
@@ -62,6 +63,7 @@ class Server:
         self.record = os.environ.get("BYTEPS_TEST_RECORD")
         self.exit_code = None
         self.bytes_received = 0
+        self.stall_reports = 0                    # STALL messages sent (metrics)
         self.wire_received = 0                    # DATA messages, every frame (headers too)
         self.bytes_by_host: dict[str, int] = {}   # pushed payload bytes per worker host
         self.local_reduce = "off"
@@ -78,6 +80,8 @@ class Server:
         body = self.link.register({"address": self.address}, "server")
         self.dropper = transport.Dropper(self.cfg.test_drop_rate, 7919 * self.link.node_id)
         self.load_book(body)
+        serve_server(self, next((i for i, s in enumerate(body.get("servers") or [])
+                                 if s.get("node_id") == self.link.node_id), 0))
         for i, q in enumerate(self.queues):
             threading.Thread(target=self.engine, args=(q,), name=f"bps-engine-{i}",
                              daemon=True).start()
@@ -574,6 +578,7 @@ class Server:
             if not fatal:
                 log.warning("stall: %s", text)
             self.link.send(Op.STALL, {"text": text, "fatal": fatal})
+            self.stall_reports += 1
 
 
     def scan_held(self, now: float) -> None:
@@ -598,6 +603,7 @@ class Server:
                     f"waiting for the slow rank(s) {list(slow)} ({who}) at round {low}")
             log.warning("stall: %s", text)
             self.link.send(Op.STALL, {"text": text, "fatal": False})
+            self.stall_reports += 1
 
 
 def main(cfg: Config | None = None) -> int:

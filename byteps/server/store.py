@@ -79,6 +79,9 @@ def full(rs: Round, nworkers: int, joined: frozenset) -> bool:
     return len(rs.ranks) + len(joined - rs.ranks) >= nworkers
 
 
+ROUNDS_DONE = [0]     # rounds finished by this process (byteps.core.metrics)
+
+
 def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     """The round's sum is complete: compress it once (compressed tensors) and answer the
     pulls that wait."""
@@ -90,6 +93,7 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
         rs.acc = dst
     rs.result = rs.acc
     rs.acc = None
+    ROUNDS_DONE[0] += 1
     for w_ident, w_rank, w_entry in rs.waiting:
         out.setdefault(w_ident, []).append((w_entry, rs.result))
         rs.pulled.add(w_rank)
