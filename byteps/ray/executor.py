@@ -72,6 +72,7 @@ class RayExecutor:
         self._workers: list = []
         self._hosts: dict[str, dict] = {}       # "worker 0", "server 1", "scheduler" -> host
         self._runs = 0
+        self._service_pids: dict[str, int] = {}  # the last run's scheduler and servers
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -178,13 +179,12 @@ class RayExecutor:
         services = [("scheduler", self._scheduler)] + [
             (f"server {i}", a) for i, a in enumerate(self._servers)]
         try:
-            ray.get(self._scheduler.start.remote(
-                "byteps.launcher._scheduler", dict(_actor_env(base), DMLC_ROLE="scheduler",
-                                                   DMLC_NODE_HOST=sched_host["ip"])))
-            ray.get([a.start.remote("byteps.server", dict(
-                _actor_env(base), DMLC_ROLE="server",
-                DMLC_NODE_HOST=self._hosts[f"server {i}"]["ip"]))
+            pids = [ray.get(self._scheduler.start.remote(
+                "byteps.launcher._scheduler", _service_env(base, "scheduler", sched_host)))]
+            pids += ray.get([a.start.remote("byteps.server", _service_env(
+                base, "server", self._hosts[f"server {i}"]))
                 for i, a in enumerate(self._servers)])
+            self._service_pids = {name: pid for (name, _), pid in zip(services, pids)}
         except Exception as exc:
             self.shutdown()
             raise RayExecutorError(f"starting the scheduler and servers failed: {exc}") \
@@ -272,10 +272,13 @@ class RayExecutor:
             log.warning("stopping the byteps scheduler and servers: %s", exc)
 
 
-def _actor_env(base: dict) -> dict:
-    """A service process's whole environment: the actor's own (PATH, PYTHONPATH, Ray's)
-    is added on the actor; here only the job's variables."""
-    return dict(base, **{NAMES_CHECKED: "1"})
+def _service_env(base: dict, role: str, host: dict) -> dict:
+    """The job's variables of a scheduler or server process (the actor adds its own
+    environment: PATH, PYTHONPATH, Ray's)."""
+    env = dict(base, DMLC_ROLE=role, **{NAMES_CHECKED: "1"})
+    if "DMLC_INTERFACE" not in base:
+        env["DMLC_NODE_HOST"] = host["ip"]
+    return env
 
 
 def _root_cause(failures: list[WorkerFailedError]) -> WorkerFailedError:
