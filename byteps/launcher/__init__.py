@@ -25,6 +25,7 @@ import tempfile
 from byteps import DIST
 from byteps.core import torchrun
 from byteps.core.config import NAMES_CHECKED, Config, ConfigError, name_report
+from byteps.launcher import liveview
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
 
 
@@ -111,6 +112,7 @@ def standalone(args, cmd: list[str]) -> int:
         check_config({"scheduler": dict(base, DMLC_ROLE="scheduler"),
                       "server": dict(base, DMLC_ROLE="server"), "worker": worker_env(0, 0)})
         check_command(cmd, base)
+        args.live = (liveview.mode(getattr(args, "live", None), base), liveview.interval(base))
     except ConfigError as exc:
         say(str(exc))
         return 2
@@ -142,31 +144,43 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
     base = dict(base)
     base.update({NAMES_CHECKED: "1", "BPSLAUNCH_SUMMARY_DIR": summaries,
                  "BPSLAUNCH_STATUS_DIR": summaries})
+    kind, every = args.live
+    passed = (NAMES_CHECKED, "BPSLAUNCH_SUMMARY_DIR", "BPSLAUNCH_STATUS_DIR")
+    if kind:                    # the workers write their status for the live view
+        base["BPSLAUNCH_LIVE_S"] = f"{liveview.worker_period(kind, every):g}"
+        passed += ("BPSLAUNCH_LIVE_S",)
+    # the view on a terminal erases itself before any output: all output goes through us
+    pipe = "" if kind == "tty" else None
     py = sys.executable
     job = Job(status_dir=summaries)
+    live = None
     try:
         job.scheduler = job.start("scheduler", [py, "-m", "byteps.launcher._scheduler"],
-                                  dict(base, DMLC_ROLE="scheduler"))
+                                  dict(base, DMLC_ROLE="scheduler"), tag=pipe)
         services = [job.scheduler]
         for i in range(args.num_servers):
             services.append(job.start(f"server {i}", [py, "-m", "byteps.server"],
-                                      dict(base, DMLC_ROLE="server")))
+                                      dict(base, DMLC_ROLE="server"), tag=pipe))
         workers = []
         for h in range(hosts):
             for lr in range(local):
                 rank = h * local + lr
                 workers.append(job.start(
                     f"worker rank {rank} (host host{h}, local rank {lr})", cmd,
-                    dict(worker_env(h, lr), **{k: base[k] for k in (
-                        NAMES_CHECKED, "BPSLAUNCH_SUMMARY_DIR", "BPSLAUNCH_STATUS_DIR")}),
+                    dict(worker_env(h, lr), **{k: base[k] for k in passed}),
                     cpus=_numa_cpus(lr, local, base),
-                    tag=f"worker {rank}" if tag else None))
+                    tag=f"worker {rank}" if tag else pipe))
+        if kind:
+            live = liveview.LiveView(summaries, len(workers), kind, every)
+            job.on_tick = live.tick
         return job.supervise(workers, services), job
     except LaunchError as exc:          # checked above; a race (the file went away) lands here
         job.terminate(grace=1.0)
         say(str(exc))
         return exc.code, job
     finally:
+        if live is not None:
+            live.close()
         print_summaries(summaries)
         _remove_shm(base, None)
         job.say_last()
@@ -289,6 +303,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=None,
                     help="prefix each output line of a worker with [worker RANK] (default: on "
                          "when more than one worker writes to a terminal)")
+    ap.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
+                    help="standalone: a status line per worker (step, push_pull MB/s, round "
+                         "latency, slowest server), redrawn in place on a terminal; elsewhere "
+                         "printed every BYTEPS_LIVE_INTERVAL_S seconds (default 30; on when "
+                         "that variable is set, with --live, or BYTEPS_LOG_LEVEL=INFO)")
     ap.add_argument("--slurm", action="store_true",
                     help="inside a Slurm allocation: srun bpslaunch --slurm python train.py "
                          "(roles and ranks from SLURM_*; docs/deployment.md)")

@@ -25,6 +25,13 @@ ROOT_CAUSE_WAIT_S = 10.0
 GRACE_PERIOD_S = 10.0
 TERM_GRACE_S = 3.0
 _OUT_LOCK = threading.Lock()
+# called with _OUT_LOCK held before anything is written (the live view erases its lines)
+OUTPUT_HOOKS: list = []
+
+
+def _before_output() -> None:
+    for hook in OUTPUT_HOOKS:
+        hook()
 
 
 class LaunchError(Exception):
@@ -67,6 +74,7 @@ def _pump(pipe, out, prefix: bytes, log=None) -> None:
             if not line.endswith(b"\n"):
                 line += b"\n"
             with _OUT_LOCK:
+                _before_output()
                 for dst, text in ((out, prefix + line), (log, line)):
                     try:
                         if dst is not None:
@@ -79,14 +87,15 @@ def _pump(pipe, out, prefix: bytes, log=None) -> None:
 
 
 class Proc:
-    """One child process; with ``tag``, its output lines are prefixed ``[tag] ``."""
+    """One child process; with ``tag``, its output lines are prefixed ``[tag] `` (``""``:
+    piped through bpslaunch without a prefix)."""
 
     def __init__(self, what: str, argv: list[str], env: dict, critical: bool,
                  cpus: list[int] | None = None, tag: str | None = None):
         self.what, self.critical = what, critical
         self.seen_exit: float | None = None
-        pipe = subprocess.PIPE if tag else None
-        if tag and "PYTHONUNBUFFERED" not in env:
+        pipe = subprocess.PIPE if tag is not None else None
+        if tag is not None and "PYTHONUNBUFFERED" not in env:
             env = dict(env, PYTHONUNBUFFERED="1")   # a pipe would buffer lines for minutes
         try:
             self.p = subprocess.Popen(argv, env=env, start_new_session=True, stdout=pipe,
@@ -99,8 +108,8 @@ class Proc:
         except OSError as exc:
             raise LaunchError(f"{argv[0]}: cannot start it: {exc.strerror or exc}") from None
         self.pumps = []
-        if tag:
-            prefix = f"[{tag}] ".encode()
+        if tag is not None:
+            prefix = f"[{tag}] ".encode() if tag else b""
             for src, dst in ((self.p.stdout, sys.stdout.buffer),
                              (self.p.stderr, sys.stderr.buffer)):
                 t = threading.Thread(target=_pump, args=(src, dst, prefix), daemon=True,
@@ -132,6 +141,7 @@ def _own_failure(code: int | None) -> bool:
 
 def say(text: str) -> None:
     with _OUT_LOCK:
+        _before_output()
         print(f"bpslaunch: {text}", file=sys.stderr, flush=True)
 
 
@@ -146,6 +156,7 @@ class Job:
         self.last_words: str | None = None
         self.workers: list[Proc] | None = None     # known once supervise() runs
         self.interrupted: float | None = None      # when SIGINT was forwarded to the workers
+        self.on_tick = None        # called from the supervision loop (the live view)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
 
@@ -219,6 +230,8 @@ class Job:
                     return self._fail(None, order)
             elif all(w.p.poll() == 0 for w in workers):
                 return self._finish(services)
+            if self.on_tick is not None:
+                self.on_tick()
             time.sleep(0.05)
 
     def _interrupt(self, workers: list[Proc]) -> int:
