@@ -212,7 +212,8 @@ def worker_families(core, st) -> list:
         inflight = list(eng.inflight.values())
     except RuntimeError:           # changed during the copy: next scrape
         inflight = []
-    oldest = max((now - t.sent_at for t in inflight if t.sent_at), default=0.0)
+    sent = [getattr(t, "sent_at", None) for t in inflight]     # None: not sent yet
+    oldest = max((now - s for s in sent if s), default=0.0)
     rounds = eng.rounds
     per = core.CounterMetricFamily("byteps_worker_rounds", "partition rounds completed, per "
                                    "server", labels=["rank", "server"])
