@@ -13,7 +13,6 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import ROOT, SCRIPTS, job_env
 
 from byteps.core import metrics
@@ -99,7 +98,7 @@ def _scrape(port: int) -> str:
 
 
 def _value(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
     assert m, f"{name} not in\n{text}"
     return float(m.group(1))
 
@@ -187,7 +186,7 @@ def test_periodic_info_lines_without_a_terminal():
     assert "\x1b[" not in res.stderr
     for r in (0, 1):
         lines = re.findall(rf"^bpslaunch: INFO worker {r} \(host{r}\): step \d+, push_pull "
-                           rf"[\d.]+ MB/s", res.stderr, re.M)
+                           rf"[\d.]+ MB/s", res.stderr, re.MULTILINE)
         assert len(lines) >= 2, res.stderr
     quiet = subprocess.run(BPSLAUNCH + ["-np", "1", *JOB, "/nonexistent/stop", "1"],
                            env=job_env(BYTEPS_ENABLE_IPC=0), cwd=ROOT, capture_output=True,
