@@ -2,7 +2,8 @@
 
     metrics_job.py STOPFILE [MAX_S]    push_pull two tensors per step (numpy API,
                                        step_done() each step) until STOPFILE exists
-                                       or MAX_S seconds (default 60) have passed
+                                       or MAX_S seconds (default 60) have passed on
+                                       any rank; all ranks stop at the same step
 """
 import os
 import sys
@@ -18,7 +19,11 @@ a = np.ones(300_000, np.float32)
 b = np.ones(1000, np.float32)
 end = time.monotonic() + max_s
 steps = 0
-while time.monotonic() < end and not os.path.exists(stop):
+while True:
+    # every rank stops at the same step (one rank's clock or view of the file decides)
+    done = float(time.monotonic() >= end or os.path.exists(stop))
+    if bps.push_pull(np.array([done], np.float32), name="stop", average=False)[0] > 0:
+        break
     bps.push_pull(a, name="a")
     bps.push_pull(b, name="b")
     bps.step_done()
