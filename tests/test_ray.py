@@ -192,6 +192,35 @@ def test_shutdown_leaves_no_process(executor):
     assert not _wait_gone(_job_processes(ex.job_id)), "byteps processes of the job left"
 
 
+def kills_the_server():
+    import signal
+
+    import byteps.numpy as bps
+    bps.init()
+    bps.push_pull(np.ones(4), name="before")
+    if bps.rank() == 0:
+        for pid in _job_processes(os.environ["BYTEPS_JOB_ID"]):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"byteps.server" in f.read():
+                    os.kill(pid, signal.SIGKILL)
+    for i in range(100):
+        bps.push_pull(np.ones(4), name=f"after{i}")
+        time.sleep(0.1)
+    return bps.rank()
+
+
+@needs_ray
+def test_server_that_dies_is_named(executor):
+    from byteps.ray import RayExecutorError
+    ex = executor(num_workers=2, num_servers=1, env={"BYTEPS_HEARTBEAT_TIMEOUT": "3"})
+    with pytest.raises(RayExecutorError) as info:
+        ex.run(kills_the_server)
+    text = str(info.value)
+    # whichever is seen first: the server's exit, or a worker told the server is gone
+    assert ("server 0" in text and "code -9" in text) or "rank" in text, text
+    assert not _wait_gone(list(ex._service_pids.values()))
+
+
 @needs_ray
 def test_placement_that_cannot_fit_fails_fast(ray_cluster):
     from byteps.ray import RayExecutor, RayExecutorError
@@ -206,5 +235,5 @@ def test_without_ray_says_how_to_install():
             "try:\n    import byteps.ray\n"
             "except ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+                         timeout=60, cwd=ROOT, check=False)
     assert "pip install 'byteps-ps[ray]'" in out.stdout, out

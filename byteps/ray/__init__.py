@@ -30,7 +30,7 @@ except ImportError as _exc:          # pragma: no cover - depends on the environ
         "byteps.ray needs Ray, which is not installed: pip install 'byteps-ps[ray]' "
         "(or pip install 'ray>=2.10')") from _exc
 
-from byteps.ray.errors import RayExecutorError, WorkerFailedError  # noqa: E402
-from byteps.ray.executor import RayExecutor  # noqa: E402
+from byteps.ray.errors import RayExecutorError, WorkerFailedError
+from byteps.ray.executor import RayExecutor
 
 __all__ = ["RayExecutor", "RayExecutorError", "WorkerFailedError"]

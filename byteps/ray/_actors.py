@@ -4,7 +4,7 @@
 process group, killed with the actor through PR_SET_PDEATHSIG); ``WorkerActor`` runs
 ``train_fn`` in the actor's process with the ``DMLC_*``/``BYTEPS_*`` variables of one
 worker.  Both are single-threaded actors: children are started from the actor's one
-thread, which PR_SET_PDEATHSIG needs (the signal follows the thread that forked).
+thread, which PR_SET_PDEATHSIG needs (the signal follows the thread that forked), set by byteps.ray._child.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def node_host() -> dict:
     try:
         import ray
         ip = ray.util.get_node_ip_address()
-    except Exception:            # outside Ray (unit tests)
+    except Exception:            # noqa: BLE001 - outside Ray (unit tests)
         ip = "127.0.0.1"
     return {"ip": ip, "name": socket.gethostname(), "pid": os.getpid()}
 
@@ -58,16 +58,17 @@ class ServiceActor:
         ``BYTEPS_*``/``DMLC_*``) and ``env`` (the job secret travels in the environment,
         never on the command line); returns its pid."""
         from byteps.core.torchrun import NAMES
-        from byteps.launcher.supervise import _child_setup
+        from byteps.ray._child import PARENT_VAR
         full = {k: v for k, v in os.environ.items()
                 if not k.startswith(("BYTEPS_", "DMLC_")) and k not in NAMES}
         full.update(env)
+        full[PARENT_VAR] = str(os.getpid())
         self.stop()
         self.tail.clear()
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", module], env=full, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_child_setup(None))
+            [sys.executable, "-u", "-m", "byteps.ray._child", module], env=full,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True)
         self.pump = threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True)
         self.pump.start()
         return self.proc.pid
@@ -142,9 +143,8 @@ class WorkerActor:
         try:
             _leave_job()
         except BaseException as exc:   # noqa: BLE001
-            return ("error", f"leaving the job after train_fn returned: "
-                    f"{type(exc).__name__}: {exc}", traceback.format_exc(),
-                    time.monotonic() - started)
+            cause = f"leaving the job after train_fn returned: {type(exc).__name__}: {exc}"
+            return ("error", cause, traceback.format_exc(), time.monotonic() - started)
         return ("ok", result)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -134,12 +133,12 @@ class RayExecutor:
         if services:
             try:
                 ray.get([a.stop.remote() for a in services], timeout=15)
-            except Exception as exc:       # the actor is gone: so is its process
+            except Exception as exc:  # noqa: BLE001 - the actor is gone: so is its process
                 log.debug("stopping the services: %s", exc)
         for a in services + self._workers:
             try:
                 ray.kill(a, no_restart=True)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - already dead
                 log.debug("ray.kill: %s", exc)
         self._scheduler, self._servers, self._workers = None, [], []
         self._release()
@@ -148,11 +147,11 @@ class RayExecutor:
         if self._pg is not None:
             try:
                 remove_placement_group(self._pg)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - Ray is already shut down
                 log.debug("remove_placement_group: %s", exc)
             self._pg = None
 
-    def __enter__(self) -> RayExecutor:
+    def __enter__(self):  # -> the executor, started
         self.start()
         return self
 
@@ -268,7 +267,7 @@ class RayExecutor:
     def _stop_services(self, services: list) -> None:
         try:
             ray.get([a.stop.remote() for _, a in services], timeout=15)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the results are in; report, go on
             log.warning("stopping the byteps scheduler and servers: %s", exc)
 
 
