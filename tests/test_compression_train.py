@@ -6,6 +6,8 @@ compressed (BYTEPS_MIN_COMPRESS_BYTES=0).  Each compressed run must reach the
 float32 run's test accuracy within 2 points, with identical weights on both ranks.
 MXNet runs in its own environment: tests/test_mxnet_compression.py.
 """
+import os
+
 import pytest
 
 from conftest import assert_ok, read_results, run_script
@@ -39,30 +41,27 @@ def test_compressed_training_tensorflow(tmp_path, plugin):
     check_training(tmp_path, plugin, timeout=360)
 
 
-def test_qadam_torch(tmp_path):
-    """bps.QAdamOptimizer: Adam for 20 warm-up steps, then the momentum is exchanged with
-    onebit + error feedback (about 1/32 of the bytes): as accurate as Adam, ranks equal."""
-    pytest.importorskip("torch")
-    res = run_script("torch_qadam.py", tmp_path, workers=2, servers=1, timeout=200)
+def check_qadam(tmp_path, script, timeout):
+    """QAdam trains as accurately as Adam, ranks end equal, and after warm-up the momentum
+    travels at about 1/32 of its float32 bytes (onebit + error feedback)."""
+    res = run_script(script, tmp_path, workers=2, servers=1, timeout=timeout)
     assert_ok(res)
     out = read_results(tmp_path)
     assert out[0]["qadam"][1] == out[1]["qadam"][1], "ranks differ"
     assert out[0]["qadam"][0] >= out[0]["adam"][0] - 0.02, out[0]
     mb = out[0]["momentum_bytes"]
     assert mb and mb["pushed_wire"] * 25 < mb["pushed"], mb
+
+
+def test_qadam_torch(tmp_path):
+    """bps.QAdamOptimizer with DistributedOptimizer, 20 warm-up steps."""
+    pytest.importorskip("torch")
+    check_qadam(tmp_path, "torch_qadam.py", 200)
 
 
 def test_qadam_keras(tmp_path):
-    """byteps.keras.QAdamOptimizer (Keras 3, model.fit): as accurate as Adam, ranks equal,
-    momentum exchanged at about 1/32 of its float32 bytes after warm-up."""
+    """byteps.keras.QAdamOptimizer (Keras 3, model.fit), 20 warm-up steps."""
     pytest.importorskip("tensorflow")
-    import os
     if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True"):
         pytest.skip("QAdamOptimizer needs Keras 3")
-    res = run_script("keras_qadam.py", tmp_path, workers=2, servers=1, timeout=300)
-    assert_ok(res)
-    out = read_results(tmp_path)
-    assert out[0]["qadam"][1] == out[1]["qadam"][1], "ranks differ"
-    assert out[0]["qadam"][0] >= out[0]["adam"][0] - 0.02, out[0]
-    mb = out[0]["momentum_bytes"]
-    assert mb and mb["pushed_wire"] * 25 < mb["pushed"], mb
+    check_qadam(tmp_path, "keras_qadam.py", 300)
