@@ -24,18 +24,19 @@ from byteps.core.config import Config
 from byteps.core.metrics import serve_server
 from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
                               failure_exit_code)
-from byteps.compression import CompressionError, Spec, server_pipeline
+from byteps.compression import CompressionError
+from byteps.server.decls import INLINE_BYTES, TensorChecks  # noqa: F401 (re-export)
 from byteps.server.staleness import AsyncStore
+from byteps.server.stalls import StallReports
 from byteps.server.store import Slot, apply, recheck
-from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, REDUCE_OPS, SHM, Op,
+from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Op,
                                    WireError, decode, encode, entry_array, frame_bytes, new_seq,
                                    payload_count)
 
 log = logging.getLogger("byteps.server")
-INLINE_BYTES = 256 * 1024
 
 
-class Server:
+class Server(TensorChecks, StallReports):
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.secret = cfg.job_secret.encode() if cfg.job_secret else None
@@ -373,22 +374,6 @@ class Server:
                 self.queues[slot.engine].put((slot, e, arr, rank, ident))
         self.send_results(out)
 
-    def comp_ok(self, slot: Slot, e: list, buf, rank: int) -> bool:
-        """A push is compressed exactly when its tensor was declared with compression,
-        and a compressed frame has exactly the pipeline's size (the rest is checked
-        when it is decompressed); otherwise it is dropped, never acknowledged."""
-        if bool(e[3] & COMP) == (slot.pipe is not None) and (
-                slot.pipe is None or buf.nbytes == slot.pipe.frame_bytes):
-            return True
-        name = self.decls.get(e[0], {}).get("name", e[0])
-        self.drops.warn("malformed compressed push", (
-            f"tensor {name!r} partition {e[1]} from rank {rank}: "
-            + (f"frame of {buf.nbytes} bytes, expected {slot.pipe.frame_bytes}"
-               if bool(e[3] & COMP) == (slot.pipe is not None) else
-               f"{'compressed' if e[3] & COMP else 'raw'} push for a tensor declared "
-               f"{'with' if slot.pipe is not None else 'without'} compression")))
-        return False
-
     def apply(self, slot: Slot, e: list, arr, rank: int, ident, out: dict) -> None:
         """Apply one entry (decompressing a compressed push first)."""
         if arr is not None and e[3] & COMP:
@@ -408,70 +393,6 @@ class Server:
         """Ranks whose progress bounds the staleness (not joined, not gone)."""
         return {w["rank"] for w in self.workers_by_id.values()} - set(self.joined) \
             - set(self.gone)
-
-    def declare(self, d: list, w: dict) -> None:
-        key, name, shape, dt, _, comp = d[:6]
-        op = d[6] if len(d) > 6 else 0          # wire.REDUCE_OPS: sum, min, max, product
-        try:
-            spec = Spec.from_wire(comp) if comp else None
-            if spec is not None and DTYPES[dt].kind != "f":
-                raise CompressionError(f"compression of a {DTYPES[dt].name} tensor")
-        except CompressionError as exc:
-            return self.drops.warn("bad compression settings in a declaration",
-                                   f"tensor {name!r} from rank {w['rank']}: {exc}")
-        old = self.decls.get(key)
-        if old is None:
-            self.decls[key] = {"name": name, "shape": shape, "dtype": dt, "rank": w["rank"],
-                               "host": w.get("host_id"), "comp": spec, "op": op}
-        elif old.get("error"):
-            return
-        elif old.get("comp") != spec and old["name"] == name:
-            def d(s):
-                return s.describe() if s is not None else "no compression"
-            self.key_error(key, (
-                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed it with "
-                f"{d(spec)} but rank {old['rank']} (host {old['host']}) declared {d(old['comp'])}"
-                f" first; every rank must use the same compression_params for a tensor"))
-        elif old.get("op", 0) != op and old["name"] == name:
-            self.key_error(key, (
-                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) reduces it with "
-                f"op {REDUCE_OPS[op]} but rank {old['rank']} (host {old['host']}) declared op "
-                f"{REDUCE_OPS[old.get('op', 0)]} first; every rank must use the same op"))
-        elif (old["name"], old["shape"], old["dtype"]) != (name, shape, dt):
-            self.key_error(key, (
-                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed shape "
-                f"{tuple(shape)} {DTYPES[dt].name} but rank {old['rank']} (host {old['host']}) "
-                f"declared shape {tuple(old['shape'])} {DTYPES[old['dtype']].name} first"
-                + ("" if old["name"] == name else f" (name hash collision with {old['name']!r})")
-                + "; every rank must push the same shape and dtype under one name"))
-
-    def new_slot(self, e: list, rank: int):
-        nbytes = e[5] * DTYPES[e[4]].itemsize
-        engine = -1
-        if nbytes > INLINE_BYTES and not self.cfg.enable_async:
-            engine = min(range(len(self.engine_load)), key=self.engine_load.__getitem__)
-            self.engine_load[engine] += nbytes
-        spec = self.decls.get(e[0], {}).get("comp")
-        pipe = server_pipeline(spec, e[5], e[0], e[1]) if spec is not None else None
-        slot = Slot(e[0], e[1], e[4], e[5], engine, pipe, self.decls.get(e[0], {}).get("op", 0))
-        self.slots[(e[0], e[1])] = slot
-        return slot
-
-    def mismatch(self, e, slot, rank) -> str:
-        d = self.decls.get(e[0], {})
-        return (f"tensor {d.get('name', e[0])!r} partition {e[1]}: rank {rank} pushed "
-                f"{e[5]} x {DTYPES[e[4]].name} but the server holds {slot.length} x "
-                f"{DTYPES[slot.dtype].name} (declared by rank {d.get('rank')}); every rank "
-                f"must push the same shape and dtype under one name")
-
-    def key_error(self, key: int, message: str) -> None:
-        d = self.decls.setdefault(key, {"name": str(key)})
-        if not d.get("error"):
-            log.error("%s", message)
-        d["error"] = message
-        for ident in list(self.peers):
-            self.send(ident, Op.DATA_ERROR, {"key": key, "name": d.get("name", ""),
-                                             "message": message})
 
     def record_push(self, rank: int, e: list) -> None:
         with open(self.record, "a") as f:
@@ -538,73 +459,6 @@ class Server:
                         json.dump(self.async_store.stats, f)
                 except OSError as exc:
                     log.warning("cannot write the staleness counters: %s", exc)
-
-    # ---------------------------------------------------------------- stalls
-    def scan_stalls(self, now: float) -> None:
-        if self.async_store.held:
-            self.scan_held(now)
-        warn, kill = self.cfg.stall_warning_s, self.cfg.stall_shutdown_s
-        reports: dict = {}
-        for slot in list(self.slots.values()):
-            for rnd, rs in list(slot.rounds.items()):
-                if rs.result is not None or not rs.ranks:
-                    continue
-                age = now - rs.started
-                if age < warn or (rs.warned and not (kill and age >= kill)):
-                    continue
-                name = self.decls.get(slot.key, {}).get("name", slot.key)
-                missing = [w for w in self.workers_by_id.values()
-                           if w["rank"] not in rs.ranks and w["rank"] not in self.joined]
-                if self.local_reduce != "off":    # one push per host: name the missing hosts
-                    done = {w.get("host_id") for w in self.workers_by_id.values()
-                            if w["rank"] in rs.ranks}
-                    missing = [w for w in missing if w.get("host_id") not in done
-                               and w.get("local_rank") == 0]
-                fatal = bool(kill and age >= kill)
-                if fatal:
-                    rs.started = now  # report once per period
-                elif rs.warned:
-                    continue
-                rs.warned = True
-                # one report per tensor and round, not one per partition
-                k = (fatal, name, rnd, tuple(sorted(rs.ranks)),
-                     ", ".join(describe(m) for m in missing))
-                parts = reports.setdefault(k, [0, age])
-                parts[0] += 1
-                parts[1] = max(parts[1], age)
-        for (fatal, name, rnd, ranks, missing), (nparts, age) in reports.items():
-            text = (f"tensor {name!r} ({nparts} partition(s), round {rnd}) waited {age:.0f} s: "
-                    f"pushed by rank(s) {list(ranks)}, missing {missing}")
-            if not fatal:
-                log.warning("stall: %s", text)
-            self.link.send(Op.STALL, {"text": text, "fatal": fatal})
-            self.stall_reports += 1
-
-
-    def scan_held(self, now: float) -> None:
-        """Bounded staleness: report pulls held longer than BYTEPS_STALL_WARNING_S,
-        naming the slow rank(s) they wait for (once per tensor and period)."""
-        reports: dict = {}
-        for key, part, rank, rnd, age, low, slow in self.async_store.waiting(
-                self.slots, self.async_ranks(), self.cfg.stall_warning_s, now):
-            name = self.decls.get(key, {}).get("name", key)
-            k = (name, tuple(slow), low)
-            reports.setdefault(k, [set(), 0.0])
-            reports[k][0].add((rank, rnd))
-            reports[k][1] = max(reports[k][1], age)
-        for (name, slow, low), (waiters, age) in reports.items():
-            if self.async_store.reported == (name, slow, low):
-                continue
-            self.async_store.reported = (name, slow, low)
-            who = ", ".join(describe(self.workers_by_id[n]) for n in self.workers_by_id
-                            if self.workers_by_id[n]["rank"] in slow)
-            text = (f"tensor {name!r}: pulls of rank(s) {sorted({r for r, _ in waiters})} "
-                    f"held {age:.0f} s by BYTEPS_ASYNC_STALENESS={self.async_store.staleness}: "
-                    f"waiting for the slow rank(s) {list(slow)} ({who}) at round {low}")
-            log.warning("stall: %s", text)
-            self.link.send(Op.STALL, {"text": text, "fatal": False})
-            self.stall_reports += 1
-
 
 def main(cfg: Config | None = None) -> int:
     from byteps.core.logs import setup_logging

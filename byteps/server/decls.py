@@ -1,0 +1,100 @@
+"""The server's tensor declarations and the checks on each push: layout, compression
+settings and reduce op agree across ranks; a compressed frame has the pipeline's size.
+
+:class:`TensorChecks` is a base of :class:`byteps.server.Server` (it uses its ``decls``,
+``slots``, ``drops``, ``peers`` and ``send``).
+"""
+from __future__ import annotations
+
+import logging
+
+from byteps.compression import CompressionError, Spec, server_pipeline
+from byteps.server.store import Slot
+from byteps.transport.wire import COMP, DTYPES, REDUCE_OPS, Op
+
+log = logging.getLogger("byteps.server")
+INLINE_BYTES = 256 * 1024     # partitions up to this size are summed on the I/O thread
+
+
+class TensorChecks:
+    """Declarations, slots and per-tensor errors of a server."""
+
+    def comp_ok(self, slot: Slot, e: list, buf, rank: int) -> bool:
+        """A push is compressed exactly when its tensor was declared with compression,
+        and a compressed frame has exactly the pipeline's size (the rest is checked
+        when it is decompressed); otherwise it is dropped, never acknowledged."""
+        if bool(e[3] & COMP) == (slot.pipe is not None) and (
+                slot.pipe is None or buf.nbytes == slot.pipe.frame_bytes):
+            return True
+        name = self.decls.get(e[0], {}).get("name", e[0])
+        self.drops.warn("malformed compressed push", (
+            f"tensor {name!r} partition {e[1]} from rank {rank}: "
+            + (f"frame of {buf.nbytes} bytes, expected {slot.pipe.frame_bytes}"
+               if bool(e[3] & COMP) == (slot.pipe is not None) else
+               f"{'compressed' if e[3] & COMP else 'raw'} push for a tensor declared "
+               f"{'with' if slot.pipe is not None else 'without'} compression")))
+        return False
+
+    def declare(self, d: list, w: dict) -> None:
+        key, name, shape, dt, _, comp = d[:6]
+        op = d[6] if len(d) > 6 else 0          # wire.REDUCE_OPS: sum, min, max, product
+        try:
+            spec = Spec.from_wire(comp) if comp else None
+            if spec is not None and DTYPES[dt].kind != "f":
+                raise CompressionError(f"compression of a {DTYPES[dt].name} tensor")
+        except CompressionError as exc:
+            return self.drops.warn("bad compression settings in a declaration",
+                                   f"tensor {name!r} from rank {w['rank']}: {exc}")
+        old = self.decls.get(key)
+        if old is None:
+            self.decls[key] = {"name": name, "shape": shape, "dtype": dt, "rank": w["rank"],
+                               "host": w.get("host_id"), "comp": spec, "op": op}
+        elif old.get("error"):
+            return
+        elif old.get("comp") != spec and old["name"] == name:
+            def d(s):
+                return s.describe() if s is not None else "no compression"
+            self.key_error(key, (
+                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed it with "
+                f"{d(spec)} but rank {old['rank']} (host {old['host']}) declared {d(old['comp'])}"
+                f" first; every rank must use the same compression_params for a tensor"))
+        elif old.get("op", 0) != op and old["name"] == name:
+            self.key_error(key, (
+                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) reduces it with "
+                f"op {REDUCE_OPS[op]} but rank {old['rank']} (host {old['host']}) declared op "
+                f"{REDUCE_OPS[old.get('op', 0)]} first; every rank must use the same op"))
+        elif (old["name"], old["shape"], old["dtype"]) != (name, shape, dt):
+            self.key_error(key, (
+                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed shape "
+                f"{tuple(shape)} {DTYPES[dt].name} but rank {old['rank']} (host {old['host']}) "
+                f"declared shape {tuple(old['shape'])} {DTYPES[old['dtype']].name} first"
+                + ("" if old["name"] == name else f" (name hash collision with {old['name']!r})")
+                + "; every rank must push the same shape and dtype under one name"))
+
+    def new_slot(self, e: list, rank: int):
+        nbytes = e[5] * DTYPES[e[4]].itemsize
+        engine = -1
+        if nbytes > INLINE_BYTES and not self.cfg.enable_async:
+            engine = min(range(len(self.engine_load)), key=self.engine_load.__getitem__)
+            self.engine_load[engine] += nbytes
+        spec = self.decls.get(e[0], {}).get("comp")
+        pipe = server_pipeline(spec, e[5], e[0], e[1]) if spec is not None else None
+        slot = Slot(e[0], e[1], e[4], e[5], engine, pipe, self.decls.get(e[0], {}).get("op", 0))
+        self.slots[(e[0], e[1])] = slot
+        return slot
+
+    def mismatch(self, e, slot, rank) -> str:
+        d = self.decls.get(e[0], {})
+        return (f"tensor {d.get('name', e[0])!r} partition {e[1]}: rank {rank} pushed "
+                f"{e[5]} x {DTYPES[e[4]].name} but the server holds {slot.length} x "
+                f"{DTYPES[slot.dtype].name} (declared by rank {d.get('rank')}); every rank "
+                f"must push the same shape and dtype under one name")
+
+    def key_error(self, key: int, message: str) -> None:
+        d = self.decls.setdefault(key, {"name": str(key)})
+        if not d.get("error"):
+            log.error("%s", message)
+        d["error"] = message
+        for ident in list(self.peers):
+            self.send(ident, Op.DATA_ERROR, {"key": key, "name": d.get("name", ""),
+                                             "message": message})
