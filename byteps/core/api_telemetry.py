@@ -1,0 +1,80 @@
+"""The worker API's telemetry, timeline and compression-settings calls (re-exported by
+:mod:`byteps.core.api`): push_pull speed and per-tensor byte counts, Horovod's
+start_timeline/stop_timeline, and the learning rate for lr-aware error feedback.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from byteps.core import api as _api
+from byteps.core.timeline import Timeline
+
+
+def set_compression_lr(lr: float) -> None:
+    """Tell error feedback the learning rate of the coming step (the original's lr-aware
+    error feedback scales the residual by previous lr / current lr)."""
+    st = _api._state()
+    from byteps.core import engine
+    engine.COMP_LR[0] = lr
+    for t in list(st.tensors.values()):
+        for p in list(t.pipes.values()):
+            p.set_lr(lr)
+    if st.local is not None:
+        for sl in list(st.local.slice_cache.values()):
+            for t in sl:
+                for p in list(t.pipes.values()):
+                    p.set_lr(lr)
+
+
+def get_pushpull_speed(per_tensor: bool = False):
+    """Recent push-pull speed of this worker: ``(ms since epoch, MB/s)``.
+
+    Like the original BytePS: bytes of the partitions completed in the last
+    10 seconds (each is pushed and pulled once) per second, 1 MB = 1e6 bytes,
+    counted before compression.  A local (non-distributed) job reports 0.0.
+
+    ``per_tensor=True`` returns ``(ms, MB/s, {name: bytes})`` instead, where
+    ``bytes`` holds the totals ``pushed``/``pulled`` before compression and
+    ``pushed_wire``/``pulled_wire`` as sent and received (this rank's network
+    traffic; with local reduction only the ranks that talk to servers count).
+    """
+    st = _api._state()
+    ms, mbs = (int(time.time() * 1000), 0.0) if st.engine is None else st.engine.speed.get()
+    if not per_tensor:
+        return ms, mbs
+    table = {} if st.engine is None else {
+        name: {"pushed": b[0], "pushed_wire": b[1], "pulled": b[2], "pulled_wire": b[3]}
+        for name, b in list(st.engine.bytes.items())}
+    return ms, mbs, table
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's ``start_timeline``: trace this worker's operations from now on (the
+    ``BYTEPS_TRACE_ON`` spans, docs/timeline.md) into ``file_path`` (Chrome trace JSON),
+    written by :func:`stop_timeline`.  ``mark_cycles`` is accepted and ignored."""
+    st = _api._state()
+    if not isinstance(file_path, str) or not file_path:
+        raise ValueError(f"start_timeline needs a file path, got {file_path!r}")
+    tl = Timeline(os.path.dirname(os.path.abspath(file_path)), st.rank, st.size,
+                  st.steps.n, 1 << 62, steps=st.steps)
+    tl.path = os.path.abspath(file_path)
+    if st.engine is not None:
+        if st.engine.timeline is not None and st.engine.timeline.path != tl.path:
+            st.engine.timeline.write()
+        st.engine.timeline = tl
+    st.user_timeline = tl
+
+
+def stop_timeline() -> None:
+    """Stop the timeline started by :func:`start_timeline` and write its file."""
+    st = _api._state()
+    tl = getattr(st, "user_timeline", None)
+    if tl is None:
+        return
+    st.user_timeline = None
+    if tl.on_step in st.steps.listeners:
+        st.steps.listeners.remove(tl.on_step)
+    if st.engine is not None and st.engine.timeline is tl:
+        st.engine.timeline = None
+    tl.write()
