@@ -12,9 +12,12 @@ ids, key, part) — never from strings received over the network.
 """
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
+import re
 import socket
+import tempfile
 
 import numpy as np
 
@@ -37,23 +40,40 @@ def machine_id() -> str:
     return _MACHINE
 
 
-def shm_dir() -> str:
-    from byteps.core.local import shm as local_shm
-    return local_shm.shm_dir(os.environ.get("BYTEPS_SHM_DIR"))
+def _tag(s: str, keep: int) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", s)
+    if len(safe) <= keep and safe == s:
+        return safe
+    return safe[:keep - 9] + "_" + hashlib.blake2b(s.encode(), digest_size=4).hexdigest()
+
+
+def shm_dir(configured: str | None = None) -> str:
+    """The directory for segments: ``configured`` (BYTEPS_SHM_DIR), /dev/shm, or the temp dir."""
+    d = configured or "/dev/shm"
+    return d if os.path.isdir(d) else tempfile.gettempdir()
 
 
 def job_prefix(job_id: str) -> str:
-    """The same prefix the launcher removes after the job (byteps.core.local.shm)."""
-    from byteps.core.local import shm as local_shm
-    return local_shm.job_prefix(job_id)
+    """File-name prefix of everything a job puts into the shm directory (the launcher
+    removes it after the job)."""
+    return f"bps-{_tag(job_id, 32)}-"
+
+
+def host_prefix(job_id: str, host_id: str) -> str:
+    """Prefix of one (possibly emulated) host's files of a job."""
+    return f"{job_prefix(job_id)}{_tag(host_id, 24)}-"
+
+
+def _env_dir() -> str:
+    return shm_dir(os.environ.get("BYTEPS_SHM_DIR"))
 
 
 def push_path(job_id: str, worker_node: int, key: int, part: int) -> str:
-    return os.path.join(shm_dir(), f"{job_prefix(job_id)}w{worker_node}-{key:x}-{part}")
+    return os.path.join(_env_dir(), f"{job_prefix(job_id)}w{worker_node}-{key:x}-{part}")
 
 
 def result_path(job_id: str, server_node: int, key: int, part: int, parity: int) -> str:
-    return os.path.join(shm_dir(), f"{job_prefix(job_id)}s{server_node}-{key:x}-{part}-{parity}")
+    return os.path.join(_env_dir(), f"{job_prefix(job_id)}s{server_node}-{key:x}-{part}-{parity}")
 
 
 class Segment:
@@ -101,13 +121,13 @@ def remove_job_segments(job_id: str) -> int:
     """Remove every segment of a job (launcher clean-up); returns how many."""
     pre, n = job_prefix(job_id), 0
     try:
-        names = os.listdir(shm_dir())
+        names = os.listdir(_env_dir())
     except OSError:
         return 0
     for name in names:
         if name.startswith(pre):
             try:
-                os.unlink(os.path.join(shm_dir(), name))
+                os.unlink(os.path.join(_env_dir(), name))
                 n += 1
             except OSError:
                 pass

@@ -30,15 +30,14 @@ half-written header.  Data is never pickled; only raw numbers are shared.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import mmap
 import os
-import re
-import tempfile
 import time
 
 import numpy as np
+
+from byteps.transport.shm import host_prefix, job_prefix, shm_dir  # noqa: F401 (names live in transport)
 
 log = logging.getLogger("byteps.local")
 MAGIC = 0x4C41434F4C535042  # "BPSLOCAL"
@@ -54,29 +53,6 @@ FIX = ("give the host more shared memory (Docker: `docker run --shm-size=1g ...`
 
 class ShmSpaceError(ValueError):
     """The shared-memory directory cannot hold even the smallest buffer of a tensor."""
-
-
-def _tag(s: str, keep: int) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", s)
-    if len(safe) <= keep and safe == s:
-        return safe
-    return safe[:keep - 9] + "_" + hashlib.blake2b(s.encode(), digest_size=4).hexdigest()
-
-
-def shm_dir(configured: str | None = None) -> str:
-    """The directory for segments: BYTEPS_SHM_DIR, /dev/shm, or the temp dir."""
-    d = configured or "/dev/shm"
-    return d if os.path.isdir(d) else tempfile.gettempdir()
-
-
-def job_prefix(job_id: str) -> str:
-    """File-name prefix of everything a job puts into the shm directory."""
-    return f"bps-{_tag(job_id, 32)}-"
-
-
-def host_prefix(job_id: str, host_id: str) -> str:
-    """Prefix of one (possibly emulated) host's files of a job."""
-    return f"{job_prefix(job_id)}{_tag(host_id, 24)}-"
 
 
 def remove_prefix(directory: str, prefix: str) -> list[str]:
