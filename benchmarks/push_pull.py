@@ -132,7 +132,7 @@ def server_sum(nbytes: int, workers: int) -> float:
         out: dict = {}
         t0 = time.perf_counter()
         for r, a in enumerate(arrs):
-            apply(slot, [1, 0, rnd, PUSH | PULL, 0, a.size], a, r, b"w%d" % r, workers, False, out)
+            apply(slot, [1, 0, rnd, PUSH | PULL, 0, a.size], a, r, b"w%d" % r, workers, out)
         if rnd:
             best = min(best, (time.perf_counter() - t0) / (workers - 1))
     return best

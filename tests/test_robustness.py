@@ -151,25 +151,26 @@ def test_store_dedups_resent_pushes_and_answers_pull_only_requests():
     e = [7, 0, 0, PUSH | PULL, 0, 4]
     pull = [7, 0, 0, PULL, 0, 4]
     out: dict = {}
-    apply(slot, e, a, 0, b"w0", 2, False, out)
-    apply(slot, e, a.copy(), 0, b"w0", 2, False, out)      # resent push: not summed twice
-    apply(slot, pull, None, 0, b"w0", 2, False, out)       # pull-only while waiting: no dup
+    apply(slot, e, a, 0, b"w0", 2, out)
+    apply(slot, e, a.copy(), 0, b"w0", 2, out)      # resent push: not summed twice
+    apply(slot, pull, None, 0, b"w0", 2, out)       # pull-only while waiting: no dup
     assert out == {}
-    apply(slot, e, b, 1, b"w1", 2, False, out)
+    apply(slot, e, b, 1, b"w1", 2, out)
     assert [len(out[w]) for w in (b"w0", b"w1")] == [1, 1]
     np.testing.assert_array_equal(out[b"w0"][0][1], a + b)
     out.clear()
-    apply(slot, pull, None, 0, b"w0", 2, False, out)       # pull-only after the round: resent
+    apply(slot, pull, None, 0, b"w0", 2, out)       # pull-only after the round: resent
     np.testing.assert_array_equal(out[b"w0"][0][1], a + b)
     out.clear()
-    apply(slot, e, a, 1, b"w1", 2, False, out)             # late duplicate push of rank 1
+    apply(slot, e, a, 1, b"w1", 2, out)                    # late duplicate push of rank 1
     np.testing.assert_array_equal(out[b"w1"][0][1], a + b)
-    # async: a resent push (same rank, same round) is applied once
-    aslot = Slot(8, 0, 0, 4, -1)
+    # async (asynchronous keys, unbounded staleness): a resent push is applied once
+    from byteps.server.staleness import AsyncStore
+    astore, aslot = AsyncStore(None), Slot(8, 0, 0, 4, -1)
     out.clear()
     for rnd, arr in ((0, a), (0, a), (1, b)):
-        apply(aslot, [8, 0, rnd, PUSH | PULL, 0, 4], arr, 0, b"w0", 2, True, out)
+        astore.apply(aslot, [8, 0, rnd, PUSH | PULL, 0, 4], arr, 0, b"w0", {0}, out)
     np.testing.assert_array_equal(aslot.value, a + b)
     aslot.reset_rounds()                     # re-init: rounds restart at 0
-    apply(aslot, [8, 0, 0, PUSH, 0, 4], a, 0, b"w0", 2, True, out)
+    astore.apply(aslot, [8, 0, 0, PUSH, 0, 4], a, 0, b"w0", {0}, out)
     np.testing.assert_array_equal(aslot.value, a + b + a)

@@ -58,7 +58,7 @@ def test_server_reduces_with_the_declared_op(op, ref):
     out: dict = {}
     for rank, x in enumerate((a, b, c)):
         store.apply(slot, [1, 0, 0, wire.PUSH | wire.PULL, 0, 3], x.copy(), rank, b"w%d" % rank,
-                    3, False, out)
+                    3, out)
     got = out[b"w0"][0][1]
     assert np.array_equal(got, ref(ref(a, b), c))
 

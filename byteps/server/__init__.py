@@ -375,19 +375,20 @@ class Server(TensorChecks, StallReports):
         self.send_results(out)
 
     def apply(self, slot: Slot, e: list, arr, rank: int, ident, out: dict) -> None:
-        """Apply one entry (decompressing a compressed push first)."""
-        if arr is not None and e[3] & COMP:
-            try:
-                arr = slot.unpack(arr, e[2])
-            except CompressionError as exc:
-                name = self.decls.get(e[0], {}).get("name", e[0])
-                return self.drops.warn("malformed compressed push",
-                                       f"tensor {name!r} partition {e[1]} from rank {rank}: "
-                                       f"{exc}")
-        if e[3] & ASYNC:
-            return self.async_store.apply(slot, e, arr, rank, ident, self.async_ranks(), out)
-        # asynchronous keys carry wire.ASYNC; the rest (broadcasts, collectives) keep rounds
-        apply(slot, e, arr, rank, ident, self.nworkers, False, out, self.joined)
+        """Apply one entry; a malformed compressed push is dropped with a log line."""
+        try:
+            if e[3] & ASYNC:
+                if arr is not None and e[3] & COMP:
+                    arr = slot.unpack(arr, e[2])
+                return self.async_store.apply(slot, e, arr, rank, ident, self.async_ranks(),
+                                              out)
+            # asynchronous keys carry wire.ASYNC; the rest (broadcasts, collectives) keep
+            # rounds; compressed pushes are decompressed there, only when summed
+            apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined)
+        except CompressionError as exc:
+            name = self.decls.get(e[0], {}).get("name", e[0])
+            self.drops.warn("malformed compressed push",
+                            f"tensor {name!r} partition {e[1]} from rank {rank}: {exc}")
 
     def async_ranks(self) -> set:
         """Ranks whose progress bounds the staleness (not joined, not gone)."""

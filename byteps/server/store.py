@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from byteps.transport.wire import COMP, DTYPES, PULL, PUSH, SHM
+from byteps.transport.wire import COMP, PULL, PUSH, SHM
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
 REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
@@ -60,13 +60,16 @@ class Slot:
         self.scratch = None
         self.reduce = REDUCE[op]    # element-wise reduction of a round (declared op)
 
-    def unpack(self, buf, rnd: int) -> np.ndarray:
-        """Decompress a push into this slot's float32 scratch array (raises
-        CompressionError for a malformed frame).  Valid until the next unpack."""
-        if self.scratch is None:
-            self.scratch = np.empty(self.length, np.float32)
-        self.pipe.decompress(buf, rnd, self.scratch)
-        return self.scratch
+    def unpack(self, buf, rnd: int, into: np.ndarray | None = None) -> np.ndarray:
+        """Decompress a push into ``into`` or this slot's float32 scratch array (raises
+        CompressionError for a malformed frame, before writing anything else).  The
+        scratch is valid until the next unpack."""
+        if into is None:
+            if self.scratch is None:
+                self.scratch = np.empty(self.length, np.float32)
+            into = self.scratch
+        self.pipe.decompress(buf, rnd, into)
+        return into
 
     def reset_rounds(self) -> None:
         self.rounds.clear()
@@ -112,37 +115,34 @@ def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> int:
 
 
 def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
-          async_mode: bool, out: dict, joined: frozenset = frozenset()) -> None:
-    """Apply one entry (push and/or pull) from ``rank``; queue replies into ``out``.
+          out: dict, joined: frozenset = frozenset()) -> None:
+    """Apply one entry (push and/or pull) of a synchronous key from ``rank``; queue
+    replies into ``out`` (asynchronous keys: byteps.server.staleness.AsyncStore).
 
     ``out`` maps a worker identity to a list of (entry, array-or-None).  Pushes are
     acknowledged by the caller on receipt (that releases the worker's credit).
     ``joined``: ranks that called ``join()``; they count as having pushed zeros.
+    A compressed push (``arr`` is its frame) is decompressed only when it is summed,
+    the first one straight into the round's buffer; a malformed frame raises
+    CompressionError before the round changes.
     """
     key, part, rnd, flags, dt, length = entry
-    if async_mode:
-        if flags & PUSH and slot.applied.get(rank, -1) < rnd:     # a resend is not re-added
-            slot.applied[rank] = rnd
-            if slot.value is None:
-                slot.value = np.zeros(length, dtype=DTYPES[dt])
-            np.add(slot.value, arr, out=slot.value)
-            slot.pushes += 1
-            slot.bytes_in += arr.nbytes
-        if flags & PULL:
-            val = slot.value if slot.value is not None else np.zeros(length, DTYPES[dt])
-            out.setdefault(ident, []).append(([key, part, rnd, PULL, dt, length], val.copy()))
-        return
     rs = slot.rounds.get(rnd)
     if rs is None:
         rs = slot.rounds[rnd] = Round()
     if flags & PUSH:
         if rank not in rs.ranks and rs.result is None:
-            if rs.acc is None and slot.pipe is not None:   # arr is the reused scratch
-                if slot.bufs is None:
-                    slot.bufs = [np.empty(length, np.float32), np.empty(length, np.float32)]
-                rs.acc = slot.bufs[rnd % 2]
-                np.copyto(rs.acc, arr)
-                rs.owned = True
+            nbytes = arr.nbytes
+            if slot.pipe is not None:                      # arr is a compressed frame
+                nbytes = length * 4
+                if rs.acc is None:
+                    if slot.bufs is None:
+                        slot.bufs = [np.empty(length, np.float32),
+                                     np.empty(length, np.float32)]
+                    rs.acc = slot.unpack(arr, rnd, into=slot.bufs[rnd % 2])
+                    rs.owned = True
+                else:
+                    np.add(rs.acc, slot.unpack(arr, rnd), out=rs.acc)
             elif rs.acc is None:
                 rs.acc = arr
             elif not rs.owned:
@@ -155,7 +155,7 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
                 slot.reduce(rs.acc, arr, out=rs.acc)
             rs.ranks.add(rank)
             slot.pushes += 1
-            slot.bytes_in += arr.nbytes
+            slot.bytes_in += nbytes
             if full(rs, nworkers, joined):
                 finish(slot, rnd, rs, out)
     if flags & PULL:
