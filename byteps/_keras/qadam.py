@@ -96,6 +96,19 @@ def qadam_class(keras):
     return QAdamOptimizer
 
 
+def qadam_factory(keras):
+    """``QAdamOptimizer(learning_rate, warmup_steps, **kwargs)`` for a plugin module bound
+    to ``keras`` (the class is made on first use, so tf-keras fails only when called)."""
+    def QAdamOptimizer(learning_rate=0.001, warmup_steps=100, **kwargs):
+        """QAdam / 1-bit Adam (Keras 3): Adam for ``warmup_steps``, then the variance is
+        frozen and the momentum is exchanged compressed (default onebit + error feedback);
+        wrap it in DistributedOptimizer.  Other arguments: ``beta_1``, ``beta_2``,
+        ``epsilon``, ``compression_params``.  See docs/compression.md."""
+        return qadam_class(keras)(learning_rate=learning_rate, warmup_steps=warmup_steps,
+                                  **kwargs)
+    return QAdamOptimizer
+
+
 def _reduce_with(settings, tensors, variables, prefix, compression):
     from byteps.tensorflow import _ops
     return _ops.push_pull_grads(tensors, variables, settings.prefix + prefix, compression,

@@ -65,6 +65,14 @@ def scalar_f32(frame: np.ndarray, offset: int) -> float:
     return float(frame[offset:offset + 4].view(F32)[0])
 
 
+def leading_scale(frame: np.ndarray, what: str, name: str) -> float:
+    """The float32 at the start of a frame (a scale or norm); raise unless finite and >= 0."""
+    value = scalar_f32(frame, 0)
+    if not (math.isfinite(value) and value >= 0):
+        raise CompressionError(f"{what}: {name} must be finite and >= 0, the frame has {value}")
+    return value
+
+
 def check_input(x, n: int, what: str) -> None:
     """Raise unless ``x`` is a 1-d C-contiguous float32 array of ``n`` elements."""
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 1:

@@ -35,8 +35,8 @@ from .base import (
     check_input,
     finite_scale,
     frame_view,
+    leading_scale,
     rng_for,
-    scalar_f32,
 )
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -99,10 +99,7 @@ class Dithering(Compressor):
         frame = frame_view(buf, self.frame_bytes, self.what)
         check_input(out, self.n, self.what)
         s = self.s
-        norm = scalar_f32(frame, 0)
-        if not (math.isfinite(norm) and norm >= 0):
-            raise CompressionError(
-                f"{self.what}: norm must be finite and >= 0, the frame has {norm}")
+        norm = leading_scale(frame, self.what, "norm")
         q = frame[4:].view(np.int8)
         lo, hi = int(q.min()), int(q.max())
         if lo < -s or hi > s:

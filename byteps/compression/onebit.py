@@ -24,6 +24,7 @@ from .base import (
     check_input,
     finite_scale,
     frame_view,
+    leading_scale,
     scalar_f32,
 )
 
@@ -65,12 +66,9 @@ class OneBit(Compressor):
         frame = frame_view(buf, self.frame_bytes, self.what)
         check_input(out, self.n, self.what)
         n = self.n
-        scale = scalar_f32(frame, 0)
         if self.spec.scaling:
-            if not (np.isfinite(scale) and scale >= 0):
-                raise CompressionError(
-                    f"{self.what}: scale must be finite and >= 0, the frame has {scale}")
-        elif scale != 1.0:
+            scale = leading_scale(frame, self.what, "scale")
+        elif (scale := scalar_f32(frame, 0)) != 1.0:
             raise CompressionError(
                 f"{self.what}: with scaling=False the scale must be 1.0, the frame has {scale}")
         bits = frame[4:]

@@ -17,6 +17,7 @@ except ImportError as _exc:
     raise missing_framework("tensorflow", "tensorflow", "byteps.keras", _exc) from _exc
 
 from byteps import _keras as _impl
+from byteps._keras.qadam import qadam_factory as _qadam_factory
 from byteps.core.api import (
     BytePSError,
     init,
@@ -76,13 +77,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         compression_params=compression_params)
 
 
-def QAdamOptimizer(learning_rate=0.001, warmup_steps=100, **kwargs):
-    """QAdam / 1-bit Adam (Keras 3): Adam for ``warmup_steps``, then the variance is frozen
-    and the momentum is exchanged compressed (default onebit + error feedback); wrap it in
-    DistributedOptimizer.  Other arguments: ``beta_1``, ``beta_2``, ``epsilon``,
-    ``compression_params``.  See docs/compression.md."""
-    from byteps._keras.qadam import qadam_class
-    return qadam_class(keras)(learning_rate=learning_rate, warmup_steps=warmup_steps, **kwargs)
+QAdamOptimizer = _qadam_factory(keras)
 
 
 def broadcast_global_variables(root_rank: int):
