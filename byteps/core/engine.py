@@ -430,7 +430,7 @@ class Engine(CompressionMixin):
                 np.divide(arr, self.size, out=dst)
             else:
                 np.floor_divide(arr, self.size, out=dst)
-        else:
+        elif arr is not dst:            # a decompressed result may already be in place
             np.copyto(dst, arr)
         now = time.monotonic()
         self.speed.add(t.src.nbytes, now)
