@@ -408,10 +408,9 @@ class Engine(CompressionMixin):
                                     f"the tensor is not")
                 if e[3] & COMP:
                     arr = self.decompress(t, e, frame)
-                elif frame is None:
-                    arr = self.result_segment(server, e)
                 else:
-                    arr = entry_array(e, frame)
+                    arr = self.result_segment(server, e) if frame is None \
+                        else entry_array(e, frame)
                     self.count(t.handle.tensor.name, 0, 0, arr.nbytes)
             except (WireError, OSError, ValueError) as exc:   # CompressionError is a ValueError
                 self.drops.warn("truncated or malformed result", str(exc))

@@ -39,7 +39,8 @@ res = {k: train(k) for k in ("adam", "qadam")}
 _, _, table = bps.get_pushpull_speed(per_tensor=True) if hasattr(bps, "get_pushpull_speed") \
     else (0, 0, {})
 mom = [v for k, v in table.items() if "QAdam.exp_avg." in k and "kernel" in k]
-res["momentum_bytes"] = mom[0] if mom else None
+# the largest momentum (64x256 kernel); the 256x10 one is under BYTEPS_MIN_COMPRESS_BYTES
+res["momentum_bytes"] = max(mom, key=lambda b: b["pushed"]) if mom else None
 with open(f"{out_dir}/rank{r}.json", "w") as f:
     json.dump(res, f)
 bps.shutdown()
