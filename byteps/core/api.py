@@ -21,10 +21,10 @@ import zmq
 
 from byteps.core import local as _local
 from byteps.core import metrics
-from byteps.core.config import Config
+from byteps.common.config import Config
 from byteps.core.engine import Engine, Handle, Task, comp_pipeline
-from byteps.core.logs import setup_logging
-from byteps.core.node import BytePSError, SchedulerLink
+from byteps.common.logs import setup_logging
+from byteps.common.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
 from byteps.core.torchrun import warn_if_torchrun_without_byteps
 from byteps.transport.wire import ASYNC, REDUCE_OPS, Op, dtype_code, encode, new_seq

@@ -33,7 +33,7 @@ import threading
 import numpy as np
 
 from byteps.core import api
-from byteps.core.node import BytePSError
+from byteps.common.errors import BytePSError
 from byteps.transport.wire import DTYPES, REDUCE_OPS, dtype_code
 
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "ReduceOp", "allgather",

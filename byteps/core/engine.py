@@ -20,11 +20,11 @@ import numpy as np
 import zmq
 
 from byteps import transport
-from byteps.core.config import Config
+from byteps.common.config import Config
 from byteps.core.engine_comp import COMP_LR, CompressionMixin, comp_pipeline  # noqa: F401
-from byteps.core.metrics import RoundLatency
-from byteps.core.node import (BytePSError, SchedulerLink, describe, down_grace,
-                               end_process_later, held_tensors)
+from byteps.common.metrics import RoundLatency
+from byteps.common.node import (BytePSError, SchedulerLink, describe, down_grace,
+                                end_process_later, held_tensors)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
 from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Op, WireError, decode,

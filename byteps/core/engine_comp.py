@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from byteps.core.node import BytePSError
+from byteps.common.errors import BytePSError
 from byteps.transport.wire import frame_bytes
 
 COMP_LR: list = [None]    # the learning rate last given to api.set_compression_lr()

@@ -1,23 +1,7 @@
-"""Logging set-up from BYTEPS_LOG_LEVEL, with the role in every line."""
-from __future__ import annotations
-
-import logging
-import os
+"""Moved to :mod:`byteps.common.logs` (every role's floor); this name stays for existing
+imports and is the same module object, so attributes set on one are seen through the other."""
 import sys
 
-_DONE = False
+from byteps.common import logs as _moved
 
-
-def setup_logging(cfg, role: str) -> None:
-    """Configure the ``byteps`` logger once per process."""
-    global _DONE
-    logger = logging.getLogger("byteps")
-    logger.setLevel(cfg.log_level)
-    if _DONE:
-        return
-    _DONE = True
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(logging.Formatter(
-        f"[%(asctime)s] byteps {role} pid {os.getpid()} %(levelname)s: %(message)s", "%H:%M:%S"))
-    logger.addHandler(h)
-    logger.propagate = False
+sys.modules[__name__] = _moved

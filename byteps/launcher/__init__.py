@@ -24,7 +24,7 @@ import tempfile
 
 from byteps import DIST
 from byteps.core import torchrun
-from byteps.core.config import NAMES_CHECKED, Config, ConfigError, name_report
+from byteps.common.config import NAMES_CHECKED, Config, ConfigError, name_report
 from byteps.launcher import liveview
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
 
@@ -69,7 +69,7 @@ def check_config(envs: dict[str, dict]) -> None:
     if original:
         say(f"note: {', '.join(original)}: variable(s) of the original BytePS or ps-lite that "
             f"this implementation does not need; ignored")
-    from byteps.core.metrics import check_env
+    from byteps.common.metrics import check_env
     note = check_env(next(iter(envs.values())))     # BYTEPS_METRICS_PORT
     if note:
         say(f"warning: {note}")

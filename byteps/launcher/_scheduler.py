@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from byteps.core.node import leave_reason
+from byteps.common.node import leave_reason
 
 
 class _Reason(logging.Handler):

@@ -1,6 +1,6 @@
 """The environment-variable part of ``bpslaunch --help``.
 
-Defaults are read from :class:`byteps.core.config.Config`'s field defaults (the
+Defaults are read from :class:`byteps.common.config.Config`'s field defaults (the
 configuration's one source of them), never copied here.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from byteps.core.config import Config
+from byteps.common.config import Config
 
 # (variable, Config field or None, default shown when the field's default says nothing, meaning)
 VARIABLES = (

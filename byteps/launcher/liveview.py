@@ -1,6 +1,6 @@
 """bpslaunch's live view: one status line per worker while a standalone job runs.
 
-Every worker writes ``worker<rank>.live`` (JSON, :class:`byteps.core.metrics.StatusWriter`)
+Every worker writes ``worker<rank>.live`` (JSON, :class:`byteps.common.metrics.StatusWriter`)
 into the launcher's summary folder every ``BPSLAUNCH_LIVE_S`` seconds; the launcher
 polls those files from its supervision loop (no sockets).
 
@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from byteps.core.config import LOG_LEVELS, ConfigError
+from byteps.common.config import LOG_LEVELS, ConfigError
 from byteps.launcher import supervise
 
 DEFAULT_INTERVAL_S = 30.0

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 
 from byteps.core import torchrun
-from byteps.core.config import NAMES_CHECKED, ConfigError
+from byteps.common.config import NAMES_CHECKED, ConfigError
 from byteps.launcher.supervise import Job, LaunchError, say
 
 PORT_BASE, PORT_SPAN = 20000, 20000

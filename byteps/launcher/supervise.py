@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from byteps.core.node import PEER_FAILED_EXIT
+from byteps.common.node import PEER_FAILED_EXIT
 
 # After the first process ended because of a failure elsewhere, wait this long for the
 # process that failed for its own reason (still tearing down) before ending the job.
@@ -291,7 +291,7 @@ class Job:
             self.last_words = None
 
     def reasons(self) -> dict[int, str]:
-        """{pid: reason} that children left in the status folder (byteps.core.node)."""
+        """{pid: reason} that children left in the status folder (byteps.common.node)."""
         out: dict[int, str] = {}
         folder = self.status_dir
         for name in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:

@@ -12,7 +12,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from byteps.core import torchrun
-from byteps.core.config import NAMES_CHECKED, Config, ConfigError
+from byteps.common.config import NAMES_CHECKED, Config, ConfigError
 from byteps.ray._actors import ServiceActor, WorkerActor, describe
 from byteps.ray.errors import RayExecutorError, WorkerFailedError
 

@@ -20,11 +20,11 @@ import time
 import zmq
 
 from byteps import transport
-from byteps.core.config import Config
-from byteps.core.config import scheduler_listen_host as _bind_host
-from byteps.core.metrics import serve_scheduler
-from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
-                              require_secret)
+from byteps.common.config import Config
+from byteps.common.config import scheduler_listen_host as _bind_host
+from byteps.common.metrics import serve_scheduler
+from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
+                                require_secret)
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
 
@@ -585,7 +585,7 @@ def _pushers(workers: dict) -> dict:
 
 
 def main(cfg: Config | None = None) -> int:
-    from byteps.core.logs import setup_logging
+    from byteps.common.logs import setup_logging
     cfg = cfg or Config.from_env(role="scheduler")
     setup_logging(cfg, "scheduler")
     try:

@@ -20,10 +20,10 @@ import zmq
 
 from byteps import transport
 from byteps.transport import shm
-from byteps.core.config import Config
-from byteps.core.metrics import serve_server
-from byteps.core.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
-                              failure_exit_code)
+from byteps.common.config import Config
+from byteps.common.metrics import serve_server
+from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
+                                failure_exit_code)
 from byteps.compression import CompressionError
 from byteps.server.decls import INLINE_BYTES, TensorChecks  # noqa: F401 (re-export)
 from byteps.server.staleness import AsyncStore
@@ -462,7 +462,7 @@ class Server(TensorChecks, StallReports):
                     log.warning("cannot write the staleness counters: %s", exc)
 
 def main(cfg: Config | None = None) -> int:
-    from byteps.core.logs import setup_logging
+    from byteps.common.logs import setup_logging
     cfg = cfg or Config.from_env(role="server")
     setup_logging(cfg, "server")
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from byteps.core.node import describe
+from byteps.common.node import describe
 from byteps.transport.wire import Op
 
 log = logging.getLogger("byteps.server")

@@ -13,7 +13,7 @@ import numpy as np
 
 from byteps.core import api
 from byteps.core.algorithms.base import Algorithm
-from byteps.core.node import BytePSError
+from byteps.common.errors import BytePSError
 
 
 def check_async(st, name: str, average: bool, op: int, params) -> None:

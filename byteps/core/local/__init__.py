@@ -53,7 +53,7 @@ def push_pull_prereduced_async(like, name: str, pre, average: bool = True, prior
     import numpy as np
 
     from byteps.core import api
-    from byteps.core.node import BytePSError
+    from byteps.common.errors import BytePSError
     st = api._state()
     if st.local is None:
         raise BytePSError("push_pull of a pre-reduced tensor needs the local reduction "

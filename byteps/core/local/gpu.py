@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from byteps.core.node import BytePSError
+from byteps.common.errors import BytePSError
 
 _GROUPS: dict = {}
 

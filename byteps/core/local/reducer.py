@@ -32,7 +32,7 @@ import zmq
 from byteps.core.engine import Handle, Task, comp_pipeline
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir, warn_once
-from byteps.core.node import BytePSError
+from byteps.common.errors import BytePSError
 
 log = logging.getLogger("byteps.local")
 _KEY = struct.Struct("<q")
