@@ -2,14 +2,17 @@
 
 ``SyncPS`` (default: gradients averaged every step), ``AsyncPS`` (the original's
 asynchronous mode: parameter deltas, servers hold the parameters),
-``AsyncModelAverage`` (local training, background model averaging).  Write your own by
+``AsyncModelAverage`` (local training, background model averaging), ``Decentralized`` and
+``LowPrecisionDecentralized`` (peer-to-peer model averaging).  Write your own by
 subclassing :class:`Algorithm`.
 """
 from byteps.core.algorithms.async_ps import AsyncPS
 from byteps.core.algorithms.base import Algorithm, SyncPS, average_now
+from byteps.core.algorithms.decentralized import Decentralized, LowPrecisionDecentralized
 from byteps.core.algorithms.model_average import AsyncModelAverage
 
-__all__ = ["Algorithm", "SyncPS", "AsyncPS", "AsyncModelAverage", "average_now", "default"]
+__all__ = ["Algorithm", "SyncPS", "AsyncPS", "AsyncModelAverage", "Decentralized",
+           "LowPrecisionDecentralized", "average_now", "default"]
 
 
 def default() -> Algorithm:

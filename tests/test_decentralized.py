@@ -1,0 +1,143 @@
+"""Issue 17: decentralized SGD (peer to peer), its low-precision variant, convergence of
+every algorithm on the digits MLP, and a peer killed with SIGKILL.  Real multi-process
+jobs, each with a timeout (docs/algorithms.md)."""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import assert_ok, read_results, run_script
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+from fail_cluster import Cluster  # noqa: E402
+
+NOIPC = {"BYTEPS_ENABLE_IPC": 0}
+K = 7                 # steps: shift_one distances 1, 2, 3, 1, 2, 3, 1 on 4 ranks
+
+
+def _ref_params(rank):
+    rng = np.random.default_rng(100 + rank)
+    return {"w": rng.standard_normal((5, 3)).astype(np.float32),
+            "b": rng.standard_normal(7).astype(np.float32)}
+
+
+def _ref_grad(rank, step, name, shape):
+    rng = np.random.default_rng([rank, step, len(name)])
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _flat(p):
+    return np.concatenate([p[k].reshape(-1) for k in sorted(p)])
+
+
+def reference(algo: str, n: int, k: int) -> list[np.ndarray]:
+    """The update rule of docs/algorithms.md in one process, float32 (flat, sorted names)."""
+    from byteps.compression import parse
+    from byteps.compression.int8 import Int8
+    xs = [_flat(_ref_params(r)) for r in range(n)]
+    shapes = {"b": (7,), "w": (5, 3)}
+    if algo == "lowp":
+        mean = xs[0].copy()
+        for x in xs[1:]:
+            mean += x
+        xs = [mean / n for _ in range(n)]
+        hat = [x.copy() for x in xs]            # the replica every holder keeps of rank r
+        codec = Int8(parse({"compressor": "int8", "bucket": 1024}), xs[0].size, 0, 0)
+    for t in range(k):
+        for r in range(n):
+            g = np.concatenate([_ref_grad(r, t, name, shapes[name]).reshape(-1)
+                                for name in sorted(shapes)])
+            xs[r] = xs[r] - np.float32(0.1) * g
+        if algo == "shift_one":
+            d = 1 + t % (n - 1)
+            new = []
+            for r in range(n):
+                p = (r - d) % n
+                new.append(((xs[r] + xs[p]) if r < p else (xs[p] + xs[r])) / 2)
+            xs = new
+        elif algo == "all":
+            acc = xs[0].copy()
+            for x in xs[1:]:
+                acc += x
+            xs = [acc / n for _ in range(n)]
+        else:
+            dec = np.empty_like(xs[0])
+            for r in range(n):
+                codec.decompress(codec.compress(xs[r] - hat[r], t), t, dec)
+                hat[r] = hat[r] + dec
+            new = []
+            for r in range(n):
+                nb = sorted({(r - 1) % n, (r + 1) % n} - {r})
+                mix = np.zeros_like(xs[r])
+                for j in nb:
+                    mix += hat[j]
+                    mix -= hat[r]
+                new.append(xs[r] + (1.0 / (len(nb) + 1)) * mix)
+            xs = new
+    return xs
+
+
+@pytest.mark.timeout(90)
+def test_decentralized_equals_numpy_reference(tmp_path):
+    """4 ranks, K steps of shift_one, all and low precision against one process."""
+    assert_ok(run_script("algo_decentral.py", tmp_path, "ref", K, workers=4, servers=1,
+                         timeout=80, **NOIPC))
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3]
+    for algo in ("shift_one", "all", "lowp"):
+        ref = reference(algo, 4, K)
+        for r in range(4):
+            got = _flat({k: np.array(v, np.float32) for k, v in out[r][algo].items()})
+            tol = 1e-6 if algo != "lowp" else 1e-5
+            np.testing.assert_allclose(got, ref[r], rtol=tol, atol=tol,
+                                       err_msg=f"{algo} rank {r}")
+            if algo == "shift_one":       # two-term sums: exact, not just close
+                assert np.array_equal(got, ref[r]), (algo, r)
+        assert not np.allclose(ref[0], ref[1]) or algo == "all"   # the test can fail
+        finals = [_flat({k: np.array(v, np.float32) for k, v in out[r][algo + ".final"]
+                         .items()}) for r in range(4)]
+        assert all(np.array_equal(finals[0], f) for f in finals[1:]), algo
+
+
+ALGOS = "sync,async,average,shift_one,all,lowp"
+
+
+@pytest.mark.timeout(150)
+def test_every_algorithm_converges_on_digits(tmp_path):
+    """One job, 4 workers: each algorithm trains the MLP to within 2 points of sync."""
+    assert_ok(run_script("algo_decentral.py", tmp_path, "train", ALGOS, workers=4, servers=1,
+                         timeout=140, BYTEPS_ASYNC_STALENESS=2, **NOIPC))
+    out = read_results(tmp_path)
+    base = out[0]["sync"]["acc"]
+    assert base > 0.8, out[0]
+    for algo in ALGOS.split(","):
+        accs = [out[r][algo]["acc"] for r in range(4)]
+        assert min(accs) >= base - 0.02, (algo, accs, base)
+        assert len({out[r][algo]["digest"] for r in range(4)}) == 1, algo   # identical
+
+
+@pytest.mark.timeout(90)
+def test_killed_peer_is_named_within_10_s(tmp_path):
+    c = Cluster(tmp_path, workers=4, servers=1, args=("kill",), script="algo_decentral.py")
+    try:
+        c.start()
+        c.wait_files("ready.rank*", 4)
+        victim = c.worker_pid(2)
+        os.kill(victim, signal.SIGKILL)
+        t_kill = time.monotonic()
+        others = [f"worker{w}" for w in (0, 1, 3)]
+        c.wait(30, others)
+        late = {w: c.exit_at.get(w, 1e9) - t_kill for w in others
+                if c.exit_at.get(w, 1e9) - t_kill > 10}
+        assert not late, f"not ended within 10 s: {late}\n{c.logs()}"
+        assert all(c.procs[w].returncode != 0 for w in others), c.logs()
+        out = read_results(tmp_path)
+        assert sorted(out) == [0, 1, 3], c.logs()
+        for r in (0, 1, 3):
+            err = out[r]["error"]
+            assert "worker rank 2" in err and f"pid {victim}" in err, err
+    finally:
+        c.close()
