@@ -46,7 +46,7 @@ KNOWN = {
     "BYTEPS_MIN_COMPRESS_BYTES": "65536", "BYTEPS_RESTART_COUNT": "1",
     "BYTEPS_ASYNC_STALENESS": "2",
     "BYTEPS_METRICS_PORT": "9400", "BYTEPS_METRICS_HOST": "127.0.0.1",
-    "BYTEPS_LIVE_INTERVAL_S": "30",
+    "BYTEPS_LIVE_INTERVAL_S": "30", "BYTEPS_ENABLE_PEERS": "1",
 }
 # Names of the original BytePS that we accept without a warning (no effect).
 ORIGINAL_ONLY = {
@@ -206,6 +206,7 @@ class Config:
     resend_timeout_s: float = 1.0
     max_msg_bytes: int = 1 << 30
     enable_ipc: bool = True
+    enable_peers: bool = True      # BYTEPS_ENABLE_PEERS: workers listen for peers
     host_id: str = ""
     test_drop_rate: float = 0.0
     fusion_bytes: int = 65536
@@ -313,6 +314,7 @@ class Config:
             resend_timeout_s=e.float("BYTEPS_RESEND_TIMEOUT_S", 1.0, lo=0.01),
             max_msg_bytes=e.int("BYTEPS_MAX_MSG_BYTES", 1 << 30, lo=1 << 16),
             enable_ipc=e.bool("BYTEPS_ENABLE_IPC", True), host_id=host_id,
+            enable_peers=e.bool("BYTEPS_ENABLE_PEERS", True),
             test_drop_rate=e.float("BYTEPS_TEST_DROP_RATE", 0.0, lo=0.0, hi=0.9),
             fusion_bytes=e.int("BYTEPS_FUSION_BYTES", 65536, lo=0),
             server_port=e.int("BYTEPS_SERVER_PORT", 0, lo=0, hi=65535),

@@ -88,6 +88,7 @@ class _State:
         self.steps = StepCounter()   # training steps: step_done(), the trace window
         self.declared: dict = {}  # name -> compression Spec given to declare()
         self.user_timeline = None     # start_timeline() (Horovod's name)
+        self.peers = None        # byteps.core.peers.PeerNet (decentralized algorithms)
 
 
 _STATE: _State | None = None
@@ -112,13 +113,19 @@ def init(lazy: bool = False) -> None:
             ident = _identity(cfg)
             st.link = SchedulerLink(cfg, st.ctx, "worker", ident)
             try:
-                book = st.link.register({"local_reduce": cfg.local_reduce},
+                from byteps.core import peers as _peers
+                peer_sock, peer_addr = _peers.listen(cfg, st.ctx)
+                book = st.link.register({"local_reduce": cfg.local_reduce, "address": peer_addr},
                                         f"worker (host {cfg.host_id}, local rank "
                                         f"{cfg.local_rank})")
                 st.book = book
                 st.rank, st.size = book["rank"], book["size"]
                 st.nservers = len(book["servers"])
                 st.engine = Engine(cfg, st.ctx, st.link, book)
+                if peer_sock is not None:       # worker-to-worker links (byteps/core/peers.py)
+                    st.peers = _peers.PeerNet(cfg, st.ctx, peer_sock, peer_addr, st.link.secret)
+                    st.peers.attach(book, st.link.node_id, st.link.epoch,
+                                    lambda eng=st.engine: eng.fatal)
                 if cfg.trace_on:
                     st.engine.timeline = Timeline(cfg.trace_dir, st.rank, st.size,
                                                   cfg.trace_start_step, cfg.trace_end_step,
@@ -153,6 +160,8 @@ def shutdown() -> None:
     if st is None or st.engine is None:
         return
     _finish(st)
+    if st.peers is not None:
+        st.peers.close()
     if st.local is not None:
         st.local.close()
     st.engine.stop(leave=True)

@@ -217,6 +217,9 @@ class Scheduler:
             raise WireError("registration field local_reduce must be off, slice or root")
         if not all(isinstance(info[k], str) for k in ("host", "host_id", "hostname", "machine")):
             raise WireError("registration fields host/host_id/hostname must be strings")
+        if role == "worker" and not (info["address"] is None or (
+                isinstance(info["address"], str) and len(info["address"]) <= 300)):
+            raise WireError("a worker's peer address must be a string (byteps/core/peers.py)")
         info["last_seen"] = time.monotonic()
         info["seq"] = seq
         if role == "server":
@@ -310,7 +313,8 @@ class Scheduler:
         pub = ("node_id", "rank", "host", "host_id", "pid", "local_rank", "local_size", "machine")
         return {"servers": [{**{k: s[k] for k in pub}, "address": s["address"], "role": "server"}
                             for s in self.servers.values()],
-                "workers": sorted(({**{k: w[k] for k in pub}, "role": "worker"}
+                "workers": sorted(({**{k: w[k] for k in pub}, "role": "worker",
+                                    "address": w.get("address")}     # peers (decentralized)
                                    for w in self.workers.values()), key=lambda w: w["rank"]),
                 "size": len(self.workers), "epoch": self.epoch, **_pushers(self.workers)}
 

@@ -64,6 +64,7 @@ class Op(enum.IntEnum):
     STALL = 23          # server -> scheduler: stall report
     MEMBERS = 24        # scheduler -> server: joined ranks, ranks gone, round reset (id)
     MEMBERS_OK = 25     # server -> scheduler: MEMBERS applied (id)
+    PEER = 26           # worker -> worker: decentralized algorithms (byteps/core/peers.py)
 
 
 # entry flags
