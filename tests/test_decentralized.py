@@ -141,3 +141,18 @@ def test_killed_peer_is_named_within_10_s(tmp_path):
             assert "worker rank 2" in err and f"pid {victim}" in err, err
     finally:
         c.close()
+
+
+@pytest.mark.timeout(180)
+def test_tensorflow_and_keras_train_digits_async(tmp_path):
+    """BYTEPS_ENABLE_ASYNC=1: Keras model.fit and a TF tf.function loop run AsyncPS (local
+    step, push the change, pull the servers' parameters); no divergence, identical ends."""
+    pytest.importorskip("tensorflow")
+    assert_ok(run_script("tf_async.py", tmp_path, workers=2, servers=1, timeout=170,
+                         BYTEPS_ENABLE_ASYNC=1, **NOIPC))
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1]
+    for kind in ("keras", "tf"):
+        assert out[0]["async"] == "AsyncPS"
+        assert out[0][kind]["acc"] > 0.8, out[0]
+        assert out[0][kind]["digest"] == out[1][kind]["digest"], kind

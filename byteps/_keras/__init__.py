@@ -65,6 +65,7 @@ class _Settings:
         self.op, self.device_dense, self.device_sparse = op, device_dense, device_sparse
         self.passes, self.average_aggregated = int(passes), average_aggregated
         self.counter, self.accs = None, None
+        self.alg = None           # byteps._keras.algorithm.KerasAlgorithm (non-SyncPS)
         if self.passes < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
 
@@ -112,6 +113,12 @@ class _Distributed:
     """Marker base of every byteps-wrapped Keras optimizer."""
     _bps: _Settings
 
+    def finish(self) -> None:
+        """End of training with a core algorithm (AsyncPS, ...): its final exchange, so
+        every rank ends with identical parameters; every rank calls it (eagerly)."""
+        if self._bps.alg is not None:
+            self._bps.alg.finish()
+
 
 class _Keras3(_Distributed):
     def apply(self, grads, trainable_variables=None):
@@ -124,6 +131,8 @@ class _Keras3(_Distributed):
         if not self.built:       # build outside any tf.cond below
             self.build(variables)
         st = self._bps
+        if st.alg is not None:    # a core algorithm: local step, then parameters
+            return st.alg.apply(variables, lambda: super(_Keras3, self).apply(grads, variables))
         if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
             if st.passes != 1:
                 raise ValueError("QAdamOptimizer does not support backward_passes_per_step > 1")
@@ -140,6 +149,9 @@ class _Keras2(_Distributed):
         gv = list(grads_and_vars)
         grads, variables = [g for g, _ in gv], [v for _, v in gv]
         st = self._bps
+        if st.alg is not None:    # a core algorithm: local step, then parameters
+            return st.alg.apply(variables, lambda: super(_Keras2, self).apply_gradients(
+                gv, *args, **kwargs))
         if st.passes == 1:
             return super().apply_gradients(list(zip(st.reduce(grads, variables), variables)),
                                            *args, **kwargs)
@@ -158,7 +170,7 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
                                  compression=Compression.none, sparse_as_dense=False,
                                  op=_ops.Average, backward_passes_per_step=1,
                                  average_aggregated_gradients=False, in_place=None,
-                                 compression_params=None):
+                                 compression_params=None, algorithm=None):
     """Wrap a Keras optimizer: same class name and config, gradients averaged across workers.
 
     An unbuilt optimizer is re-created from its config (the original stays
@@ -195,6 +207,11 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
     settings = _Settings(prefix, compression, sparse_as_dense, _ops.resolve_op(op, None),
                          device_dense, device_sparse, backward_passes_per_step,
                          average_aggregated_gradients)
+    from byteps._keras.algorithm import resolve
+    settings.alg = resolve(algorithm, settings)    # AsyncPS with BYTEPS_ENABLE_ASYNC=1, ...
+    if settings.alg is not None and hasattr(opt, "_bps_exchange"):
+        raise core.BytePSError(f"{type(opt).__name__}: QAdam exchanges compressed momenta; "
+                               f"it cannot run {settings.alg.algorithm.describe()}")
     object.__setattr__(opt, "_bps", settings)   # bypass Keras attribute tracking
     return opt
 

@@ -61,7 +61,8 @@ __all__ = [
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=Average,
-                         average_aggregated_gradients=False, compression_params=None):
+                         average_aggregated_gradients=False, compression_params=None,
+                         algorithm=None):
     """Wrap a Keras optimizer so that gradients are averaged across workers before use.
 
     Works with ``model.compile``/``model.fit`` and with ``apply_gradients``.
@@ -69,12 +70,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     once per N steps (divided by N with ``average_aggregated_gradients``).
     ``compression_params`` (the original BytePS keys, docs/compression.md)
     compresses gradients in the core; with ``"momentum": "nesterov"`` the
-    optimizer's momentum moves into the compressor.
+    optimizer's momentum moves into the compressor.  ``algorithm``: a
+    ``bps.algorithms`` instance (AsyncPS with ``BYTEPS_ENABLE_ASYNC=1``; docs/algorithms.md);
+    call ``opt.finish()`` on every rank at the end.
     """
     return _impl.create_distributed_optimizer(
         _impl.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
         sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients,
-        compression_params=compression_params)
+        compression_params=compression_params, algorithm=algorithm)
 
 
 QAdamOptimizer = _qadam_factory(keras)
@@ -101,5 +104,6 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     return _impl.load_model(keras, filepath, custom_optimizers, custom_objects, compression)
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncPS, Decentralized, ...)
 
-__all__ = list(__all__) + ["get_pushpull_speed"]
+__all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]

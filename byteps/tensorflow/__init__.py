@@ -200,27 +200,32 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
                          compression=Compression.none, sparse_as_dense: bool = False,
                          backward_passes_per_step: int = 1, op=Average,
                          average_aggregated_gradients: bool = False,
-                         compression_params: dict | None = None):
+                         compression_params: dict | None = None, algorithm=None):
     """Wrap an optimizer so that it averages gradients across workers before applying them.
 
     Keras optimizers (Keras 3, or tf-keras under ``TF_USE_LEGACY_KERAS=1``)
     get the shared Keras implementation (``byteps.keras.DistributedOptimizer``);
     ``tf.compat.v1.train.Optimizer`` instances are wrapped by delegation.
     ``compression_params`` (the original BytePS keys, docs/compression.md)
-    compresses gradients in the core.
+    compresses gradients in the core.  ``algorithm`` (Keras optimizers): a
+    ``bps.algorithms`` instance; AsyncPS with ``BYTEPS_ENABLE_ASYNC=1`` (docs/algorithms.md).
     """
     op = _ops.resolve_op(op, None)
     from byteps.tensorflow.compression import with_params
     compression = with_params(compression, compression_params)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from byteps._keras.algorithm import refuse_v1
+        refuse_v1(algorithm, optimizer)
         from byteps.tensorflow._v1 import wrap_v1_optimizer
         return wrap_v1_optimizer(optimizer, name, use_locking, device_dense, device_sparse,
                                  compression, sparse_as_dense, backward_passes_per_step, op)
     from byteps import _keras
     return _keras.create_distributed_optimizer(
         _keras.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
-        sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients)
+        sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients,
+        algorithm=algorithm)
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncPS, Decentralized, ...)
 
-__all__ = list(__all__) + ["get_pushpull_speed"]
+__all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]

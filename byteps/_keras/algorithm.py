@@ -1,0 +1,123 @@
+"""Training algorithms (byteps/core/algorithms, docs/algorithms.md) for Keras optimizers
+(``byteps.keras``, ``byteps.tensorflow``, ``byteps.tensorflow.keras``).
+
+With an algorithm other than SyncPS (``BYTEPS_ENABLE_ASYNC=1`` selects AsyncPS, the
+original's asynchronous mode) the wrapped optimizer applies its *local* gradients, then
+hands the variables to the core algorithm as numpy arrays (``after_step``: AsyncPS pushes
+the change since its last pull and pulls the servers' parameters) and assigns the result
+back.  The first ``apply`` first runs ``init`` (AsyncPS: rank 0's values seed the servers
+and every rank pulls them).  Inside ``tf.function`` (``model.fit``) both run in
+``tf.py_function`` ops, which execute in program order with the variable updates
+(stateful ops).  ``optimizer.finish()`` is the algorithm's final exchange (every rank).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.core import algorithms as _algorithms
+from byteps.core import api as core
+from byteps.tensorflow import _ops
+
+
+def resolve(algorithm, settings):
+    """A :class:`KerasAlgorithm` for a non-SyncPS algorithm (or the default one with
+    ``BYTEPS_ENABLE_ASYNC=1``); None when the plugin's gradient exchange applies."""
+    if algorithm is None:
+        if not (core.is_initialized() and core.get_config().enable_async):
+            return None
+        algorithm = _algorithms.default()
+    if not isinstance(algorithm, _algorithms.Algorithm):
+        raise TypeError(f"algorithm must be a byteps.algorithms.Algorithm (SyncPS, AsyncPS, "
+                        f"AsyncModelAverage, Decentralized or a subclass), got "
+                        f"{type(algorithm).__name__}")
+    if algorithm.plugin_gradients:
+        return None
+    what = f"{algorithm.describe()} with a Keras optimizer"
+    if type(algorithm).reduce_gradients is not _algorithms.Algorithm.reduce_gradients:
+        raise core.BytePSError(f"{what}: algorithms that combine gradients "
+                               f"(reduce_gradients) are not available in byteps.keras; "
+                               f"combine parameters in after_step instead")
+    if settings.passes != 1:
+        raise core.BytePSError(f"{what}: backward_passes_per_step={settings.passes} is not "
+                               f"available; use 1 (the algorithm runs after each step)")
+    if getattr(settings.compression, "params", None):
+        raise core.BytePSError(f"{what}: gradient compression is not available (parameters "
+                               f"are exchanged, not gradients); drop compression_params")
+    return KerasAlgorithm(algorithm, settings.prefix)
+
+
+class KerasAlgorithm:
+    """Runs a core algorithm on a Keras optimizer's variables."""
+
+    def __init__(self, algorithm, prefix: str):
+        self.algorithm = algorithm
+        self.prefix = prefix
+        self.names: list[str] | None = None
+        self.variables: list = []
+
+    def _arrays(self, variables) -> dict:
+        return {n: np.array(v.numpy(), order="C", copy=True)
+                for n, v in zip(self.names, variables)}
+
+    def _write(self, variables, arrs: dict) -> None:
+        for n, v in zip(self.names, variables):
+            v.assign(arrs[n])
+
+    def _init(self, variables) -> int:
+        if self.names is None:
+            self.names = [n[len(self.prefix):] for n in _ops.unique_names(self.prefix,
+                                                                           variables)]
+            self.variables = list(variables)
+            arrs = self._arrays(variables)
+            self.algorithm.init(arrs)
+            self._write(variables, arrs)
+        return 0
+
+    def _after(self, variables) -> int:
+        arrs = self._arrays(variables)
+        self.algorithm.after_step(arrs)
+        self._write(variables, arrs)
+        core.step_done()
+        return 0
+
+    def _run(self, fn, variables):
+        if tf.executing_eagerly():
+            fn(variables)
+            return None
+        return tf.py_function(lambda: np.int32(fn(variables)), [], tf.int32)
+
+    def apply(self, variables, apply_fn):
+        """``init`` on the first call, the local step ``apply_fn()``, then ``after_step``."""
+        variables = list(variables)
+        pre = self._run(self._init, variables)
+        if pre is None:
+            out = apply_fn()
+        else:
+            with tf.control_dependencies([pre]):
+                out = apply_fn()
+        post = self._run(self._after, variables)
+        del post                  # runs in program order (a stateful op)
+        return out
+
+    def finish(self) -> None:
+        """The algorithm's final exchange (eagerly, every rank): identical parameters."""
+        if self.names is None:
+            return
+        arrs = self._arrays(self.variables)
+        self.algorithm.finish(arrs)
+        self._write(self.variables, arrs)
+
+
+def refuse_v1(algorithm, optimizer) -> None:
+    """tf.compat.v1 optimizers average gradients in graph ops only: a clear error for an
+    algorithm (or BYTEPS_ENABLE_ASYNC=1) instead of silently synchronous training."""
+    wants = algorithm is not None and not getattr(algorithm, "plugin_gradients", False)
+    if algorithm is None and core.is_initialized() and core.get_config().enable_async:
+        wants = True
+    if wants:
+        raise core.BytePSError(
+            f"{type(optimizer).__name__} (tf.compat.v1.train.Optimizer): training algorithms "
+            f"other than SyncPS (including BYTEPS_ENABLE_ASYNC=1) need a Keras optimizer "
+            f"(tf.keras.optimizers.*) wrapped by bps.DistributedOptimizer; or unset "
+            f"BYTEPS_ENABLE_ASYNC")
