@@ -156,3 +156,17 @@ def test_tensorflow_and_keras_train_digits_async(tmp_path):
         assert out[0]["async"] == "AsyncPS"
         assert out[0][kind]["acc"] > 0.8, out[0]
         assert out[0][kind]["digest"] == out[1][kind]["digest"], kind
+
+
+@pytest.mark.timeout(120)
+def test_torch_decentralized_trains_digits(tmp_path):
+    """byteps.torch DistributedOptimizer(algorithm=Decentralized / LowPrecisionDecentralized)
+    on 3 workers (odd: shift_one's distances 1, 2; the ring's two neighbours)."""
+    pytest.importorskip("torch")
+    assert_ok(run_script("torch_decentral.py", tmp_path, workers=3, servers=1, timeout=110,
+                         **NOIPC))
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2]
+    for name in ("shift_one", "lowp"):
+        assert out[0][name]["acc"] > 0.8, out[0]
+        assert len({out[r][name]["digest"] for r in range(3)}) == 1, name   # finish()
