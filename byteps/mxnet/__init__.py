@@ -33,5 +33,6 @@ __all__ = ["BytePSError", "DistributedOptimizer", "DistributedTrainer", "broadca
            "join", "local_rank", "local_size", "parse_compression", "rank", "shutdown", "size"]
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
+from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncPS, Decentralized, ...)
 
-__all__ = list(__all__) + ["get_pushpull_speed"]
+__all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]

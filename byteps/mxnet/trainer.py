@@ -47,15 +47,25 @@ class DistributedTrainer(mx.gluon.Trainer):
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
-                 compression_params=None):
+                 compression_params=None, algorithm=None):
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._bps_unwrap()
             warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
                           "optimizer. We have unwrapped it for you.", stacklevel=2)
         self._bps_cparams, optimizer_params = parse_compression(compression_params,
                                                                 optimizer_params)
-        # BYTEPS_ENABLE_ASYNC=1: the core's AsyncPS (every plugin's rule, docs/algorithms.md)
-        self._bps_alg = _algorithms.AsyncPS() if core.get_config().enable_async else None
+        # a core algorithm other than SyncPS (BYTEPS_ENABLE_ASYNC=1: AsyncPS, every plugin's
+        # rule; Decentralized, AsyncModelAverage...; docs/algorithms.md) runs after the step
+        alg = _algorithms.default() if algorithm is None else algorithm
+        if not isinstance(alg, _algorithms.Algorithm):
+            raise TypeError(f"algorithm must be a byteps.algorithms.Algorithm, got "
+                            f"{type(alg).__name__}")
+        if not alg.plugin_gradients and (compression_params or type(alg).reduce_gradients
+                                         is not _algorithms.Algorithm.reduce_gradients):
+            raise core.BytePSError(f"DistributedTrainer: {alg.describe()} exchanges "
+                                   f"parameters after the local step; gradient compression "
+                                   f"and reduce_gradients are not available with it")
+        self._bps_alg = None if alg.plugin_gradients else alg
         self._bps_alg_ready = False
         super().__init__(_param_list(params), optimizer, optimizer_params=optimizer_params,
                          kvstore=None)
@@ -117,6 +127,20 @@ class DistributedTrainer(mx.gluon.Trainer):
             self._bps_alg.init(arrs)
         else:
             self._bps_alg.after_step(arrs)
+        for n, p in zip(names, params):
+            for d in p.list_data():
+                d[:] = mx.nd.array(arrs[n], ctx=d.context, dtype=d.dtype)
+
+    def finish(self) -> None:
+        """End of training with a core algorithm: its final exchange (every rank), so all
+        ranks end with identical parameters."""
+        if self._bps_alg is None or not self._bps_alg_ready:
+            return
+        params = [p for p in self._params if p.grad_req != "null" and not p._deferred_init]
+        names = [self._bps_param_names[self._bps_index[id(p)]] for p in params]
+        arrs = {n: np.ascontiguousarray(p.list_data()[0].asnumpy()) for n, p in
+                zip(names, params)}
+        self._bps_alg.finish(arrs)
         for n, p in zip(names, params):
             for d in p.list_data():
                 d[:] = mx.nd.array(arrs[n], ctx=d.context, dtype=d.dtype)
