@@ -16,6 +16,10 @@ import warnings
 from typing import Mapping
 
 from byteps.common.errors import ConfigError
+from byteps.common.variables import BY_NAME, VARIABLES, Var
+from byteps.common.variables import default as _D
+from byteps.common.variables import example as _example
+from byteps.common.variables import parse as _parse
 
 ROLES = ("worker", "server", "scheduler")
 MSG_HEADROOM = 4096     # bytes of a message left for headers when partitions are capped
@@ -25,29 +29,9 @@ LOG_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
               "WARNING": logging.WARNING, "WARN": logging.WARNING,
               "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 
-# Variables this implementation reads (with an example for error messages).
-KNOWN = {
-    "BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "8",
-    "BYTEPS_PARTITION_BYTES": "4096000", "BYTEPS_SCHEDULING_CREDIT": "4",
-    "BYTEPS_SERVER_ENGINE_THREAD": "4", "BYTEPS_ENABLE_ASYNC": "0",
-    "BYTEPS_FORCE_DISTRIBUTED": "0", "BYTEPS_LOG_LEVEL": "WARNING",
-    "BYTEPS_STALL_WARNING_S": "60", "BYTEPS_STALL_SHUTDOWN_S": "300",
-    "BYTEPS_HEARTBEAT_INTERVAL": "1", "BYTEPS_HEARTBEAT_TIMEOUT": "10",
-    "BYTEPS_STARTUP_TIMEOUT": "60", "BYTEPS_REINIT_WAIT_S": "2", "BYTEPS_JOB_ID": "myjob",
-    "BYTEPS_JOB_SECRET": "<random hex>", "BYTEPS_AUTH_DISABLE": "0",
-    "BYTEPS_MAX_MSG_BYTES": "1073741824", "BYTEPS_ENABLE_IPC": "1",
-    "BYTEPS_EMULATED_HOST": "host0", "BYTEPS_TEST_DROP_RATE": "0.05",
-    "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_DIR": "./traces",
-    "BYTEPS_TRACE_START_STEP": "10", "BYTEPS_TRACE_END_STEP": "20",
-    "BYTEPS_PCIE_SWITCH_SIZE": "4", "BYTEPS_NUMA_ON": "1",
-    "BYTEPS_FUSION_BYTES": "65536", "BYTEPS_RESEND_TIMEOUT_S": "1",
-    "BYTEPS_SERVER_PORT": "9100", "BYTEPS_LOCAL_REDUCE": "1",
-    "BYTEPS_SHM_DIR": "/dev/shm", "BYTEPS_TEST_RECORD": "/tmp/arrivals.txt",
-    "BYTEPS_MIN_COMPRESS_BYTES": "65536", "BYTEPS_RESTART_COUNT": "1",
-    "BYTEPS_ASYNC_STALENESS": "2",
-    "BYTEPS_METRICS_PORT": "9400", "BYTEPS_METRICS_HOST": "127.0.0.1",
-    "BYTEPS_LIVE_INTERVAL_S": "30", "BYTEPS_ENABLE_PEERS": "1",
-}
+# Variables this implementation reads, with an example for error messages: the table in
+# byteps/common/variables.py (defaults, types, ranges, meanings) is their one source.
+KNOWN = {v.name: _example(v.name) for v in VARIABLES if v.name.startswith("BYTEPS_")}
 # Names of the original BytePS that we accept without a warning (no effect).
 ORIGINAL_ONLY = {
     "BYTEPS_ENABLE_GDB", "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_USE_HASH_KEY",
@@ -61,14 +45,10 @@ ORIGINAL_ONLY = {
 
 
 def _bad(name: str, value: object, why: str) -> ConfigError:
-    example = KNOWN.get(name) or _DMLC_EXAMPLES.get(name, "")
-    return ConfigError(f"{name}={value!r} is invalid: {why} (example: {name}={example})")
+    return ConfigError(f"{name}={value!r} is invalid: {why} (example: {name}={_example(name)})")
 
 
-_DMLC_EXAMPLES = {"DMLC_ROLE": "worker", "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "2",
-                  "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
-                  "DMLC_WORKER_ID": "0", "DMLC_NODE_HOST": "10.0.0.2",
-                  "DMLC_INTERFACE": "eth0"}
+_DMLC_EXAMPLES = {v.name: _example(v.name) for v in VARIABLES if v.name.startswith("DMLC_")}
 
 # More names of the original BytePS (its docs/env.md, launcher and C++ core) and of
 # ps-lite/dmlc-tracker: known, not needed here (no effect; bpslaunch notes them once).
@@ -171,55 +151,83 @@ class _Env:
             return False
         raise _bad(name, raw, "expected 0 or 1")
 
+    def get(self, name: str, required: bool = False):
+        """``name`` parsed by its row of the table (byteps/common/variables.py): its type,
+        range and default."""
+        return _parse(BY_NAME[name], self.str(name, None, required))
+
+
+def _with_table(cls, table: tuple[Var, ...] = VARIABLES):
+    """Adds to ``cls`` a field (default: the table's) for every variable of ``table`` with a
+    ``field`` that ``cls`` does not declare, so that a new variable is one line in the table;
+    ``Config.from_env`` reads those by the table too (``cls._table_only``)."""
+    if "__annotations__" not in cls.__dict__:
+        cls.__annotations__ = {}
+    declared = cls.__dict__["__annotations__"]
+    known = {f for base in cls.__mro__ for f in base.__dict__.get("__annotations__", {})}
+    added = []
+    for v in table:
+        if v.field and v.field not in known:
+            declared[v.field] = f"{v.kind.__name__} | None"
+            setattr(cls, v.field, _parse(v, None))
+            added.append(v)
+    cls._table_only = getattr(cls, "_table_only", ()) + tuple(added)
+    return cls
+
 
 @dataclasses.dataclass(frozen=True)
+@_with_table
 class Config:
-    """Validated settings of one BytePS process (see docs/configuration.md)."""
+    """Validated settings of one BytePS process (see docs/configuration.md).  Field
+    defaults come from the table in byteps/common/variables.py."""
 
-    role: str = "worker"
+    role: str = _D("DMLC_ROLE")
     distributed: bool = False
-    num_worker: int = 1            # worker *hosts* (DMLC_NUM_WORKER)
+    num_worker: int = _D("DMLC_NUM_WORKER")  # worker *hosts*
     num_server: int = 0
     root_uri: str = "127.0.0.1"
     root_port: int = 0
-    worker_id: int | None = None
+    worker_id: int | None = _D("DMLC_WORKER_ID")
     node_host: str = "127.0.0.1"
-    local_rank: int = 0
-    local_size: int = 1
-    partition_bytes: int = 4096000
-    scheduling_credit: int = 4
-    server_engine_threads: int = 4
-    enable_async: bool = False
-    async_staleness: int | None = None   # BYTEPS_ASYNC_STALENESS: None = unbounded
-    force_distributed: bool = False
+    local_rank: int = _D("BYTEPS_LOCAL_RANK")
+    local_size: int = _D("BYTEPS_LOCAL_SIZE")
+    partition_bytes: int = _D("BYTEPS_PARTITION_BYTES")
+    scheduling_credit: int = _D("BYTEPS_SCHEDULING_CREDIT")
+    server_engine_threads: int = _D("BYTEPS_SERVER_ENGINE_THREAD")
+    enable_async: bool = _D("BYTEPS_ENABLE_ASYNC")
+    async_staleness: int | None = _D("BYTEPS_ASYNC_STALENESS")  # None = unbounded
+    force_distributed: bool = _D("BYTEPS_FORCE_DISTRIBUTED")
     log_level: int = logging.WARNING
-    stall_warning_s: float = 60.0
-    stall_shutdown_s: float | None = None
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 10.0
-    startup_timeout: float = 60.0
-    reinit_wait_s: float = 2.0     # job ends this long after every worker left, if none re-inits
-    restart_count: int = 0         # bpslaunch --max-restarts: restarts so far (epoch base)
-    job_id: str = "byteps"
+    stall_warning_s: float = _D("BYTEPS_STALL_WARNING_S")
+    stall_shutdown_s: float | None = _D("BYTEPS_STALL_SHUTDOWN_S")
+    heartbeat_interval: float = _D("BYTEPS_HEARTBEAT_INTERVAL")
+    heartbeat_timeout: float = _D("BYTEPS_HEARTBEAT_TIMEOUT")
+    startup_timeout: float = _D("BYTEPS_STARTUP_TIMEOUT")
+    # job ends this long after every worker left, if none re-inits
+    reinit_wait_s: float = _D("BYTEPS_REINIT_WAIT_S")
+    # bpslaunch --max-restarts: restarts so far (epoch base)
+    restart_count: int = _D("BYTEPS_RESTART_COUNT")
+    job_id: str = _D("BYTEPS_JOB_ID")
     job_secret: str | None = None
-    auth_disable: bool = False
-    resend_timeout_s: float = 1.0
-    max_msg_bytes: int = 1 << 30
-    enable_ipc: bool = True
-    enable_peers: bool = True      # BYTEPS_ENABLE_PEERS: workers listen for peers
+    auth_disable: bool = _D("BYTEPS_AUTH_DISABLE")
+    resend_timeout_s: float = _D("BYTEPS_RESEND_TIMEOUT_S")
+    max_msg_bytes: int = _D("BYTEPS_MAX_MSG_BYTES")
+    enable_ipc: bool = _D("BYTEPS_ENABLE_IPC")
+    enable_peers: bool = _D("BYTEPS_ENABLE_PEERS")  # workers listen for peers
     host_id: str = ""
-    test_drop_rate: float = 0.0
-    fusion_bytes: int = 65536
-    server_port: int = 0
-    trace_on: bool = False
-    trace_dir: str = "./traces"
-    trace_start_step: int = 0
-    trace_end_step: int = 1 << 30
+    test_drop_rate: float = _D("BYTEPS_TEST_DROP_RATE")
+    fusion_bytes: int = _D("BYTEPS_FUSION_BYTES")
+    server_port: int = _D("BYTEPS_SERVER_PORT")
+    trace_on: bool = _D("BYTEPS_TRACE_ON")
+    trace_dir: str = _D("BYTEPS_TRACE_DIR")
+    trace_start_step: int = _D("BYTEPS_TRACE_START_STEP")
+    trace_end_step: int = _D("BYTEPS_TRACE_END_STEP")
     local_reduce: str = "root"     # BYTEPS_LOCAL_REDUCE: off | root | slice
-    pcie_switch_size: int | None = None
-    numa_on: bool | None = None    # None: on where the machine has more than one NUMA node
-    shm_dir: str = "/dev/shm"
-    min_compress_bytes: int = 65536   # smaller tensors travel uncompressed
+    pcie_switch_size: int | None = _D("BYTEPS_PCIE_SWITCH_SIZE")
+    # None: on where the machine has more than one NUMA node
+    numa_on: bool | None = _D("BYTEPS_NUMA_ON")
+    shm_dir: str = _D("BYTEPS_SHM_DIR")
+    min_compress_bytes: int = _D("BYTEPS_MIN_COMPRESS_BYTES")  # smaller tensors travel uncompressed
 
     @property
     def credit_bytes(self) -> int:
@@ -251,82 +259,83 @@ class Config:
         _check_transport(env)
         if warn_unknown:
             _warn_unknown(env)
-        role = role or e.str("DMLC_ROLE", "worker")
+        role = role or e.get("DMLC_ROLE")
         if role not in ROLES:
             raise _bad("DMLC_ROLE", role, f"must be one of {', '.join(ROLES)}")
-        force = e.bool("BYTEPS_FORCE_DISTRIBUTED")
-        local_size = e.int("BYTEPS_LOCAL_SIZE", 1, lo=1, hi=1024)
-        local_rank = e.int("BYTEPS_LOCAL_RANK", 0, lo=0)
+        force = e.get("BYTEPS_FORCE_DISTRIBUTED")
+        local_size = e.get("BYTEPS_LOCAL_SIZE")
+        local_rank = e.get("BYTEPS_LOCAL_RANK")
         if local_rank >= local_size:
             raise ConfigError(f"BYTEPS_LOCAL_RANK={local_rank} must be < BYTEPS_LOCAL_SIZE="
                               f"{local_size} (example: BYTEPS_LOCAL_RANK=0 BYTEPS_LOCAL_SIZE=8)")
         any_dmlc = any(k in env for k in ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER",
                                           "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"))
-        num_worker = e.int("DMLC_NUM_WORKER", 1, lo=1, required=role != "worker" or any_dmlc)
+        num_worker = e.get("DMLC_NUM_WORKER", required=role != "worker" or any_dmlc)
         distributed = role != "worker" or force or num_worker * local_size > 1 or any_dmlc
         kw: dict = {}
         if distributed:
-            kw["num_server"] = e.int("DMLC_NUM_SERVER", required=True, lo=1, hi=4096)
-            kw["root_uri"] = e.str("DMLC_PS_ROOT_URI", required=True)
-            kw["root_port"] = e.int("DMLC_PS_ROOT_PORT", required=True, lo=1, hi=65535)
-        worker_id = e.int("DMLC_WORKER_ID", None, lo=0)
+            kw["num_server"] = e.get("DMLC_NUM_SERVER", required=True)
+            kw["root_uri"] = e.get("DMLC_PS_ROOT_URI", required=True)
+            kw["root_port"] = e.get("DMLC_PS_ROOT_PORT", required=True)
+        worker_id = e.get("DMLC_WORKER_ID")
         if worker_id is not None and worker_id >= num_worker:
             raise _bad("DMLC_WORKER_ID", worker_id, f"must be < DMLC_NUM_WORKER={num_worker}")
         root_uri = kw.get("root_uri", "127.0.0.1")
-        node_host = e.str("DMLC_NODE_HOST") or _interface_ip(e.str("DMLC_INTERFACE")) \
+        node_host = e.get("DMLC_NODE_HOST") or _interface_ip(e.get("DMLC_INTERFACE")) \
             or _route_ip(root_uri)
-        lvl = (e.str("BYTEPS_LOG_LEVEL", "WARNING") or "WARNING").upper()
+        lvl = e.get("BYTEPS_LOG_LEVEL").upper()
         if lvl not in LOG_LEVELS:
             raise _bad("BYTEPS_LOG_LEVEL", lvl, "one of " + ", ".join(LOG_LEVELS))
-        secret = e.str("BYTEPS_JOB_SECRET")
-        auth_disable = e.bool("BYTEPS_AUTH_DISABLE")
+        secret = e.get("BYTEPS_JOB_SECRET")
+        auth_disable = e.get("BYTEPS_AUTH_DISABLE")
         if auth_disable:
             secret = None
-        hb_int = e.float("BYTEPS_HEARTBEAT_INTERVAL", 1.0, lo=0.05)
-        hb_to = e.float("BYTEPS_HEARTBEAT_TIMEOUT", 10.0, lo=0.2)
+        hb_int = e.get("BYTEPS_HEARTBEAT_INTERVAL")
+        hb_to = e.get("BYTEPS_HEARTBEAT_TIMEOUT")
         if hb_to <= hb_int:
             raise _bad("BYTEPS_HEARTBEAT_TIMEOUT", hb_to,
                        f"must exceed BYTEPS_HEARTBEAT_INTERVAL={hb_int}")
-        host_id = e.str("BYTEPS_EMULATED_HOST") or (
+        host_id = e.get("BYTEPS_EMULATED_HOST") or (
             f"id{worker_id}" if worker_id is not None else node_host + "/" + socket.gethostname())
-        if worker_id is None and local_size == 1 and not e.str("BYTEPS_EMULATED_HOST"):
+        if worker_id is None and local_size == 1 and not e.get("BYTEPS_EMULATED_HOST"):
             # without DMLC_WORKER_ID, separate single-worker launches on one machine are
             # separate worker "hosts" (not one host registering local rank 0 twice)
             host_id += f"/{os.getpid()}"
+        kw.update({v.field: e.get(v.name) for v in cls._table_only})
         return cls(
             role=role, distributed=distributed, num_worker=num_worker,
             worker_id=worker_id, node_host=node_host,
             local_rank=local_rank, local_size=local_size,
-            partition_bytes=e.int("BYTEPS_PARTITION_BYTES", 4096000, lo=1, hi=(1 << 63) - 1),
-            scheduling_credit=e.int("BYTEPS_SCHEDULING_CREDIT", 4, lo=0, hi=1 << 20),
-            server_engine_threads=e.int("BYTEPS_SERVER_ENGINE_THREAD", 4, lo=1, hi=256),
-            enable_async=e.bool("BYTEPS_ENABLE_ASYNC"), force_distributed=force,
-            async_staleness=e.int("BYTEPS_ASYNC_STALENESS", None, lo=0, hi=1 << 30),
+            partition_bytes=e.get("BYTEPS_PARTITION_BYTES"),
+            scheduling_credit=e.get("BYTEPS_SCHEDULING_CREDIT"),
+            server_engine_threads=e.get("BYTEPS_SERVER_ENGINE_THREAD"),
+            enable_async=e.get("BYTEPS_ENABLE_ASYNC"), force_distributed=force,
+            async_staleness=e.get("BYTEPS_ASYNC_STALENESS"),
             log_level=LOG_LEVELS[lvl],
-            stall_warning_s=e.float("BYTEPS_STALL_WARNING_S", 60.0, lo=0.1),
-            stall_shutdown_s=e.float("BYTEPS_STALL_SHUTDOWN_S", None, lo=0.1),
+            stall_warning_s=e.get("BYTEPS_STALL_WARNING_S"),
+            stall_shutdown_s=e.get("BYTEPS_STALL_SHUTDOWN_S"),
             heartbeat_interval=hb_int, heartbeat_timeout=hb_to,
-            startup_timeout=e.float("BYTEPS_STARTUP_TIMEOUT", 60.0, lo=0.5),
-            reinit_wait_s=e.float("BYTEPS_REINIT_WAIT_S", 2.0, lo=0.0),
-            restart_count=e.int("BYTEPS_RESTART_COUNT", 0, lo=0, hi=32767),
-            job_id=e.str("BYTEPS_JOB_ID", "byteps"), job_secret=secret,
+            startup_timeout=e.get("BYTEPS_STARTUP_TIMEOUT"),
+            reinit_wait_s=e.get("BYTEPS_REINIT_WAIT_S"),
+            restart_count=e.get("BYTEPS_RESTART_COUNT"),
+            job_id=e.get("BYTEPS_JOB_ID"), job_secret=secret,
             auth_disable=auth_disable,
-            resend_timeout_s=e.float("BYTEPS_RESEND_TIMEOUT_S", 1.0, lo=0.01),
-            max_msg_bytes=e.int("BYTEPS_MAX_MSG_BYTES", 1 << 30, lo=1 << 16),
-            enable_ipc=e.bool("BYTEPS_ENABLE_IPC", True), host_id=host_id,
-            enable_peers=e.bool("BYTEPS_ENABLE_PEERS", True),
-            test_drop_rate=e.float("BYTEPS_TEST_DROP_RATE", 0.0, lo=0.0, hi=0.9),
-            fusion_bytes=e.int("BYTEPS_FUSION_BYTES", 65536, lo=0),
-            server_port=e.int("BYTEPS_SERVER_PORT", 0, lo=0, hi=65535),
-            trace_on=e.bool("BYTEPS_TRACE_ON"),
-            trace_dir=e.str("BYTEPS_TRACE_DIR", "./traces"),
-            trace_start_step=e.int("BYTEPS_TRACE_START_STEP", 0, lo=0),
-            trace_end_step=e.int("BYTEPS_TRACE_END_STEP", 1 << 30, lo=0),
-            local_reduce=_local_reduce(e.str("BYTEPS_LOCAL_REDUCE", "1")),
-            pcie_switch_size=e.int("BYTEPS_PCIE_SWITCH_SIZE", None, lo=1, hi=1024),
-            numa_on=e.bool("BYTEPS_NUMA_ON") if e.str("BYTEPS_NUMA_ON") else None,
-            shm_dir=e.str("BYTEPS_SHM_DIR", "/dev/shm"),
-            min_compress_bytes=e.int("BYTEPS_MIN_COMPRESS_BYTES", 65536, lo=0),
+            resend_timeout_s=e.get("BYTEPS_RESEND_TIMEOUT_S"),
+            max_msg_bytes=e.get("BYTEPS_MAX_MSG_BYTES"),
+            enable_ipc=e.get("BYTEPS_ENABLE_IPC"), host_id=host_id,
+            enable_peers=e.get("BYTEPS_ENABLE_PEERS"),
+            test_drop_rate=e.get("BYTEPS_TEST_DROP_RATE"),
+            fusion_bytes=e.get("BYTEPS_FUSION_BYTES"),
+            server_port=e.get("BYTEPS_SERVER_PORT"),
+            trace_on=e.get("BYTEPS_TRACE_ON"),
+            trace_dir=e.get("BYTEPS_TRACE_DIR"),
+            trace_start_step=e.get("BYTEPS_TRACE_START_STEP"),
+            trace_end_step=e.get("BYTEPS_TRACE_END_STEP"),
+            local_reduce=_local_reduce(e.get("BYTEPS_LOCAL_REDUCE")),
+            pcie_switch_size=e.get("BYTEPS_PCIE_SWITCH_SIZE"),
+            numa_on=e.get("BYTEPS_NUMA_ON"),
+            shm_dir=e.get("BYTEPS_SHM_DIR"),
+            min_compress_bytes=e.get("BYTEPS_MIN_COMPRESS_BYTES"),
             **kw)
 
 

@@ -24,6 +24,7 @@ import tempfile
 
 from byteps import DIST
 from byteps.core import torchrun
+from byteps.common import variables
 from byteps.common.config import NAMES_CHECKED, Config, ConfigError, name_report
 from byteps.launcher import liveview
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
@@ -258,8 +259,7 @@ def role_mode(args, cmd: list[str]) -> int:
 def _numa_cpus(local_rank: int, local_size: int, env) -> list[int] | None:
     """Cores of the NUMA node of a local rank when BYTEPS_NUMA_ON (default: >1 node)."""
     from byteps.core.local.numa import worker_cpus
-    raw = (env.get("BYTEPS_NUMA_ON") or "").strip().lower()
-    setting = None if not raw else raw in ("1", "true", "yes", "on")
+    setting = variables.value("BYTEPS_NUMA_ON", env)   # None: on with >1 NUMA node
     try:
         return worker_cpus(local_rank, local_size, setting)
     except (OSError, ValueError) as exc:
@@ -270,9 +270,9 @@ def _numa_cpus(local_rank: int, local_size: int, env) -> list[int] | None:
 def _remove_shm(env, host_id: str | None) -> None:
     """Remove the job's shared-memory files (all hosts, or one host) once its processes ended."""
     from byteps.core.local.shm import host_prefix, job_prefix, remove_prefix, shm_dir
-    job = env.get("BYTEPS_JOB_ID") or "byteps"
+    job = variables.value("BYTEPS_JOB_ID", env)
     prefix = host_prefix(job, host_id) if host_id is not None else job_prefix(job)
-    gone = remove_prefix(shm_dir(env.get("BYTEPS_SHM_DIR")), prefix)
+    gone = remove_prefix(shm_dir(variables.value("BYTEPS_SHM_DIR", env)), prefix)
     if gone:
         say(f"removed {len(gone)} shared-memory file(s) of job {job!r} left by ended workers")
 

@@ -21,10 +21,11 @@ import sys
 import time
 from collections.abc import Mapping
 
+from byteps.common import variables
 from byteps.common.config import LOG_LEVELS, ConfigError
 from byteps.launcher import supervise
 
-DEFAULT_INTERVAL_S = 30.0
+DEFAULT_INTERVAL_S = variables.default("BYTEPS_LIVE_INTERVAL_S")
 TTY_REFRESH_S = 1.0
 
 
@@ -54,7 +55,8 @@ def mode(flag: bool | None, env: Mapping[str, str], stream=None) -> str | None:
         tty = False
     if tty and env.get("TERM") != "dumb":
         return "tty"
-    level = LOG_LEVELS.get((env.get("BYTEPS_LOG_LEVEL") or "WARNING").strip().upper(), 30)
+    raw = env.get("BYTEPS_LOG_LEVEL") or variables.default("BYTEPS_LOG_LEVEL")
+    level = LOG_LEVELS.get(raw.strip().upper(), 30)
     if flag or env.get("BYTEPS_LIVE_INTERVAL_S") or level <= LOG_LEVELS["INFO"]:
         return "log"
     return None
