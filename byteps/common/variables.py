@@ -81,6 +81,8 @@ VARIABLES: tuple[Var, ...] = (
       field="enable_ipc", help=True),
     V("BYTEPS_ENABLE_PEERS", "1", bool, "workers listen for peer messages (decentralized)",
       field="enable_peers"),
+    V("BYTEPS_PEER_PORT", "0", int, "port a worker listens on for peers (0: any free port)",
+      lo=0, hi=65535, field="peer_port", example="9200"),
     V("BYTEPS_FORCE_DISTRIBUTED", "0", bool, "use servers with one worker",
       field="force_distributed", help=True),
     V("BYTEPS_LOCAL_REDUCE", "1", str, "0, 1 (= root) or slice", help=True),
