@@ -1,8 +1,9 @@
 """Worker-to-worker messages for the decentralized algorithms (docs/algorithms.md).
 
-Every distributed worker listens on one ROUTER socket (``tcp://DMLC_NODE_HOST:0``,
-unless ``BYTEPS_ENABLE_PEERS=0``) and registers its address with the scheduler, which
-hands it out in the address book (``workers[i]["address"]``).  A worker that talks to a
+Every distributed worker listens on one ROUTER socket (``tcp://DMLC_NODE_HOST:PORT``,
+``BYTEPS_PEER_PORT``, default any free port; none with ``BYTEPS_ENABLE_PEERS=0``) and
+registers its address with the scheduler, which hands it out in the address book
+(``workers[i]["address"]``).  A worker that talks to a
 peer connects a DEALER to that address.
 
 A peer message is ``[header, mac, payload]`` in the wire format of every other frame
@@ -45,7 +46,7 @@ def listen(cfg, ctx: zmq.Context):
     """The peer socket of a worker: (socket, address), or (None, None) when disabled."""
     if not cfg.enable_peers:
         return None, None
-    return transport.listen(ctx, f"tcp://{cfg.node_host}:0", cfg.max_msg_bytes)
+    return transport.listen(ctx, f"tcp://{cfg.node_host}:{cfg.peer_port}", cfg.max_msg_bytes)
 
 
 def check_body(body: dict) -> tuple[int, int, int, int, int]:
