@@ -217,6 +217,9 @@ class Config:
     host_id: str = ""
     test_drop_rate: float = _D("BYTEPS_TEST_DROP_RATE")
     fusion_bytes: int = _D("BYTEPS_FUSION_BYTES")
+    partition_explicit: bool = False   # BYTEPS_PARTITION_BYTES was set (autotune keeps it)
+    credit_explicit: bool = False      # BYTEPS_SCHEDULING_CREDIT was set
+    credit_window: int = 0         # bytes in flight chosen by autotune (0: credit x partition)
     server_port: int = _D("BYTEPS_SERVER_PORT")
     trace_on: bool = _D("BYTEPS_TRACE_ON")
     trace_dir: str = _D("BYTEPS_TRACE_DIR")
@@ -231,7 +234,10 @@ class Config:
 
     @property
     def credit_bytes(self) -> int:
-        """Bytes allowed in flight per worker (credit partitions x partition size)."""
+        """Bytes allowed in flight per worker: autotune's window, else credit partitions x
+        partition size."""
+        if self.credit_window:
+            return self.credit_window
         return max(1, self.scheduling_credit) * self.partition_size()
 
     def partition_size(self, nbytes: int = 0, name: str = "") -> int:
@@ -326,6 +332,8 @@ class Config:
             enable_peers=e.get("BYTEPS_ENABLE_PEERS"),
             test_drop_rate=e.get("BYTEPS_TEST_DROP_RATE"),
             fusion_bytes=e.get("BYTEPS_FUSION_BYTES"),
+            partition_explicit=e.str("BYTEPS_PARTITION_BYTES") is not None,
+            credit_explicit=e.str("BYTEPS_SCHEDULING_CREDIT") is not None,
             server_port=e.get("BYTEPS_SERVER_PORT"),
             trace_on=e.get("BYTEPS_TRACE_ON"),
             trace_dir=e.get("BYTEPS_TRACE_DIR"),

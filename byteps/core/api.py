@@ -19,6 +19,7 @@ import threading
 import numpy as np
 import zmq
 
+from byteps.core import autotune as _autotune
 from byteps.core import local as _local
 from byteps.core import metrics
 from byteps.common.config import Config
@@ -45,7 +46,7 @@ def tensor_key(name: str) -> int:
 
 class Tensor:
     __slots__ = ("name", "key", "dtype_code", "shape", "dtype", "parts", "round", "busy",
-                 "spec", "asked", "pipes", "comp_wire", "op", "wire_flags")
+                 "spec", "asked", "pipes", "comp_wire", "op", "wire_flags", "layout")
 
     def __init__(self, name: str, arr: np.ndarray, partition_bytes: int, nservers: int,
                  spec=None, min_compress_bytes: int = 0, op: int = 0):
@@ -54,10 +55,8 @@ class Tensor:
         self.dtype = arr.dtype
         self.dtype_code = dtype_code(arr.dtype, name)
         self.shape = tuple(arr.shape)
-        per = max(1, partition_bytes // arr.dtype.itemsize)
-        n = max(1, arr.size)
-        self.parts = [(i, s, min(per, n - s), (self.key + i) % max(1, nservers))
-                      for i, s in enumerate(range(0, n, per))]
+        self.parts = self.cut(partition_bytes, nservers)
+        self.layout = 0           # autotune's layout generation (byteps/core/autotune.py)
         self.round = 0
         self.busy = None
         # compression: what was asked (``asked``, to check later calls), and what applies
@@ -68,6 +67,14 @@ class Tensor:
         self.pipes: dict = {}                 # part -> compression pipeline (engine thread)
         self.comp_wire = spec.to_wire() if on else []
         self.wire_flags = 0       # wire.ASYNC: an asynchronous key (docs/algorithms.md)
+
+    def cut(self, partition_bytes: int, nservers: int, key: int | None = None) -> list:
+        """(part, start, length, server) of each partition; part i on server (key+i) mod S."""
+        key = self.key if key is None else key
+        per = max(1, partition_bytes // self.dtype.itemsize)
+        n = max(1, int(np.prod(self.shape, dtype=np.int64)))
+        return [(i, s, min(per, n - s), (key + i) % max(1, nservers))
+                for i, s in enumerate(range(0, n, per))]
 
 
 class _State:
@@ -88,6 +95,7 @@ class _State:
         self.steps = StepCounter()   # training steps: step_done(), the trace window
         self.declared: dict = {}  # name -> compression Spec given to declare()
         self.user_timeline = None     # start_timeline() (Horovod's name)
+        self.tuner = None        # byteps.core.autotune.Tuner (BYTEPS_AUTOTUNE)
         self.peers = None        # byteps.core.peers.PeerNet (decentralized algorithms)
 
 
@@ -115,7 +123,8 @@ def init(lazy: bool = False) -> None:
             try:
                 from byteps.core import peers as _peers
                 peer_sock, peer_addr = _peers.listen(cfg, st.ctx)
-                book = st.link.register({"local_reduce": cfg.local_reduce, "address": peer_addr},
+                book = st.link.register({"local_reduce": cfg.local_reduce,
+                                         "tuning": _autotune.settings(cfg), "address": peer_addr},
                                         f"worker (host {cfg.host_id}, local rank "
                                         f"{cfg.local_rank})")
                 st.book = book
@@ -132,6 +141,7 @@ def init(lazy: bool = False) -> None:
                                                   steps=st.steps)
                 if _local.enabled(cfg):
                     st.local = _local.start(cfg, st.engine, book, st.link.epoch)
+                st.tuner = _autotune.start(cfg, st)
             except BaseException as exc:
                 if st.engine is not None:
                     st.engine.stop(leave=False)
@@ -311,6 +321,8 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         from byteps.core.algorithms.async_ps import mode_change
         raise BytePSError(mode_change(st, name, asynchronous))
     st.steps.pushed(name)
+    if st.tuner is not None:
+        _autotune.relayout(st, t, src.nbytes)
     hid = next(st.ids)
     if st.engine is None:
         h = Handle(hid, t, out, 0, average)
@@ -344,9 +356,13 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     flat = src.reshape(-1)
     tasks = []
     seq = next(st.ids)
+    # incast: every rank starts on a different server (rank r first pushes the partition
+    # placed on server r mod S), then goes round the tensor from there
+    nparts = len(t.parts)
+    first = (st.rank - t.key) % max(1, st.nservers) % nparts
     for part, start, length, server in t.parts:
         task = Task()
-        task.prio, task.seq = -priority, seq
+        task.prio, task.seq, task.order = -priority, seq, (part - first) % nparts
         task.handle, task.part, task.start, task.length = h, part, start, length
         task.server, task.round = server, t.round
         task.src = flat[start:start + length]
@@ -424,7 +440,8 @@ def step_done(implicit: bool = False) -> None:
     st = _STATE
     if st is None or (implicit and st.handles):
         return
-    st.steps.mark(implicit)
+    if st.steps.mark(implicit) and st.tuner is not None:
+        _autotune.boundary(st)
 
 
 def _finish(st: _State) -> None:
@@ -495,6 +512,8 @@ def join(device: int = -1) -> int:
     with st.lock:
         for t in st.tensors.values():
             t.round = 0                       # the servers reset their rounds too
+        if st.tuner is not None:
+            st.tuner.saved.clear()            # (also those of keys autotune left behind)
         st.barrier_n = itertools.count()
     return last
 

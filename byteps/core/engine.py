@@ -51,15 +51,17 @@ class Handle:
 
 class Task:
     __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
-                 "nbytes", "sent_at", "acked", "tries", "comp", "wire")
+                 "nbytes", "sent_at", "acked", "tries", "comp", "wire", "order")
 
     def __init__(self):
         self.comp = None     # compression pipeline of this partition (byteps.compression)
         self.wire = None     # its compressed frame, made once (resends reuse it)
+        self.order = 0       # position within its tensor (api: rotated per rank, incast)
 
     def __lt__(self, other: "Task") -> bool:
-        # a total order that is the same on every rank (ties would deadlock credits)
-        return (self.prio, self.seq, self.part) < (other.prio, other.seq, other.part)
+        # a total order (priority, submission, position in the tensor)
+        return (self.prio, self.seq, self.order, self.part) < \
+            (other.prio, other.seq, other.order, other.part)
 
 
 class Engine(CompressionMixin):
@@ -110,6 +112,7 @@ class Engine(CompressionMixin):
         self.timeline = None          # a byteps.core.timeline.Timeline when tracing
         self.speed = PushPullSpeed()
         self.rounds = RoundLatency(len(self.servers))   # per-server histogram (metrics)
+        self.probe = None     # autotune.Probe while the first steps are measured
         self.bytes: dict[str, list] = {}   # tensor -> [pushed raw, pushed wire, pulled raw/wire]
         self.hello()
         self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
@@ -345,6 +348,9 @@ class Engine(CompressionMixin):
                 payload.append(t.src)
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
+        if self.probe is not None:        # autotune's measurements (byteps/core/autotune.py)
+            for t in tasks:
+                self.probe.sent(server, t.nbytes, now)
 
     def push_segment(self, t: Task, server: int) -> np.ndarray | None:
         """This partition's shared-memory segment; None (TCP from now on) if it can't be made."""
@@ -395,6 +401,8 @@ class Engine(CompressionMixin):
                 if t is not None and t.round == e[2] and not t.acked:
                     t.acked = True
                     self.inflight_bytes -= t.nbytes
+                    if self.probe is not None:
+                        self.probe.acked(server, t.nbytes, t.sent_at, time.monotonic())
                     if self.timeline is not None:
                         self.timeline.acked(t, time.monotonic())
                 continue
@@ -418,6 +426,8 @@ class Engine(CompressionMixin):
             del self.inflight[(e[0], e[1])]
             if not t.acked:
                 self.inflight_bytes -= t.nbytes
+                if self.probe is not None:
+                    self.probe.acked(server, t.nbytes, t.sent_at, time.monotonic())
             self.complete(t, arr)
 
     def complete(self, t: Task, arr: np.ndarray) -> None:

@@ -215,6 +215,11 @@ class Scheduler:
         info["local_reduce"] = b.get("local_reduce", "off")     # local reduction mode of a worker
         if info["local_reduce"] not in ("off", "slice", "root"):
             raise WireError("registration field local_reduce must be off, slice or root")
+        info["tuning"] = b.get("tuning")     # [autotune, partition bytes, credit] (autotune.py)
+        if info["tuning"] is not None and not (
+                isinstance(info["tuning"], list) and len(info["tuning"]) == 3
+                and all(type(x) is int for x in info["tuning"])):
+            raise WireError("registration field tuning must be a list of 3 ints")
         if not all(isinstance(info[k], str) for k in ("host", "host_id", "hostname", "machine")):
             raise WireError("registration fields host/host_id/hostname must be strings")
         if role == "worker" and not (info["address"] is None or (
@@ -236,6 +241,9 @@ class Scheduler:
         elif self.formed:
             return self.register_again(ident, info)
         else:
+            err = _check_tuning(info, self.workers)
+            if err:         # ranks would cut tensors differently: end the job, say why
+                return self.refuse(ident, err, fatal=True)
             err = self.add_worker(ident, info, self.workers, self.hosts)
             if err:
                 return self.refuse(ident, err)
@@ -571,6 +579,24 @@ def _check_local_reduce(info: dict, workers: dict, hosts: dict) -> str | None:
                 f"hosts have {sorted(sizes)}; local reduction (BYTEPS_LOCAL_REDUCE={mode}) needs "
                 f"the same local size on every host (or set BYTEPS_LOCAL_REDUCE=0)")
     return None
+
+
+def _check_tuning(info: dict, workers: dict) -> str | None:
+    """Every worker must cut tensors alike: the same BYTEPS_AUTOTUNE and the same explicit
+    BYTEPS_PARTITION_BYTES / BYTEPS_SCHEDULING_CREDIT (or none)."""
+    other = next(iter(workers.values()), None)
+    if other is None or other.get("tuning") == info["tuning"]:
+        return None
+
+    def say(t) -> str:
+        if t is None:
+            return "an older BytePS without autotune"
+        return (f"BYTEPS_AUTOTUNE={t[0]}, BYTEPS_PARTITION_BYTES={t[1] or 'unset'}, "
+                f"BYTEPS_SCHEDULING_CREDIT={t[2] or 'unset'}")
+    return (f"settings mismatch: host {info['host_id']} local rank {info['local_rank']} (pid "
+            f"{info['pid']}) has {say(info['tuning'])} but host {other['host_id']} local rank "
+            f"{other['local_rank']} (pid {other['pid']}) has {say(other.get('tuning'))}; every "
+            f"worker must use the same values (partitions would differ between ranks)")
 
 
 def _pushers(workers: dict) -> dict:

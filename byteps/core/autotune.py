@@ -1,0 +1,402 @@
+"""Autotune: the partition size and the credit window, chosen from what the first steps
+measured (docs/scaling.md, "Autotune").
+
+On by default (``BYTEPS_AUTOTUNE=0`` turns it off).  An explicit
+``BYTEPS_PARTITION_BYTES`` or ``BYTEPS_SCHEDULING_CREDIT`` always wins over the tuned
+value.  Steps are those :class:`byteps.core.timeline.StepCounter` counts, the same on
+every rank of a synchronous job; k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
+
+1. **Measure** (steps 1..k, the initial settings): the engine thread (:class:`Probe`)
+   records, per server, the bytes pushed, the time that server had pushes in flight
+   (its bandwidth) and the acknowledgement latency less the bytes queued ahead (its
+   round-trip time); each step's wall time is recorded too.
+2. **Plan**: every rank adds its measurements into one small push_pull
+   (``byteps.autotune.plan``); every rank pulls the same sums and runs the same pure
+   function (:func:`plan`) on them: the credit window of each candidate (per server, its
+   bandwidth-delay product plus one partition, at least two partitions, summed over
+   servers) and up to two candidate partition sizes that the cost model
+   (:func:`predict`) ranks best.  No leader: equal inputs, equal decisions.
+3. **Trials**: each candidate runs for k steps, switched in at a step boundary on
+   every rank.  Tensors whose cut changes get a new key (:func:`layout_key`: the name's
+   key with the partition size mixed in), so servers see a fresh, consistent
+   declaration, never a resized slot; a tensor going back to an earlier size continues
+   that key's rounds.
+4. **Choose**: the ranks add their median step time per trial
+   (``byteps.autotune.choice``) and take the fastest; the initial setting stays unless
+   another is at least 5 % faster.  The choice is applied at the next boundary.
+
+Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` in the path is
+replaced by the rank); the choice is logged at INFO.  Partitions are not tuned under local
+reduction (the reducer cuts tensors itself), for compressed tensors (compressor state is
+per partition) or asynchronous keys (the servers hold their values); the credit window is.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import logging
+import math
+import os
+import statistics
+import time
+
+import numpy as np
+
+log = logging.getLogger("byteps.autotune")
+
+NAME = "byteps.autotune"
+# Candidate partition sizes (bytes); the initial one is always tried (trial 0).
+CANDIDATES = (256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20)
+TRIALS = 2              # candidates tried besides the initial setting
+# CPU cost of one partition's round trip (worker + server), seconds: a little above the
+# 81 us that benchmarks/scale_calibrate.py measured on a 2-core machine (docs/scaling.md).
+MSG_COST_S = 100e-6
+KEEP_UNLESS_GAIN = 0.05    # keep the initial setting unless another is 5 % faster
+MAX_SAMPLES = 4096
+
+
+class Probe:
+    """Per-server measurements of one window of steps (the engine thread writes; the
+    user thread reads a summary at a step boundary)."""
+
+    def __init__(self, nservers: int):
+        self.n = nservers
+        self.reset()
+
+    def reset(self) -> None:
+        n = self.n
+        self.bytes = [0] * n
+        self.busy = [0.0] * n
+        self.since = [0.0] * n            # when this server's in-flight bytes left zero
+        self.inflight = [0] * n
+        self.ahead: list[collections.deque] = [collections.deque() for _ in range(n)]
+        self.samples: list[list] = [[] for _ in range(n)]    # (latency, bytes, ahead)
+
+    def sent(self, server: int, nbytes: int, now: float) -> None:
+        """A push of ``nbytes`` to ``server`` left (acks come back in FIFO order)."""
+        if self.inflight[server] == 0:
+            self.since[server] = now
+        self.ahead[server].append(self.inflight[server])
+        self.inflight[server] += nbytes
+
+    def acked(self, server: int, nbytes: int, sent_at: float, now: float) -> None:
+        q = self.ahead[server]
+        ahead = q.popleft() if q else 0
+        self.inflight[server] = max(0, self.inflight[server] - nbytes)
+        self.bytes[server] += nbytes
+        if len(self.samples[server]) < MAX_SAMPLES:
+            self.samples[server].append((now - sent_at, ahead + nbytes, ahead))
+        if self.inflight[server] == 0:
+            self.busy[server] += now - self.since[server]
+            q.clear()                     # resends may have left stale entries
+
+    def summary(self, now: float) -> list[tuple[int, float, float]]:
+        """Per server: (bytes, busy seconds, round-trip seconds or -1 when unknown).  The
+        round trip is the median over pushes with nothing queued ahead of them of the
+        acknowledgement latency less their own bytes at the server's rate."""
+        out = []
+        for s in range(self.n):
+            busy = self.busy[s] + (now - self.since[s] if self.inflight[s] else 0.0)
+            bw = self.bytes[s] / busy if busy > 0 else 0.0
+            rtt = -1.0
+            smp = self.samples[s]
+            if bw > 0 and smp:
+                alone = [lat - q / bw for lat, q, ahead in smp if not ahead]
+                rtt = max(0.0, statistics.median(alone or [lat - q / bw for lat, q, _ in smp]))
+            out.append((self.bytes[s], busy, rtt))
+        return out
+
+
+def predict(p: int, step_bytes: float, bw: float, nservers: int,
+            msg_cost: float = MSG_COST_S) -> float:
+    """Predicted seconds of one step's communication with partitions of ``p`` bytes:
+    the bytes at the measured rate, the per-partition CPU cost, and the pipeline's fill
+    and drain (the last round of one partition per server comes back after the last
+    push: about ``2 S p / B``, what the emulated cluster shows for 1 and 4 MB)."""
+    parts = math.ceil(step_bytes / p) if step_bytes > 0 else 0
+    return step_bytes / bw + parts * msg_cost + 2.0 * min(nservers, max(1, parts)) * p / bw
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    trials: tuple            # ((partition bytes, credit bytes), ...); trials[0] = initial
+    bandwidth: float         # bytes/s of one worker to all servers
+    rtt: float               # seconds, the largest per-server estimate
+    step_bytes: float
+    predicted: tuple         # ((partition bytes, predicted seconds), ...)
+
+
+def pack(probe_summary: list, steps: int, step_bytes: int) -> np.ndarray:
+    """This rank's measurements for the plan exchange (float64, summed by the servers):
+    [ranks that moved bytes, steps, bytes] + per server [bytes, busy, rtt, has rtt]."""
+    moved = any(b > 0 for b, _, _ in probe_summary)    # local non-root ranks push nothing
+    row = [1.0, float(steps), float(step_bytes)] if moved else [0.0, 0.0, 0.0]
+    for b, busy, rtt in probe_summary:
+        row += [float(b), float(busy), max(rtt, 0.0), 1.0 if rtt >= 0 else 0.0]
+    return np.array(row, np.float64)
+
+
+def window(p: int, bw_s, rtt_s) -> int:
+    """Bytes in flight: per server its bandwidth-delay product plus one partition (at
+    least two partitions), summed over the servers."""
+    return int(sum(max(2 * p, b * r + p) for b, r in zip(bw_s, rtt_s)))
+
+
+def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
+         explicit_credit: int | None, cap: int, credit0: int) -> Plan | None:
+    """The trials, from the ranks' summed measurements (see :func:`pack`); the same
+    input gives the same plan on every rank.  None: nothing was measured.  Trial 0 is
+    the initial setting (``initial`` bytes, ``credit0`` in flight, already measured);
+    then the initial size with its bandwidth-delay window (when that differs by more
+    than a quarter), then the sizes the model ranks best, TRIALS alternatives in all."""
+    ranks, steps, step_bytes = sums[0], sums[1], sums[2]
+    per = sums[3:].reshape(nservers, 4)        # bytes, busy, rtt sum, ranks with an rtt
+    if ranks <= 0 or steps <= 0 or per[:, 0].sum() <= 0:
+        return None
+    mbytes = step_bytes / steps               # bytes one rank moves per step (mean)
+    bw_s = np.where(per[:, 1] > 0, per[:, 0] / np.maximum(per[:, 1], 1e-12), 0.0)
+    rtt_s = np.where(per[:, 3] > 0, per[:, 2] / np.maximum(per[:, 3], 1), 0.0)
+    bw = max(float(bw_s.sum()), 1.0)     # a rank's servers' rates add up while they overlap
+    p0 = min(initial, cap)
+
+    def credit(p: int) -> int:
+        return max(1, explicit_credit) * p if explicit_credit is not None else \
+            window(p, bw_s, rtt_s)
+    trials = [(p0, credit0)]
+    if abs(credit(p0) - credit0) > credit0 / 4:
+        trials.append((p0, credit(p0)))
+    pred = ((p0, predict(p0, mbytes, bw, nservers)),)
+    if tune_p:
+        pred = tuple((c, predict(c, mbytes, bw, nservers))
+                     for c in sorted({c for c in CANDIDATES if c <= cap} | {p0}))
+        ranked = [c for c, _ in sorted(pred, key=lambda r: (r[1], -r[0])) if c != p0]
+        trials += [(c, credit(c)) for c in ranked]
+    return Plan(tuple(trials[:TRIALS + 1]), bw, float(rtt_s.max()), mbytes, pred)
+
+
+def pick(scores: np.ndarray) -> int:
+    """The fastest trial by summed median step time; trial 0 (the initial setting)
+    unless another is at least KEEP_UNLESS_GAIN faster."""
+    best = int(np.argmin(scores))
+    return best if scores[best] < scores[0] * (1 - KEEP_UNLESS_GAIN) else 0
+
+
+def layout_key(base_key: int, partition_bytes: int, initial: int) -> int:
+    """The key of a tensor cut into ``partition_bytes``: the name's own key for the
+    job's initial partitioning, else that key with the size mixed in (a new server slot,
+    declared afresh, never a resized old one)."""
+    if partition_bytes == initial:
+        return base_key
+    import hashlib
+    h = hashlib.blake2b(base_key.to_bytes(8, "little") + partition_bytes.to_bytes(8, "little"),
+                        digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+class Tuner:
+    """One worker's autotune state machine (created by ``byteps.core.api.init``):
+    wait -> measure -> plan -> trial -> choose -> verify -> done."""
+
+    def __init__(self, cfg, rank: int, nservers: int, engine, tune_partitions: bool):
+        self.cfg, self.rank, self.nservers, self.engine = cfg, rank, nservers, engine
+        self.k = cfg.autotune_steps
+        self.tune_partitions = tune_partitions and not cfg.partition_explicit
+        self.initial = cfg.partition_bytes
+        self.partition = cfg.partition_bytes
+        self.credit0 = cfg.credit_bytes
+        self.layout = 0                  # bumped whenever the partition size changes
+        self.saved: dict = {}            # (name, key) -> next round, for a key left behind
+        self.step = 0
+        self.state = "wait"
+        self.handle = None
+        self.step_bytes = 0
+        self.start = 0                   # first step of the current trial
+        self.t_step = time.monotonic()
+        self.times: list[list[float]] = [[]]     # step times per trial
+        self.probe = Probe(nservers)
+        self.plan: Plan | None = None
+        self.trial = 0
+        self.choice: tuple | None = None         # (partition bytes, credit bytes)
+        self.applied_step: int | None = None
+        self.changes: list[tuple] = []           # (step, partition bytes, credit bytes)
+        self.rows: list[list] = []
+        path = cfg.autotune_log
+        self.log_path = path.replace("{rank}", str(rank)) if path else None
+
+    def pushed(self, nbytes: int) -> None:
+        if self.state == "measure":
+            self.step_bytes += nbytes
+
+    def at_step(self, n: int, exchange) -> None:
+        """The step counter moved to ``n`` (called outside any lock).  ``exchange(arr,
+        name)`` starts a push_pull and returns its handle; ``exchange(handle)`` waits."""
+        if n == self.step:
+            return
+        self.step, now = n, time.monotonic()
+        dt, self.t_step = now - self.t_step, now
+        st = self.state
+        if st == "wait":
+            self.state, self.start = "measure", n
+            self.probe.reset()
+            self.engine.probe = self.probe
+            return
+        if st in ("measure", "trial", "verify"):
+            self.times[-1].append(dt)
+            self.row(n, st, self.partition, self.engine.cfg.credit_bytes, measured=dt)
+        if st == "measure" and n - self.start >= self.k:
+            self.engine.probe = None
+            summ = self.probe.summary(now)
+            self.handle = exchange(pack(summ, n - self.start, self.step_bytes), NAME + ".plan")
+            self.state = "plan"
+        elif st == "plan":
+            self.make_plan(exchange(self.handle), n)
+        elif st == "trial" and n - self.start >= self.k:
+            if self.trial + 1 < len(self.plan.trials):
+                self.trial += 1
+                self.set(n, *self.plan.trials[self.trial])
+                self.times.append([])
+                self.start = n
+            else:
+                scores = np.array([statistics.median(t) if t else math.inf
+                                   for t in self.times], np.float64)
+                self.handle = exchange(scores, NAME + ".choice")
+                self.state = "choose"
+        elif st == "choose":
+            self.choose(np.asarray(exchange(self.handle), np.float64), n)
+        elif st == "verify" and n - self.start >= self.k:
+            self.state = "done"
+            self.write()
+
+    def make_plan(self, sums, n: int) -> None:
+        cap = self.cfg.partition_size()
+        credit = self.cfg.scheduling_credit if self.cfg.credit_explicit else None
+        p = plan(np.asarray(sums, np.float64), self.nservers, self.initial,
+                 self.tune_partitions, credit, cap, self.credit0)
+        if p is None:
+            log.info("autotune: nothing was measured in %d step(s); keeping partitions of "
+                     "%d bytes and %d bytes in flight", self.k, self.partition,
+                     self.engine.cfg.credit_bytes)
+            self.state = "done"
+            return self.write()
+        self.plan = p
+        for size, t in p.predicted:
+            self.row(n, "model", size, "", predicted=t, bw=p.bandwidth, rtt=p.rtt,
+                     note=f"{p.step_bytes:.0f} bytes per step")
+        if len(p.trials) == 1:           # nothing to try: the window is the choice
+            self.finish(p.trials[0], n, [])
+            return
+        self.trial, self.start, self.state = 1, n, "trial"
+        self.times.append([])
+        self.set(n, *p.trials[1])
+
+    def choose(self, scores: np.ndarray, n: int) -> None:
+        self.finish(self.plan.trials[pick(scores)], n, list(scores))
+
+    def finish(self, choice: tuple, n: int, scores: list) -> None:
+        changed = choice[0] != self.initial
+        self.set(n, *choice)
+        self.choice, self.applied_step = choice, n
+        self.state, self.start = "verify", n
+        self.times.append([])
+        p = self.plan
+        self.row(n, "choice", choice[0], choice[1], bw=p.bandwidth, rtt=p.rtt,
+                 note="step time per trial (sum over ranks): " +
+                 " ".join(f"{a}/{b}={s:.4f}" for (a, b), s in zip(p.trials, scores)))
+        log.info("autotune (rank %d, from step %d): partitions of %d bytes, %d bytes in "
+                 "flight%s (measured %.1f MB/s per worker, round trip %.2f ms; tried %s)",
+                 self.rank, n, choice[0], choice[1], " (partition size changed)" if changed
+                 else "", p.bandwidth / 1e6, p.rtt * 1e3,
+                 ", ".join(f"{a}/{b}" for a, b in p.trials))
+        self.write()
+
+    def set(self, n: int, partition: int, credit: int) -> None:
+        """Switch to a setting (at a step boundary: the API re-cuts tensors lazily)."""
+        if partition != self.partition:
+            self.partition = partition
+            self.layout += 1
+        self.engine.cfg = dataclasses.replace(self.engine.cfg, partition_bytes=partition,
+                                              credit_window=credit)
+        self.changes.append((n, partition, credit))
+
+    def row(self, n, kind, partition, credit, predicted=None, measured=None, bw=None,
+            rtt=None, note="") -> None:
+        def f(v, k):
+            return "" if v is None else f"{v * k:.4f}"
+        self.rows.append([self.rank, n, kind, partition, credit, f(bw, 1e-6), f(rtt, 1e3),
+                          f(predicted, 1), f(measured, 1), note])
+
+    def write(self) -> None:
+        if not self.log_path:
+            return
+        try:
+            d = os.path.dirname(self.log_path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            with open(self.log_path, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["rank", "step", "kind", "partition_bytes", "credit_bytes",
+                            "bandwidth_MBps", "rtt_ms", "predicted_s", "measured_s", "note"])
+                w.writerows(self.rows)
+        except OSError as exc:
+            log.warning("cannot write BYTEPS_AUTOTUNE_LOG=%s: %s", self.log_path, exc)
+
+
+# ------------------------------------------------------------------ the API's side
+def start(cfg, st) -> Tuner | None:
+    """The worker's tuner, or None when there is nothing to tune (BYTEPS_AUTOTUNE=0, both
+    settings explicit, asynchronous training: workers run different step counts)."""
+    if not cfg.autotune or st.engine is None or cfg.enable_async or \
+            (cfg.partition_explicit and cfg.credit_explicit):
+        return None
+    return Tuner(cfg, st.rank, st.nservers, st.engine, tune_partitions=st.local is None)
+
+
+def boundary(st) -> None:
+    """Run the tuner if the step counter moved (called outside the counter's lock)."""
+    tu = st.tuner
+    if st.steps.n == tu.step:
+        return
+    tu.at_step(st.steps.n, lambda x, name=None: _exchange(st, x, name))
+    if st.cfg is not tu.engine.cfg:
+        st.cfg = tu.engine.cfg
+
+
+def _exchange(st, x, name):
+    from byteps.core import api
+    if isinstance(x, np.ndarray):
+        return api.push_pull_async(x, name, average=False, priority=1 << 30)
+    return api.synchronize(x)
+
+
+def relayout(st, t, nbytes: int) -> None:
+    """Before a push of tensor ``t``: pass a step boundary if one was crossed, then cut
+    ``t`` with the current partition size if the layout changed since its last push.
+    A tensor whose cut is the same as with the initial size keeps its own key; any other
+    gets :func:`layout_key` (rounds continue where that key left them, else from 0)."""
+    boundary(st)
+    tu = st.tuner
+    tu.pushed(nbytes)
+    if t.layout == tu.layout or t.busy is not None:
+        return
+    t.layout = tu.layout
+    if t.spec is not None or t.wire_flags or not tu.tune_partitions:
+        return       # compressed or asynchronous: keeps its first partitioning
+    from byteps.core.api import tensor_key
+    base = tensor_key(t.name)
+    p = st.cfg.partition_size(nbytes, t.name)
+    same = [x[2] for x in t.cut(p, st.nservers, base)] == \
+        [x[2] for x in t.cut(tu.initial, st.nservers, base)]
+    key = base if same else layout_key(base, p, tu.initial)
+    if key != t.key:
+        tu.saved[(t.name, t.key)] = t.round
+        t.key, t.round = key, tu.saved.pop((t.name, key), 0)
+    t.parts = t.cut(p, st.nservers, key)
+
+
+def settings(cfg) -> list:
+    """What every worker must agree on, sent at registration (the scheduler refuses a
+    worker whose list differs): [autotune on, explicit partition bytes or 0, explicit
+    credit or 0]."""
+    return [int(bool(cfg.autotune)), cfg.partition_bytes if cfg.partition_explicit else 0,
+            cfg.scheduling_credit if cfg.credit_explicit else 0]

@@ -1,0 +1,142 @@
+"""Autotune (byteps/core/autotune.py): the plan and the pick are pure and deterministic;
+in a real job every rank goes through the same settings at the same step boundaries and
+cuts tensors alike (exact sums throughout); workers started with different explicit
+settings end the job at registration with the mismatch named, instead of hanging."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from byteps.core import autotune
+from conftest import assert_ok, read_results, run_script
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+from fail_cluster import Cluster  # noqa: E402
+
+
+def _sums(nservers, bw, rtt, ranks=2, steps=3, step_bytes=100e6):
+    """What ``ranks`` identical ranks would add up (see autotune.pack)."""
+    busy = step_bytes / nservers / bw * steps
+    summary = [(int(step_bytes / nservers * steps), busy, rtt)] * nservers
+    return autotune.pack(summary, steps, int(step_bytes * steps)) * ranks
+
+
+def test_window_is_the_bandwidth_delay_product_per_server():
+    bw, rtt = 50e6, 0.02                     # per server: 1 MB in flight covers the round trip
+    assert autotune.window(262144, [bw, bw], [rtt, rtt]) == 2 * (int(bw * rtt) + 262144)
+    assert autotune.window(4 << 20, [bw, bw], [rtt, rtt]) == 2 * 2 * (4 << 20)   # >= 2 parts
+    p = autotune.plan(_sums(2, bw, rtt), 2, 4096000, True, None, 1 << 30, 16384000)
+    assert p.trials[0] == (4096000, 16384000)          # the initial setting is trial 0
+    assert len(p.trials) == 1 + autotune.TRIALS
+    assert p.bandwidth == pytest.approx(2 * bw) and p.rtt == pytest.approx(rtt)
+    for size, credit in p.trials[1:]:
+        assert credit == autotune.window(size, [bw, bw], [rtt, rtt])
+    # the same sums give the same plan (every rank decides alone, from the same numbers)
+    again = autotune.plan(_sums(2, bw, rtt), 2, 4096000, True, None, 1 << 30, 16384000)
+    assert again == p
+
+
+def test_explicit_settings_win():
+    s = _sums(2, 50e6, 0.02)
+    p = autotune.plan(s, 2, 1024000, False, None, 1 << 30, 4096000)    # partition explicit
+    assert {size for size, _ in p.trials} == {1024000}
+    p = autotune.plan(s, 2, 4096000, True, 8, 1 << 30, 8 * 4096000)    # credit explicit
+    assert all(credit == 8 * size for size, credit in p.trials)
+    assert autotune.plan(s * 0, 2, 4096000, True, None, 1 << 30, 16384000) is None
+
+
+def test_pick_keeps_the_initial_setting_unless_clearly_faster():
+    assert autotune.pick(np.array([1.0, 0.97, 0.99])) == 0
+    assert autotune.pick(np.array([1.0, 0.97, 0.80])) == 2
+
+
+def test_probe_measures_rate_and_round_trip():
+    pr = autotune.Probe(1)
+    # 1 MB pushes at 100 MB/s with a 5 ms round trip, two in flight at a time
+    t, rtt, bw, size = 0.0, 0.005, 100e6, 1 << 20
+    for _ in range(10):
+        pr.sent(0, size, t)
+        pr.sent(0, size, t)
+        pr.acked(0, size, t, t + rtt + size / bw)
+        pr.acked(0, size, t, t + rtt + 2 * size / bw)
+        t += rtt + 2 * size / bw
+    (nbytes, busy, est), = pr.summary(t)
+    assert nbytes == 20 * size
+    assert nbytes / busy == pytest.approx(bw / (1 + rtt * bw / (2 * size)), rel=1e-6)
+    # the rate seen includes the idle round trips, so the estimate lands below the truth
+    assert 0.4 * rtt <= est <= rtt
+
+
+def test_layout_key():
+    assert autotune.layout_key(12345, 4096000, 4096000) == 12345
+    k = autotune.layout_key(12345, 1 << 20, 4096000)
+    assert k != 12345 and k == autotune.layout_key(12345, 1 << 20, 4096000) and k < 1 << 63
+
+
+@pytest.mark.timeout(120)
+def test_every_rank_switches_alike_at_step_boundaries(tmp_path):
+    res = run_script("autotune_job.py", tmp_path, 10, 16_000_000, workers=2, servers=2,
+                     timeout=110, BYTEPS_AUTOTUNE_STEPS=1, BYTEPS_LOG_LEVEL="INFO",
+                     BYTEPS_AUTOTUNE_LOG=str(tmp_path / "tune-{rank}.csv"))
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1]
+    for r, doc in out.items():
+        assert doc["failures"] == [], f"rank {r}: wrong sums at steps {doc['failures']}"
+    # the same settings at the same steps on every rank, and the same cut every step
+    assert out[0]["changes"] == out[1]["changes"], out
+    assert out[0]["layouts"] == out[1]["layouts"]
+    assert out[0]["choice"] == out[1]["choice"] and out[0]["choice"] is not None
+    changes = {step: size for step, size, _ in out[0]["changes"]}
+    assert any(size != 4096000 for size in changes.values()), "no trial changed the size"
+    # the cut changes only at the steps where a setting was applied (step s's pushes run
+    # under the setting applied at the latest boundary <= s)
+    size = 4096000
+    for step, key, lengths in out[0]["layouts"]:
+        size = changes.get(step, size)
+        assert max(lengths) * 4 == min(size, 16_000_000) or len(lengths) == 1, (step, size)
+        want = 0 if size == 4096000 else 1
+        assert (key != out[0]["base_key"]) == bool(want), (step, size, key)
+    # the choice is recorded in the CSV and at INFO on both ranks
+    for r in (0, 1):
+        rows = (tmp_path / f"tune-{r}.csv").read_text().splitlines()
+        assert rows[0].startswith("rank,step,kind") and any(",choice," in x for x in rows)
+    assert res.stderr.count("autotune (rank") == 2, res.stderr[-3000:]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("env1,text", [
+    ({"BYTEPS_PARTITION_BYTES": "1024000"}, "BYTEPS_PARTITION_BYTES=1024000"),
+    ({"BYTEPS_AUTOTUNE": "0"}, "BYTEPS_AUTOTUNE=0"),
+])
+def test_different_explicit_settings_end_the_job_at_registration(tmp_path, env1, text):
+    c = Cluster(tmp_path, workers=2, servers=1, args=(5,), worker_env={1: env1})
+    try:
+        t0 = time.monotonic()
+        c.start()
+        rcs = c.wait(40)
+        took = time.monotonic() - t0
+        assert all(rc not in (0, None) for rc in rcs.values()), f"{rcs}\n{c.logs()}"
+        assert took < 30, f"took {took:.1f} s\n{c.logs()}"
+        logs = c.logs()
+        assert "settings mismatch" in logs and text in logs, logs[-4000:]
+        assert "BYTEPS_PARTITION_BYTES=4096" in logs, logs[-4000:]
+        assert "settings mismatch" in c.log("scheduler")
+    finally:
+        c.close()
+
+
+def test_settings_sent_at_registration():
+    from byteps.common.config import Config
+    env = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+           "DMLC_PS_ROOT_PORT": "9000"}
+    assert autotune.settings(Config.from_env(env)) == [1, 0, 0]
+    cfg = Config.from_env(dict(env, BYTEPS_PARTITION_BYTES="4096000",
+                               BYTEPS_SCHEDULING_CREDIT="4", BYTEPS_AUTOTUNE="0"))
+    assert autotune.settings(cfg) == [0, 4096000, 4]
+    assert json.loads(json.dumps(autotune.settings(cfg))) == [0, 4096000, 4]
