@@ -26,16 +26,21 @@ def main() -> None:
         dist.all_reduce(x)
     dist.barrier()
     times = []
+    cpu0 = time.process_time()
     for _ in range(iters):
         x.fill_(float(r + 1))
         t = time.perf_counter()
         dist.all_reduce(x)
         x.div_(n)              # average, like push_pull(average=True)
         times.append(time.perf_counter() - t)
+    cpu = time.process_time() - cpu0
     if abs(float(x[0]) - (n + 1) / 2.0) > 1e-3:
         raise SystemExit(f"rank {r}: wrong all_reduce result {float(x[0])}")
     print("CLUSTER_RESULT " + json.dumps({"system": "gloo", "rank": r, "size": n,
-                                          "bytes": int(x.numel() * 4), "times": times}),
+                                          "bytes": int(x.numel() * 4), "times": times,
+                                          "cpu_s": cpu,      # ring: sends and receives
+                                          "moved_bytes": int(4 * (n - 1) / n * x.numel() * 4
+                                                             * iters)}),
           flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -46,6 +46,7 @@ class Outcome:
     returncode: int | None
     stdout: str
     stderr: str
+    cpu_s: float | None = None     # CPU seconds of the process and the children it waited for
 
 
 class JobError(RuntimeError):
@@ -125,10 +126,27 @@ def _kill(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _reap(p: subprocess.Popen, cpu: dict, block: bool = False) -> int | None:
+    """``p.poll()`` (or ``p.wait()``), recording the CPU seconds (user + system) of the
+    process and of every descendant it waited for (os.wait4)."""
+    if p.returncode is not None:
+        return p.returncode
+    try:
+        pid, status, ru = os.wait4(p.pid, 0 if block else os.WNOHANG)
+    except ChildProcessError:
+        return p.poll()
+    if pid == 0:
+        return None
+    p.returncode = os.waitstatus_to_exitcode(status)
+    cpu[p.pid] = ru.ru_utime + ru.ru_stime
+    return p.returncode
+
+
 def run_specs(plan: Plan, specs: list[Spec], timeout: float,
               grace_s: float = 10.0) -> list[Outcome]:
     """Start every process, wait for the critical ones, end the rest; raise on failure."""
     procs, files = [], []
+    cpu: dict[int, float] = {}
     try:
         for s in specs:
             fo = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed below, after the job)
@@ -139,7 +157,7 @@ def run_specs(plan: Plan, specs: list[Spec], timeout: float,
         deadline = time.monotonic() + timeout
         failed = None
         while time.monotonic() < deadline:
-            codes = [p.poll() for p in procs]
+            codes = [_reap(p, cpu) for p in procs]
             bad = [(s, c) for s, c in zip(specs, codes) if c not in (None, 0)]
             if bad:
                 failed = f"{bad[0][0].what} exited with code {bad[0][1]}"
@@ -151,26 +169,25 @@ def run_specs(plan: Plan, specs: list[Spec], timeout: float,
             failed = f"timed out after {timeout:g} s"
         # services get a moment to finish on their own after the workers are done
         grace = time.monotonic() + (0 if failed else grace_s)
-        while time.monotonic() < grace and any(p.poll() is None for p in procs):
+        while time.monotonic() < grace and any(_reap(p, cpu) is None for p in procs):
             time.sleep(0.05)
     finally:
         for p in procs:
-            if p.poll() is None:
+            if _reap(p, cpu) is None:
                 _kill(p, signal.SIGTERM)
         t = time.monotonic() + 3
-        while time.monotonic() < t and any(p.poll() is None for p in procs):
+        while time.monotonic() < t and any(_reap(p, cpu) is None for p in procs):
             time.sleep(0.05)
         for p in procs:
             _kill(p, signal.SIGKILL)
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
+            t = time.monotonic() + 5
+            while time.monotonic() < t and _reap(p, cpu) is None:
+                time.sleep(0.05)
     outcomes = []
     for s, p, (fo, fe) in zip(specs, procs, files):
         fo.seek(0)
         fe.seek(0)
-        outcomes.append(Outcome(s.what, p.returncode, fo.read(), fe.read()))
+        outcomes.append(Outcome(s.what, p.returncode, fo.read(), fe.read(), cpu.get(p.pid)))
         fo.close()
         fe.close()
     if failed:

@@ -40,7 +40,18 @@ def make_row(system: str, rate: str, workers: int, servers: int, records: list[d
     speeds = [r["speed_MBps"] for r in records if "speed_MBps" in r]
     if speeds:
         row["pushpull_speed_MBps"] = speeds
+    row["worker_cpu_s_per_GB"] = cpu_per_gb(records)
+    if records[0].get("config"):
+        row["config"] = records[0]["config"]
     return row
+
+
+def cpu_per_gb(records: list[dict]) -> float | None:
+    """CPU seconds per GB a worker moved (sent + received) over the timed iterations,
+    the median over ranks (every thread of the process: engine, ZeroMQ, user)."""
+    per = [r["cpu_s"] / (r["moved_bytes"] / 1e9) for r in records
+           if r.get("cpu_s") is not None and r.get("moved_bytes")]
+    return statistics.median(per) if per else None
 
 
 def train_row(system: str, rate: str, workers: int, records: list[dict],
@@ -70,7 +81,8 @@ def table(rows: list[dict], probes: dict) -> str:
                      f"{_fmt(p.get('pair_Gbps'), '.3f')} Gbit/s; all worker links at once "
                      f"{_fmt(p.get('all_Gbps'), '.3f')} Gbit/s each")
         lines.append(f"{'system':<14}{'W':>3}{'S':>3}{'MB':>7}{'s/op':>8}{'s/100MB':>9}"
-                     f"{'Gb/s/link':>10}{'vs gloo':>9}{'vs M/B':>8}{'vs TCP':>8}{'drop%':>7}")
+                     f"{'Gb/s/link':>10}{'vs gloo':>9}{'vs M/B':>8}{'vs TCP':>8}{'drop%':>7}"
+                     f"{'wCPU s/GB':>10}{'sCPU s/GB':>10}")
         for r in rows:
             if r["rate"] != rate:
                 continue
@@ -78,7 +90,9 @@ def table(rows: list[dict], probes: dict) -> str:
                          f"{r['tensor_MB']:>7.0f}{r['time_s']:>8.3f}"
                          f"{r['time_per_100MB_s']:>9.3f}{r['link_Gbps']:>10.3f}"
                          f"{_fmt(r['vs_gloo'], '.2f'):>9}{r['vs_bound']:>8.2f}"
-                         f"{_fmt(r['vs_measured_tcp'], '.2f'):>8}{_fmt(drop_pct(r), '.2f'):>7}")
+                         f"{_fmt(r['vs_measured_tcp'], '.2f'):>8}{_fmt(drop_pct(r), '.2f'):>7}"
+                         f"{_fmt(r.get('worker_cpu_s_per_GB'), '.2f'):>10}"
+                         f"{_fmt(r.get('server_cpu_s_per_GB'), '.2f'):>10}")
         lines.append("")
     return "\n".join(lines)
 
@@ -152,7 +166,8 @@ def trace_summary(trace_dir: Path) -> dict:
                 tensors.append(e["dur"] / 1e3)
             elif e.get("name") in per_stage:
                 per_stage[e["name"]].append(e["dur"] / 1e3)
-    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else None
     return {"ranks": ranks, "tensor_ms": mean(tensors),
             "partitions": len(per_stage["queue"]),
             "stage_ms": {s: mean(v) for s, v in per_stage.items()}}

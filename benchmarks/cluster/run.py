@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python -m benchmarks.cluster.run                  # the default sweep
     sudo .venv/bin/python -m benchmarks.cluster.run --rates 1gbit --workers 4 --train
+    sudo .venv/bin/python -m benchmarks.cluster.run --burst-ms 10    # the old 10 ms bucket
     sudo .venv/bin/python -m benchmarks.cluster.run --cleanup        # remove leftovers
 
 Builds W worker hosts and S server hosts as network namespaces on one
@@ -9,7 +10,10 @@ bridge, shapes every host's link with tc tbf (both directions), and runs on
 them, for every rate and W: raw TCP (the physical limit), byteps with the
 servers on their own hosts, byteps with a server beside each worker, and
 torch.distributed gloo all_reduce over the worker hosts.  Prints a table,
-writes results.json, a PNG plot and one Chrome trace per byteps worker.
+writes results.json, a PNG plot and one Chrome trace per byteps worker into a new
+folder per run (results/<UTC time>-<burst>ms/ unless --out is given; an existing
+results.json is never overwritten).  The table has each system's CPU seconds per GB
+moved: workers over the timed iterations, servers over their whole life.
 Everything is torn down at the end, on errors, on Ctrl-C and on SIGTERM.
 """
 from __future__ import annotations
@@ -50,20 +54,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--slow-size-mb", type=float, default=25.0,
                     help="tensor MB below 500mbit (keeps one run short)")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=14,
+                    help="untimed iterations first (autotune's trials take about 13)")
     ap.add_argument("--systems", type=_csv(str), default=list(SYSTEMS))
     ap.add_argument("--probe-seconds", type=float, default=3.0)
-    ap.add_argument("--burst-ms", type=float, default=10.0,
-                    help="tbf bucket in ms of traffic at the link rate")
+    ap.add_argument("--burst-ms", type=float, default=2.0,
+                    help="tbf bucket in ms of traffic at the link rate (default 2: a real "
+                         "port never sends faster than its rate; 10 was the old default)")
     ap.add_argument("--latency-ms", type=float, default=50.0,
                     help="tbf queue: packets waiting longer are dropped (the switch buffer)")
     ap.add_argument("--train", action="store_true", help="also run the training variant")
     ap.add_argument("--train-rate", default="1gbit")
     ap.add_argument("--train-workers", type=int, default=4)
-    ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 2")
+    ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 14",
+                    help="train_mlp.py options (the warm-up covers autotune's trials)")
     ap.add_argument("--env", action="append", default=[],
                     help="KEY=VALUE for every byteps process (e.g. BYTEPS_SCHEDULING_CREDIT=8)")
-    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output folder (default: results/<UTC time>-<burst>ms, new per run)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per job")
     ap.add_argument("--cleanup", action="store_true",
                     help="only remove namespaces left by dead runs, then exit")
@@ -81,7 +89,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     for kv in a.env:
         if "=" not in kv:
             ap.error(f"--env {kv!r}: expected KEY=VALUE")
+    if a.out is None:
+        a.out = HERE / "results" / (time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+                                    + f"-{a.burst_ms:g}ms")
     return a
+
+
+def fresh(path: Path) -> Path:
+    """``path``, or ``path`` with -1, -2, ... before the suffix if it exists (results of
+    earlier runs are kept)."""
+    n, p = 0, path
+    while p.exists():
+        n += 1
+        p = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return p
 
 
 def server_hosts(a: argparse.Namespace) -> int:
@@ -108,6 +129,7 @@ class Runner:
         self.probes: dict = {}
         self.traces: dict = {}
         self.last_drops: dict = {}
+        self.last_cpu: dict = {}       # process description -> CPU seconds (whole life)
 
     def next_port(self, n: int = 1) -> int:
         self.port += n
@@ -115,7 +137,9 @@ class Runner:
 
     def run(self, specs: list) -> list[dict]:
         before = self.cluster.drops()
-        recs = jobs.collect(jobs.run_specs(self.plan, specs, self.a.timeout))
+        outcomes = jobs.run_specs(self.plan, specs, self.a.timeout)
+        self.last_cpu = {o.what: o.cpu_s for o in outcomes}
+        recs = jobs.collect(outcomes)
         after = self.cluster.drops()
         self.last_drops = {k: after[k] - before[k] for k in after}
         return recs
@@ -130,7 +154,8 @@ class Runner:
         else:
             pairs = [(self.whosts[i], self.whosts[i + 1]) for i in range(0, w - 1, 2)]
         every = self.run(jobs.probe_job(pairs, self.next_port(len(pairs)), secs))
-        per_dir = lambda recs: [r["recv_Bps"] for r in recs if r.get("recv_Bps")]
+        def per_dir(recs):
+            return [r["recv_Bps"] for r in recs if r.get("recv_Bps")]
         p = {"pair_Gbps": min(per_dir(one)) * 8 / 1e9 if per_dir(one) else None,
              "all_Gbps": sum(per_dir(every)) / len(per_dir(every)) * 8 / 1e9
              if per_dir(every) else None, "nominal_Gbps": rate_bps(rate) / 1e9}
@@ -162,17 +187,27 @@ class Runner:
         self.traces[f"{system}-{rate}-w{w}"] = report.trace_summary(tdir)
         return recs
 
+    def server_cpu_per_gb(self, rate: str, w: int) -> float | None:
+        """Servers' CPU seconds (whole life: start-up, warm-up and timed iterations) per
+        GB they received and sent (each iteration: W pushes in, W results out)."""
+        cpu = [v for k, v in self.last_cpu.items() if k.startswith("server") and v is not None]
+        if not cpu:
+            return None
+        moved = 2 * w * self.size_bytes(rate) * (self.a.warmup + self.a.iters)
+        return sum(cpu) / (moved / 1e9)
+
     def sweep(self) -> None:
         for rate in self.a.rates:
             self.cluster.shape(rate, self.a.latency_ms, self.a.burst_ms)
             self.probe(rate)
             for w in self.a.workers:
                 got: dict[str, list] = {}
-                drops = {}
+                drops, server_cpu = {}, {}
                 for system in self.a.systems:
                     t0 = time.monotonic()
                     got[system] = self.bench(rate, w, system)
                     drops[system] = self.last_drops
+                    server_cpu[system] = self.server_cpu_per_gb(rate, w)
                     print(f"[{rate}] W={w} {system}: {report.job_time(got[system]):.3f} s/op "
                           f"({time.monotonic() - t0:.0f} s, {self.last_drops['dropped']} of "
                           f"{self.last_drops['packets']} packets dropped by the links)",
@@ -182,7 +217,8 @@ class Runner:
                 for system, recs in got.items():
                     s = (self.a.servers or w) if system == "byteps" else w
                     self.rows.append(dict(report.make_row(system, rate, w, s, recs, gloo, link),
-                                          link_drops=drops[system]))
+                                          link_drops=drops[system],
+                                          server_cpu_s_per_GB=server_cpu[system]))
         if self.a.train:
             self.train()
 
@@ -245,10 +281,11 @@ def main(argv=None) -> int:
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "probes": runner.probes, "rows": runner.rows, "train": runner.train_rows,
            "traces": runner.traces}
-    report.write_json(a.out / "results.json", doc)
-    png = report.plot(runner.rows, a.out / "time_vs_workers.png") if runner.rows else None
-    print(f"wrote {a.out / 'results.json'}" + (f" and {png}" if png else
-                                               " (no plot: matplotlib is missing)"))
+    out = fresh(a.out / "results.json")
+    report.write_json(out, doc)
+    png = report.plot(runner.rows, fresh(a.out / "time_vs_workers.png")) if runner.rows \
+        else None
+    print(f"wrote {out}" + (f" and {png}" if png else " (no plot: matplotlib is missing)"))
     return 0
 
 
