@@ -231,6 +231,7 @@ class Config:
     numa_on: bool | None = _D("BYTEPS_NUMA_ON")
     shm_dir: str = _D("BYTEPS_SHM_DIR")
     min_compress_bytes: int = _D("BYTEPS_MIN_COMPRESS_BYTES")  # smaller tensors travel uncompressed
+    server_replicas: int = _D("BYTEPS_SERVER_REPLICAS")   # backups per key range (0 or 1)
 
     @property
     def credit_bytes(self) -> int:
@@ -344,7 +345,19 @@ class Config:
             numa_on=e.get("BYTEPS_NUMA_ON"),
             shm_dir=e.get("BYTEPS_SHM_DIR"),
             min_compress_bytes=e.get("BYTEPS_MIN_COMPRESS_BYTES"),
+            server_replicas=_replicas(e, kw.get("num_server", 0)),
             **kw)
+
+
+def _replicas(e: "_Env", num_server: int) -> int:
+    """BYTEPS_SERVER_REPLICAS: 0 (default) or 1 (every key range has a backup on the next
+    server; a server's death is survived, docs/fault_tolerance.md); needs 2+ servers."""
+    n = e.get("BYTEPS_SERVER_REPLICAS")
+    if n and 0 < num_server < 2:
+        raise _bad("BYTEPS_SERVER_REPLICAS", n, f"a backup needs another server, but "
+                   f"DMLC_NUM_SERVER={num_server}; start 2 or more servers or set "
+                   f"BYTEPS_SERVER_REPLICAS=0")
+    return n
 
 
 def _local_reduce(raw: str) -> str:

@@ -22,9 +22,10 @@ import zmq
 from byteps import transport
 from byteps.common.config import Config
 from byteps.core.engine_comp import COMP_LR, CompressionMixin, comp_pipeline  # noqa: F401
+from byteps.core.failover import WorkerFailover
 from byteps.common.metrics import RoundLatency
-from byteps.common.node import (BytePSError, SchedulerLink, describe, down_grace,
-                                end_process_later, held_tensors)
+from byteps.common.node import (BytePSError, SchedulerLink, describe, end_process_later,
+                                held_tensors)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
 from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Op, WireError, decode,
@@ -85,6 +86,7 @@ class Engine(CompressionMixin):
         self.dropper = transport.Dropper(cfg.test_drop_rate, 104729 * link.node_id + 1)
         self.next_check = 0.0
         self.resends = 0
+        self.failover = WorkerFailover(self)     # BYTEPS_SERVER_REPLICAS: dead servers' keys
         # colocated servers exchange payloads through shared memory (BYTEPS_ENABLE_IPC)
         self.shm_ok = [cfg.enable_ipc and s.get("machine") == shm.machine_id()
                        for s in self.server_info]
@@ -291,6 +293,7 @@ class Engine(CompressionMixin):
             heapq.heappop(self.heap)
             if t.handle.error is not None:
                 continue
+            t.server = self.failover.route[t.server]     # a dead server's partitions move
             self.inflight[(t.handle.tensor.key, t.part)] = t
             t.acked, t.tries = False, 0
             self.inflight_bytes += t.nbytes     # credit: released when the server acks
@@ -380,7 +383,7 @@ class Engine(CompressionMixin):
 
     def on_server(self, sock) -> None:
         hdr, payload = self.recv(sock)
-        if hdr is None:
+        if hdr is None or self.server_index[sock] in self.failover.dead:
             return
         if hdr.epoch != self.link.epoch:
             return self.drops.warn("message from a stale epoch", str(hdr.epoch))
@@ -493,6 +496,8 @@ class Engine(CompressionMixin):
                     if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
                               f"{hdr.body.get('reason')}{held}")
+        elif hdr.op == Op.FAILOVER:
+            self.failover.on_failover(hdr.body)
         elif hdr.op == Op.TERMINATE and hdr.body.get("ok") is not True:
             raise BytePSError(f"worker rank {self.rank}: the job was ended: "
                               f"{hdr.body.get('reason')}")
@@ -508,8 +513,8 @@ class Engine(CompressionMixin):
         for i, w in enumerate(self.server_watch):
             for kind, _, _ in w.poll():
                 self.server_down[i] = (self.server_down[i] or now) if kind == "down" else None
-            down = self.server_down[i]
-            if down is not None and now - down > down_grace(self.cfg):
+            down, grace = self.server_down[i], self.failover.grace(i)
+            if down is not None and grace is not None and now - down > grace:
                 s = self.server_info[i]
                 raise BytePSError(
                     f"worker rank {self.rank}: {describe(dict(s, role='server'))} is "

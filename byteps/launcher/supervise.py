@@ -139,6 +139,14 @@ def _own_failure(code: int | None) -> bool:
     return code not in (None, 0, PEER_FAILED_EXIT)
 
 
+def _spare_servers(services: list[Proc]) -> list[Proc]:
+    """The servers whose death the job survives: all of them with BYTEPS_SERVER_REPLICAS=1
+    (bpslaunch's environment, passed to every child; one death at most)."""
+    if os.environ.get("BYTEPS_SERVER_REPLICAS", "0").strip() in ("", "0"):
+        return []
+    return [p for p in services if p.what.startswith("server")]
+
+
 def say(text: str) -> None:
     with _OUT_LOCK:
         _before_output()
@@ -157,6 +165,7 @@ class Job:
         self.workers: list[Proc] | None = None     # known once supervise() runs
         self.interrupted: float | None = None      # when SIGINT was forwarded to the workers
         self.on_tick = None        # called from the supervision loop (the live view)
+        self.survived: list[Proc] = []     # a dead server the job outlived (replication)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
 
@@ -216,11 +225,14 @@ class Job:
         order: list[Proc] = []            # children in the order their exit was seen
         ending_since = None
         self.workers = workers
+        spare = _spare_servers(services)
         while True:
             if self.interrupted is not None:
                 return self._interrupt(workers)
             self._note_exits(order)
-            root = next((p for p in order if _own_failure(p.p.returncode)), None)
+            self._survive(order, spare)
+            root = next((p for p in order if _own_failure(p.p.returncode)
+                         and p not in self.survived), None)
             if root is not None:
                 return self._fail(root, order)
             if any(p.p.returncode == PEER_FAILED_EXIT for p in order):
@@ -233,6 +245,17 @@ class Job:
             if self.on_tick is not None:
                 self.on_tick()
             time.sleep(0.05)
+
+    def _survive(self, order: list[Proc], spare: list[Proc]) -> None:
+        """BYTEPS_SERVER_REPLICAS=1: the first server that dies is not the job's failure
+        (its backup takes over; the scheduler ends the job if it cannot)."""
+        for p in order:
+            if p in spare and p not in self.survived and _own_failure(p.p.returncode) \
+                    and not any(_own_failure(q.p.returncode) for q in order
+                                if q not in spare) and len(self.survived) < 1:
+                self.survived.append(p)
+                say(f"{p.what} (pid {p.p.pid}) died with {describe_code(p.p.returncode)}; "
+                    f"BYTEPS_SERVER_REPLICAS=1: its backup server takes over, the job goes on")
 
     def _interrupt(self, workers: list[Proc]) -> int:
         """After SIGINT: wait up to the grace period for the workers, then end everything."""
@@ -253,7 +276,7 @@ class Job:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and any(s.p.poll() is None for s in services):
             time.sleep(0.05)
-        bad = [s for s in services if s.p.poll() not in (0, None)]
+        bad = [s for s in services if s.p.poll() not in (0, None) and s not in self.survived]
         self.terminate(grace=1.0)
         for s in bad:
             say(f"{s.what} failed with {describe_code(s.p.returncode)}")

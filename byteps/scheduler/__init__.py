@@ -25,6 +25,7 @@ from byteps.common.config import scheduler_listen_host as _bind_host
 from byteps.common.metrics import serve_scheduler
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                                 require_secret)
+from byteps.scheduler.failover import Failover
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
 
@@ -72,6 +73,7 @@ class Scheduler:
         self.gone: dict[bytes, str] = {}      # worker that left (shutdown()/exit 0) -> why
         self.members_id = 0
         self.join_reset: tuple | None = None  # (MEMBERS id, servers yet to confirm, last rank)
+        self.failover = Failover(self)        # BYTEPS_SERVER_REPLICAS: a server's death survived
 
     # ---------------------------------------------------------------- sending
     def send(self, ident: bytes, op: int, body: dict, job_id: str | None = None) -> None:
@@ -438,7 +440,7 @@ class Scheduler:
                         self.send(w, Op.BARRIER_DONE, {"name": name})
             return
         mid = self.tell_servers(reset=True, joined=[])
-        self.join_reset = (mid, set(self.servers), node["rank"])
+        self.join_reset = (mid, set(self.servers) - self.exited, node["rank"])
         if not self.servers:
             self.join_done()
 
@@ -474,6 +476,8 @@ class Scheduler:
         """End the job: tell every node.  Before formation (``linger``), stay up to
         BYTEPS_STARTUP_TIMEOUT so that nodes still starting fail fast with the reason too."""
         if self.linger_reason is not None:
+            return
+        if dead and self.failover.survive(dead, reason):
             return
         log.error("ending the job: %s", reason)
         body = {"ok": False, "reason": reason}

@@ -26,6 +26,7 @@ from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, de
                                 failure_exit_code)
 from byteps.compression import CompressionError
 from byteps.server.decls import INLINE_BYTES, TensorChecks  # noqa: F401 (re-export)
+from byteps.server.replica import Replicator
 from byteps.server.staleness import AsyncStore
 from byteps.server.stalls import StallReports
 from byteps.server.store import Slot, apply, recheck
@@ -75,6 +76,7 @@ class Server(TensorChecks, StallReports):
         self.gone: dict[int, str] = {}
         self.pushers: set = set()
         self.async_store = AsyncStore(cfg.async_staleness)   # ASYNC entries (staleness.py)
+        self.replica = Replicator(self)    # BYTEPS_SERVER_REPLICAS: backup, failover
 
     # ---------------------------------------------------------------- set-up
     def start(self) -> None:
@@ -107,6 +109,7 @@ class Server(TensorChecks, StallReports):
             s.reset_rounds()
         # workers of a new epoch create new push segments (the old files are unlinked)
         self.push_maps.clear()
+        self.replica.load_book(body)
         log.info("server %s ready: %d worker(s), epoch %d", self.address, self.nworkers,
                  self.link.epoch)
 
@@ -121,6 +124,8 @@ class Server(TensorChecks, StallReports):
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.sock, zmq.POLLIN)
         poller.register(self.wake_r, zmq.POLLIN)
+        if self.replica.sock is not None:
+            poller.register(self.replica.sock, zmq.POLLIN)
         next_scan = time.monotonic() + 1.0
         try:
             while self.exit_code is None:
@@ -134,6 +139,8 @@ class Server(TensorChecks, StallReports):
                             self.on_worker(frames)
                     elif sock is self.link.sock:
                         self.on_scheduler()
+                    elif sock is self.replica.sock:
+                        self.replica.on_backup_reply()
                     else:
                         os.read(self.wake_r, 4096)
                 self.flush_outbox()
@@ -144,6 +151,7 @@ class Server(TensorChecks, StallReports):
                     log.error("%s", exc)
                     return 1
                 self.check_connections()
+                self.replica.tick(now)
                 if now >= next_scan:
                     next_scan = now + 1.0
                     self.scan_stalls(now)
@@ -153,6 +161,7 @@ class Server(TensorChecks, StallReports):
             self.watch.close()
             self.sock.close(0)
             self.link.close()
+            self.replica.close()
             for slot in self.slots.values():
                 for seg in slot.segs or ():
                     seg.close()
@@ -190,6 +199,8 @@ class Server(TensorChecks, StallReports):
             self.exit_code = PEER_FAILED_EXIT
         elif hdr.op == Op.MEMBERS:
             self.on_members(hdr.body)
+        elif hdr.op == Op.FAILOVER:
+            self.replica.on_failover(hdr.body)
 
     def on_members(self, body: dict) -> None:
         """Joined ranks, ranks gone and round resets from the scheduler (join(), shutdown(),
@@ -205,6 +216,7 @@ class Server(TensorChecks, StallReports):
             with self.lock:
                 for slot in self.slots.values():
                     slot.reset_rounds()
+                self.replica.reset()
             self.joined = frozenset()
         else:
             self.joined = frozenset(joined)
@@ -274,6 +286,8 @@ class Server(TensorChecks, StallReports):
             hdr, payload = decode(frames[1:], self.cfg.job_id, self.secret)
         except WireError as exc:
             return self.drops.warn("malformed message", str(exc))
+        if hdr.sender in self.replica.server_ids:      # a server replicating to us
+            return self.replica.on_peer(ident, hdr, payload, frames)
         if hdr.op == Op.HELLO:
             w = self.workers_by_id.get(hdr.sender)
             if hdr.epoch > self.link.epoch:     # re-init: the server's new book is on its way
@@ -368,6 +382,8 @@ class Server(TensorChecks, StallReports):
                 self.bytes_by_host[hid] = self.bytes_by_host.get(hid, 0) + arr.nbytes
                 if self.record:
                     self.record_push(rank, e)
+            if e[3] & ASYNC and arr is not None and self.replica.active:
+                self.replica.forward(e, arr, rank)     # copied before its pull is answered
             if slot.engine < 0:
                 self.apply(slot, e, arr, rank, ident, out)
             else:
@@ -427,6 +443,7 @@ class Server(TensorChecks, StallReports):
                 self.send_results(item)
 
     def send_results(self, out: dict) -> None:
+        out = self.replica.hold(out)      # results wait until the backup has their round
         for ident, items in out.items():
             frames = [a for e, a in items if a is not None and not e[3] & SHM]
             self.send(ident, Op.RESULT, [[e for e, _ in items], []], frames)

@@ -64,6 +64,9 @@ class Op(enum.IntEnum):
     STALL = 23          # server -> scheduler: stall report
     MEMBERS = 24        # scheduler -> server: joined ranks, ranks gone, round reset (id)
     MEMBERS_OK = 25     # server -> scheduler: MEMBERS applied (id)
+    REPLICA = 40        # server -> its backup server: [entries, decls, ranks] + payloads
+    REPLICA_OK = 41     # backup -> server: [entries, []] (what it stored; no payload)
+    FAILOVER = 42       # scheduler -> all: a server died, its backup owns its keys (dead, reason)
     PEER = 26           # worker -> worker: decentralized algorithms (byteps/core/peers.py)
 
 
@@ -188,8 +191,10 @@ def decode(frames: list, job_id: str, secret: bytes | None,
         raise WireError(f"bad epoch {epoch!r}")
     if not _is_int(seq) or not 0 <= seq < 1 << 63:
         raise WireError(f"bad seq {seq!r}")
-    if op in (Op.DATA, Op.RESULT):
+    if op in (Op.DATA, Op.RESULT, Op.REPLICA_OK):
         _check_entries(body)
+    elif op == Op.REPLICA:
+        _check_replica(body)
     elif not isinstance(body, dict):
         raise WireError(f"{Op(op).name} body must be a map")
     return Header(version, job, sender, op, epoch, seq, body), frames[2:]
@@ -222,6 +227,23 @@ def _check_entries(body) -> None:
             raise WireError(f"data entry out of range: {e}")
 
 
+def _check_replica(body) -> None:
+    """REPLICA (byteps/server/replica.py): ``[entries, decls, ranks]``, one rank per entry
+    (-1 for a finished round, else the rank whose asynchronous push is forwarded); every
+    entry is followed by exactly one payload frame."""
+    if not isinstance(body, list) or len(body) != 3:
+        raise WireError("replica body must be [entries, decls, ranks]")
+    _check_entries(body[:2])
+    ranks = body[2]
+    if not (isinstance(ranks, list) and len(ranks) == len(body[0])
+            and all(_is_int(r) and -1 <= r < 1 << 31 for r in ranks)):
+        raise WireError("replica ranks must be one integer in [-1, 2**31) per entry")
+    for e in body[0]:
+        if e[3] & (ACK | SHM):
+            raise WireError(f"replica entry {e} has flag ACK or SHM (its payload travels "
+                            f"in a frame)")
+
+
 def _comp_shape(c) -> bool:
     """A declaration's compression field: [] or a short list of [str, scalar] pairs."""
     return isinstance(c, list) and len(c) <= MAX_COMP_PAIRS and all(
@@ -234,6 +256,8 @@ def payload_count(entries: list, op: int) -> int:
     """How many payload frames the entries of a DATA/RESULT message announce."""
     if op == Op.DATA:
         return sum(1 for e in entries if e[3] & PUSH and not e[3] & SHM)
+    if op == Op.REPLICA:
+        return len(entries)
     return sum(1 for e in entries if not e[3] & (ACK | SHM))
 
 

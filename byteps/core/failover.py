@@ -1,0 +1,74 @@
+"""The worker's side of server failover (``BYTEPS_SERVER_REPLICAS=1``).
+
+Partitions go to server ``(key + part) mod S`` (byteps.core.api); every server's backup is
+the next one of the address book (byteps/server/replica.py).  When the scheduler declares
+a server dead (``FAILOVER``), its partitions belong to the next live server: every
+partition in flight to it is resent there in full (push and pull; the user's tensor is
+kept until its result comes, so this is always possible), queued and later ones are sent
+there directly.  The new owner answers a round it holds a copy of, and sums a round it
+does not from the resent pushes; a rank's push of a (key, round) is never added twice.
+"""
+from __future__ import annotations
+
+import logging
+
+from byteps.common.node import BytePSError, describe, down_grace
+
+log = logging.getLogger("byteps.worker")
+
+
+class WorkerFailover:
+    """Which servers are dead and where their partitions go now (engine thread only)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        n = len(engine.server_info)
+        self.enabled = engine.cfg.server_replicas > 0 and n >= 2
+        self.route = list(range(n))     # server index -> index of its current owner
+        self.dead: set[int] = set()
+
+    def grace(self, i: int) -> float | None:
+        """How long server ``i``'s connection may stay closed before this worker gives up
+        by itself (None: never; it was failed over).  With replication the scheduler
+        decides: its FAILOVER (or NODE_DEAD) comes first."""
+        if i in self.dead:
+            return None
+        g = down_grace(self.engine.cfg)
+        return g + self.engine.cfg.heartbeat_timeout if self.enabled else g
+
+    def on_failover(self, body: dict) -> None:
+        """The scheduler's FAILOVER: move everything bound for the dead server."""
+        eng = self.engine
+        dead = body.get("dead")
+        i = next((i for i, s in enumerate(eng.server_info) if isinstance(dead, dict)
+                  and s["node_id"] == dead.get("node_id")), -1)
+        if i < 0:
+            return eng.drops.warn("FAILOVER naming no server of this job", repr(body)[:200])
+        if not self.enabled:       # the scheduler and this worker disagree on the setting
+            raise BytePSError(f"worker rank {eng.rank}: {describe(dict(dead, role='server'))} "
+                              f"died ({body.get('reason')}) and this worker does not have "
+                              f"BYTEPS_SERVER_REPLICAS=1; set it on every node")
+        if i in self.dead:
+            return
+        self.dead.add(i)
+        n = len(self.route)
+        for k in range(n):
+            j = k
+            while j in self.dead:
+                j = (j + 1) % n
+            self.route[k] = j
+        new = self.route[i]
+        moved: list = []
+        for t in eng.inflight.values():
+            if t.server == i:
+                t.server = new
+                if t.acked:        # its credit was returned: the new owner acks it again
+                    eng.inflight_bytes += t.nbytes
+                t.acked, t.tries = False, 0
+                moved.append(t)
+        eng.held[new].update(eng.held[i])
+        log.warning("worker rank %d: %s died (%s); its partitions go to %s: %d in flight "
+                    "resent", eng.rank, describe(dict(eng.server_info[i], role="server")),
+                    body.get("reason"), eng.server_info[new]["address"], len(moved))
+        for s in range(0, len(moved), 256):
+            eng.send_tasks(new, moved[s:s + 256])
