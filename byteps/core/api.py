@@ -361,14 +361,9 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     nparts = len(t.parts)
     first = (st.rank - t.key) % max(1, st.nservers) % nparts
     for part, start, length, server in t.parts:
-        task = Task()
-        task.prio, task.seq, task.order = -priority, seq, (part - first) % nparts
-        task.handle, task.part, task.start, task.length = h, part, start, length
-        task.server, task.round = server, t.round
-        task.src = flat[start:start + length]
-        task.comp = comp_pipeline(t, part, length)
-        task.nbytes = task.src.nbytes if task.comp is None else task.comp.frame_bytes
-        tasks.append(task)
+        tasks.append(Task(h, part, start, length, server, t.round, flat[start:start + length],
+                          -priority, seq, order=(part - first) % nparts,
+                          comp=comp_pipeline(t, part, length)))
     t.round += 1
     st.handles[hid] = h
     try:

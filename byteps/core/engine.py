@@ -28,8 +28,8 @@ from byteps.common.node import (BytePSError, SchedulerLink, describe, end_proces
                                 held_tensors)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
-from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Op, WireError, decode,
-                                   encode, entry_array, new_seq, payload_count)
+from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Entry, Op, WireError,
+                                   decode, encode, entry_array, new_seq, payload_count)
 
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
@@ -54,10 +54,19 @@ class Task:
     __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
                  "nbytes", "sent_at", "acked", "tries", "comp", "wire", "order")
 
-    def __init__(self):
-        self.comp = None     # compression pipeline of this partition (byteps.compression)
+    def __init__(self, handle: Handle, part: int, start: int, length: int, server: int,
+                 round: int, src: np.ndarray, prio: int, seq: int, order: int = 0, comp=None):
+        """Partition ``part`` of ``handle``'s tensor: its elements ``[start, start + length)``
+        (``src``), round ``round``, for server index ``server``; the heap takes tasks by
+        (prio, seq, order, part), the same on every rank."""
+        self.handle, self.part, self.start, self.length = handle, part, start, length
+        self.server, self.round, self.src = server, round, src
+        self.prio, self.seq = prio, seq
+        self.comp = comp     # compression pipeline of this partition (byteps.compression)
         self.wire = None     # its compressed frame, made once (resends reuse it)
-        self.order = 0       # position within its tensor (api: rotated per rank, incast)
+        self.order = order   # position within its tensor (api: rotated per rank, incast)
+        self.nbytes = src.nbytes if comp is None else comp.frame_bytes   # credit it takes
+        self.sent_at, self.acked, self.tries = 0.0, False, 0
 
     def __lt__(self, other: "Task") -> bool:
         # a total order (priority, submission, position in the tensor)
@@ -66,21 +75,28 @@ class Task:
 
 
 class Engine(CompressionMixin):
-    def __init__(self, cfg: Config, ctx: zmq.Context, link: SchedulerLink, book: dict):
+    """The worker's I/O thread.  ``servers``: one connection per server of the address book
+    (default: DEALER sockets to their addresses); with ``start=False`` the engine neither
+    greets the servers nor starts its thread, and a caller drives :meth:`take_pending`,
+    :meth:`dispatch`, :meth:`on_server` and :meth:`resend_overdue` itself (unit tests with
+    stand-in connections: tests/test_engine_unit.py)."""
+
+    def __init__(self, cfg: Config, ctx: zmq.Context | None, link: SchedulerLink, book: dict,
+                 servers: list | None = None, start: bool = True):
         self.cfg, self.ctx, self.link = cfg, ctx, link
         self.rank = book["rank"]
         self.size = book["size"]
         self.secret = link.secret
-        self.servers = []
         self.server_info = book["servers"]
-        ident = f"w{self.rank}/".encode() + secrets.token_hex(8).encode()   # unguessable, stable
-        for s in self.server_info:
-            self.servers.append(transport.connect(ctx, s["address"], ident))
+        if servers is None:
+            ident = f"w{self.rank}/".encode() + secrets.token_hex(8).encode()   # unguessable
+            servers = [transport.connect(ctx, s["address"], ident) for s in self.server_info]
+        self.servers = list(servers)
         self.server_index = {s: i for i, s in enumerate(self.servers)}
         self.heard = [0.0] * len(self.servers)    # last valid message from each server
         # robustness (docs/security.md): replay guard, dead-server watch, resends, drop knob
         self.server_seq = [-1] * len(self.servers)
-        self.server_watch = [transport.ConnWatch(s) for s in self.servers]
+        self.server_watch = [transport.ConnWatch(s) for s in self.servers] if start else []
         self.server_down: list = [None] * len(self.servers)
         self.held: list[dict] = [{} for _ in self.servers]    # server -> {key: tensor name}
         self.dropper = transport.Dropper(cfg.test_drop_rate, 104729 * link.node_id + 1)
@@ -116,9 +132,10 @@ class Engine(CompressionMixin):
         self.rounds = RoundLatency(len(self.servers))   # per-server histogram (metrics)
         self.probe = None     # autotune.Probe while the first steps are measured
         self.bytes: dict[str, list] = {}   # tensor -> [pushed raw, pushed wire, pulled raw/wire]
-        self.hello()
         self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
-        self.thread.start()
+        if start:
+            self.hello()
+            self.thread.start()
 
     # ---------------------------------------------------------------- set-up
     def hello(self) -> None:
@@ -333,8 +350,8 @@ class Engine(CompressionMixin):
                             f"worker rank {self.rank}: cannot compress tensor {tn.name!r} "
                             f"partition {t.part}: {exc}"))
                         continue
-                entries.append([tn.key, t.part, t.round, PUSH | PULL | COMP, tn.dtype_code,
-                                t.length])
+                entries.append(Entry(tn.key, t.part, t.round, PUSH | PULL | COMP,
+                                     tn.dtype_code, t.length))
                 payload.append(t.wire)
                 t.sent_at = now
                 continue
@@ -342,12 +359,13 @@ class Engine(CompressionMixin):
             seg = self.push_segment(t, server) if self.shm_ok[server] else None
             if seg is not None:
                 np.copyto(seg, t.src)
-                entries.append([tn.key, t.part, t.round,
-                                PUSH | PULL | SHM | getattr(tn, "wire_flags", 0),
-                                tn.dtype_code, t.length])
+                entries.append(Entry(tn.key, t.part, t.round,
+                                     PUSH | PULL | SHM | getattr(tn, "wire_flags", 0),
+                                     tn.dtype_code, t.length))
             else:
-                entries.append([tn.key, t.part, t.round, PUSH | PULL | getattr(tn, "wire_flags", 0),
-                                tn.dtype_code, t.length])
+                entries.append(Entry(tn.key, t.part, t.round,
+                                     PUSH | PULL | getattr(tn, "wire_flags", 0),
+                                     tn.dtype_code, t.length))
                 payload.append(t.src)
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
@@ -371,14 +389,15 @@ class Engine(CompressionMixin):
                 return None
         return seg.array(t.src.dtype, t.length)
 
-    def result_segment(self, server: int, e: list) -> np.ndarray:
-        k = (server, e[0], e[1], e[2] % 2)
+    def result_segment(self, server: int, e: Entry) -> np.ndarray:
+        k = (server, e.key, e.part, e.round % 2)
         arr = self.result_segs.get(k)
         if arr is None:
-            dt = DTYPES[e[4]]
+            dt = DTYPES[e.dtype]
             seg = shm.Segment(shm.result_path(self.cfg.job_id, self.server_info[server]["node_id"],
-                                              e[0], e[1], e[2] % 2), e[5] * dt.itemsize, False)
-            arr = self.result_segs[k] = seg.array(dt, e[5])
+                                              e.key, e.part, e.round % 2), e.length * dt.itemsize,
+                              False)
+            arr = self.result_segs[k] = seg.array(dt, e.length)
         return arr
 
     def on_server(self, sock) -> None:
@@ -397,11 +416,11 @@ class Engine(CompressionMixin):
             return self.drops.warn("result with wrong payload count", str(len(payload)))
         it = iter(payload)
         server = self.server_index[sock]
-        for e in entries:
-            self.declared.add((e[0], server))
-            if e[3] & ACK:
-                t = self.inflight.get((e[0], e[1]))
-                if t is not None and t.round == e[2] and not t.acked:
+        for e in map(Entry._make, entries):      # validated by decode: 6 integers
+            self.declared.add((e.key, server))
+            if e.flags & ACK:
+                t = self.inflight.get((e.key, e.part))
+                if t is not None and t.round == e.round and not t.acked:
                     t.acked = True
                     self.inflight_bytes -= t.nbytes
                     if self.probe is not None:
@@ -409,15 +428,16 @@ class Engine(CompressionMixin):
                     if self.timeline is not None:
                         self.timeline.acked(t, time.monotonic())
                 continue
-            frame = None if e[3] & SHM else next(it)
-            t = self.inflight.get((e[0], e[1]))
-            if t is None or t.round != e[2]:
+            frame = None if e.flags & SHM else next(it)
+            t = self.inflight.get((e.key, e.part))
+            if t is None or t.round != e.round:
                 continue          # duplicate or stale
             try:
-                if bool(e[3] & COMP) != (t.comp is not None):
-                    raise WireError(f"result {e} is {'' if e[3] & COMP else 'un'}compressed, "
+                if bool(e.flags & COMP) != (t.comp is not None):
+                    raise WireError(f"result {list(e)} is {'' if e.flags & COMP else 'un'}"
+                                    f"compressed, "
                                     f"the tensor is not")
-                if e[3] & COMP:
+                if e.flags & COMP:
                     arr = self.decompress(t, e, frame)
                 else:
                     arr = self.result_segment(server, e) if frame is None \
@@ -426,7 +446,7 @@ class Engine(CompressionMixin):
             except (WireError, OSError, ValueError) as exc:   # CompressionError is a ValueError
                 self.drops.warn("truncated or malformed result", str(exc))
                 continue
-            del self.inflight[(e[0], e[1])]
+            del self.inflight[(e.key, e.part)]
             if not t.acked:
                 self.inflight_bytes -= t.nbytes
                 if self.probe is not None:
@@ -543,9 +563,9 @@ class Engine(CompressionMixin):
         for server, ts in pulls.items():
             self.resends += len(ts)
             flags = PULL | (SHM if self.shm_ok[server] else 0)
-            entries = [[t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else
-                        flags | getattr(t.handle.tensor, "wire_flags", 0),
-                        t.handle.tensor.dtype_code, t.length] for t in ts]
+            entries = [Entry(t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else
+                             flags | getattr(t.handle.tensor, "wire_flags", 0),
+                             t.handle.tensor.dtype_code, t.length) for t in ts]
             for t in ts:
                 t.sent_at = now
             self.send(self.servers[server], Op.DATA, [entries, []])

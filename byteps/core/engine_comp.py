@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from byteps.common.errors import BytePSError
-from byteps.transport.wire import frame_bytes
+from byteps.transport.wire import Entry, frame_bytes
 
 COMP_LR: list = [None]    # the learning rate last given to api.set_compression_lr()
 
@@ -50,7 +50,7 @@ class CompressionMixin:
         self._span("compress", t, t0)
         return wire
 
-    def decompress(self, t, e: list, frame) -> np.ndarray:
+    def decompress(self, t, e: Entry, frame) -> np.ndarray:
         """The float32 result of a compressed RESULT entry (raises CompressionError before
         writing anything).  A float32 output is decoded in place (no temporary)."""
         t0 = time.monotonic()
@@ -58,7 +58,7 @@ class CompressionMixin:
         if out.dtype != np.float32:
             out = np.empty(t.length, np.float32)
         buf = frame_bytes(frame)
-        t.comp.decompress(buf, e[2], out)
+        t.comp.decompress(buf, e.round, out)
         self.count(t.handle.tensor.name, 0, 0, t.src.nbytes, buf.nbytes)
         self._span("decompress", t, t0)
         return out

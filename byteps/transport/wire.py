@@ -34,6 +34,8 @@ import hashlib
 import hmac
 import time
 
+from typing import NamedTuple
+
 import msgpack
 import numpy as np
 
@@ -91,6 +93,19 @@ DTYPE_NAMES = ", ".join(d.name for d in DTYPES)
 
 class WireError(ValueError):
     """A received message is malformed; it is dropped."""
+class Entry(NamedTuple):
+    """A data entry ``[key, part, round, flags, dtype, length]`` with named fields; msgpack
+    sends it as that list (``Entry._make(e)`` names the fields of one received and
+    validated by :func:`decode`)."""
+
+    key: int
+    part: int
+    round: int
+    flags: int       # PUSH, PULL, ACK, SHM, COMP, ASYNC
+    dtype: int       # index into DTYPES
+    length: int      # elements
+
+
 
 
 class VersionMismatch(WireError):

@@ -445,14 +445,8 @@ class LocalReducer:
         h = Handle(0, st, view, 1, op.average)
         nd = NetDone(self, op, k, j)
         nd.h, h.event = h, nd
-        task = Task()
-        task.prio, task.seq = op.prio, op.seq
-        task.handle, task.part, task.start, task.length = h, j, 0, b - a
-        task.server = (st.key + j) % self.nservers
-        task.round, task.src, task.nbytes = op.round, view, view.nbytes
-        task.comp = comp_pipeline(st, j, b - a)
-        if task.comp is not None:
-            task.nbytes = task.comp.frame_bytes
+        task = Task(h, j, 0, b - a, (st.key + j) % self.nservers, op.round, view, op.prio,
+                    op.seq, comp=comp_pipeline(st, j, b - a))
         if op.seg.C > 1:
             self.engine.submit([task])
         else:
