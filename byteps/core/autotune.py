@@ -13,9 +13,10 @@ every rank of a synchronous job; k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
 2. **Plan**: every rank adds its measurements into one small push_pull
    (``byteps.autotune.plan``); every rank pulls the same sums and runs the same pure
    function (:func:`plan`) on them: the credit window of each candidate (per server, its
-   bandwidth-delay product plus one partition, at least two partitions, summed over
-   servers) and up to two candidate partition sizes that the cost model
-   (:func:`predict`) ranks best.  No leader: equal inputs, equal decisions.
+   bandwidth-delay product plus one partition, summed over servers, at least two
+   partitions) and up to three alternatives: the initial size with that window, the
+   size the cost model (:func:`predict`) ranks best and one between the two.  No
+   leader: equal inputs, equal decisions.
 3. **Trials**: each candidate runs for k steps, switched in at a step boundary on
    every rank.  Tensors whose cut changes get a new key (:func:`layout_key`: the name's
    key with the partition size mixed in), so servers see a fresh, consistent
@@ -48,7 +49,7 @@ log = logging.getLogger("byteps.autotune")
 NAME = "byteps.autotune"
 # Candidate partition sizes (bytes); the initial one is always tried (trial 0).
 CANDIDATES = (256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20)
-TRIALS = 2              # candidates tried besides the initial setting
+TRIALS = 3              # settings tried besides the initial one
 # CPU cost of one partition's round trip (worker + server), seconds: a little above the
 # 81 us that benchmarks/scale_calibrate.py measured on a 2-core machine (docs/scaling.md).
 MSG_COST_S = 100e-6
@@ -138,9 +139,10 @@ def pack(probe_summary: list, steps: int, step_bytes: int) -> np.ndarray:
 
 
 def window(p: int, bw_s, rtt_s) -> int:
-    """Bytes in flight: per server its bandwidth-delay product plus one partition (at
-    least two partitions), summed over the servers."""
-    return int(sum(max(2 * p, b * r + p) for b, r in zip(bw_s, rtt_s)))
+    """Bytes in flight: per server its bandwidth-delay product plus one partition (the
+    round trip covered while a partition is on the wire), summed over the servers; at
+    least two partitions."""
+    return max(2 * p, int(sum(b * r + p for b, r in zip(bw_s, rtt_s))))
 
 
 def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
@@ -149,7 +151,9 @@ def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
     input gives the same plan on every rank.  None: nothing was measured.  Trial 0 is
     the initial setting (``initial`` bytes, ``credit0`` in flight, already measured);
     then the initial size with its bandwidth-delay window (when that differs by more
-    than a quarter), then the sizes the model ranks best, TRIALS alternatives in all."""
+    than a quarter), the size the model ranks best, the candidate nearest to the
+    geometric middle of that and the initial size (the model is rough: this brackets
+    it), then the model's next best, TRIALS alternatives in all."""
     ranks, steps, step_bytes = sums[0], sums[1], sums[2]
     per = sums[3:].reshape(nservers, 4)        # bytes, busy, rtt sum, ranks with an rtt
     if ranks <= 0 or steps <= 0 or per[:, 0].sum() <= 0:
@@ -171,6 +175,13 @@ def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
         pred = tuple((c, predict(c, mbytes, bw, nservers))
                      for c in sorted({c for c in CANDIDATES if c <= cap} | {p0}))
         ranked = [c for c, _ in sorted(pred, key=lambda r: (r[1], -r[0])) if c != p0]
+        if ranked:
+            mid = math.sqrt(ranked[0] * p0)
+            between = [c for c in ranked[1:] if min(ranked[0], p0) < c < max(ranked[0], p0)]
+            if between:
+                near = min(between, key=lambda c: abs(math.log(c / mid)))
+                ranked.remove(near)
+                ranked.insert(1, near)
         trials += [(c, credit(c)) for c in ranked]
     return Plan(tuple(trials[:TRIALS + 1]), bw, float(rtt_s.max()), mbytes, pred)
 
