@@ -170,3 +170,57 @@ def test_torch_decentralized_trains_digits(tmp_path):
     for name in ("shift_one", "lowp"):
         assert out[0][name]["acc"] > 0.8, out[0]
         assert len({out[r][name]["digest"] for r in range(3)}) == 1, name   # finish()
+
+
+def test_peer_messages_are_authenticated_and_validated():
+    """PeerNet without a job: forged, replayed, malformed and foreign frames are dropped;
+    a valid one arrives; a layout mismatch is an error naming the peer."""
+    import types
+
+    import zmq
+
+    from byteps.core import peers
+    from byteps.core.node import BytePSError
+    from byteps.transport.wire import Op, WireError, encode
+
+    cfg = types.SimpleNamespace(enable_peers=True, node_host="127.0.0.1", peer_port=0,
+                                max_msg_bytes=1 << 20, job_id="j", stall_warning_s=60,
+                                heartbeat_timeout=10, heartbeat_interval=1)
+    ctx = zmq.Context()
+    sock, addr = peers.listen(cfg, ctx)
+    net = peers.PeerNet(cfg, ctx, sock, addr, b"secret")
+    book = {"rank": 0, "workers": [{"rank": 0, "node_id": 5, "address": addr},
+                                   {"rank": 1, "node_id": 6, "address": "tcp://127.0.0.1:1"}]}
+    net.attach(book, 5, 3, lambda: None)
+    d = ctx.socket(zmq.DEALER)
+    d.connect(addr)
+    payload = np.arange(4, dtype=np.float32)
+    body = {"tag": 0, "slot": 0, "kind": 0, "nbytes": 16, "layout": 7}
+
+    def send(sender=6, epoch=3, seq=10, b=body, secret=b"secret", data=payload.tobytes()):
+        d.send_multipart(encode("j", sender, Op.PEER, epoch, seq, b, secret) + [data])
+    try:
+        send(secret=b"wrong", b=dict(body, tag=1))            # forged MAC
+        send(sender=9, b=dict(body, tag=2))                   # not a worker of the book
+        send(sender=5, b=dict(body, tag=3))                   # claims to be this rank
+        send(epoch=2, b=dict(body, tag=4))                    # stale epoch
+        send(b=dict(body, tag=5, nbytes=8))                   # payload size != header
+        send(b=dict(body, tag=6, extra=1))                    # unknown field
+        send(b=dict(body, tag=-1))                            # out of range
+        send(seq=11)                                          # valid: tag 0
+        send(seq=11, b=dict(body, tag=7))                     # replayed seq
+        got = net.recv(1, 0, 0, 0, 7, 16, "test")
+        assert np.frombuffer(got, np.float32).tolist() == payload.tolist()
+        time.sleep(0.2)
+        net._read()
+        assert net.inbox == {}, net.inbox                     # every bad one dropped
+        send(seq=12, b=dict(body, tag=8, layout=9))
+        with pytest.raises(BytePSError, match="rank 1.*layout"):
+            net.recv(1, 8, 0, 0, 7, 16, "test")
+        for bad in ({}, dict(body, kind=16), dict(body, tag="0"), dict(body, nbytes=True)):
+            with pytest.raises(WireError):
+                peers.check_body(bad)
+    finally:
+        d.close(0)
+        net.close()
+        ctx.term()
