@@ -30,6 +30,7 @@ import hashlib
 
 import numpy as np
 
+from byteps.compression import CompressionError
 from byteps.core import api
 from byteps.core.algorithms.base import Algorithm, average_now
 
@@ -223,7 +224,11 @@ class LowPrecisionDecentralized(_PeerAlgorithm):
         for r in self.nbrs:
             buf = self.net.recv(r, t, self.slot, KIND_INT8, self.layout,
                                 self.codec.frame_bytes, what)
-            self.codec.decompress(buf, t, self.dec)
+            try:
+                self.codec.decompress(buf, t, self.dec)
+            except CompressionError as exc:
+                raise api.BytePSError(f"worker rank {self.rank}: {what}: the frame of "
+                                      f"{self.net.describe(r)} is invalid: {exc}") from None
             self.hat[r] += self.dec
         mix = np.zeros_like(x)
         for r in self.nbrs:
