@@ -137,3 +137,16 @@ def test_help_and_the_launchers_defaults_are_the_tables():
     from byteps.transport import shm
     if os.path.isdir(variables.default("BYTEPS_SHM_DIR")):
         assert shm.shm_dir(None) == variables.default("BYTEPS_SHM_DIR")
+
+
+def test_no_default_is_written_outside_the_table():
+    """Reads that carry their own default (``e.int("BYTEPS_X", 4, ...)``,
+    ``os.environ.get("BYTEPS_X", "4")``) would be a second source of it."""
+    pattern = re.compile(r"""(?:\be\.(?:int|float|bool|str)|environ\.get|getenv)\(\s*["']"""
+                         r"""((?:BYTEPS|DMLC)_[A-Z0-9_]+)["']\s*,\s*(?!required)[^)\s]""")
+    found = [f"{path.relative_to(ROOT)}: {m.group(0)}... -> give {m.group(1)}'s default in "
+             f"byteps/common/variables.py and read it with e.get({m.group(1)!r}) (in Config) "
+             f"or variables.value({m.group(1)!r}, env)"
+             for path in sorted((ROOT / "byteps").rglob("*.py"))
+             for m in pattern.finditer(path.read_text())]
+    assert not found, "\n".join(found)

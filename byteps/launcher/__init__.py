@@ -208,7 +208,7 @@ def print_summaries(folder: str) -> None:
 
 
 def role_mode(args, cmd: list[str]) -> int:
-    role = os.environ.get("DMLC_ROLE", "worker")
+    role = variables.value("DMLC_ROLE")
     local = local_size_from_env(args.local_size) if role == "worker" else 1
     env0 = dict(os.environ, BYTEPS_LOCAL_RANK="0", BYTEPS_LOCAL_SIZE=str(local)) \
         if role == "worker" else dict(os.environ)
@@ -235,7 +235,7 @@ def role_mode(args, cmd: list[str]) -> int:
     status = tempfile.mkdtemp(prefix="bpslaunch-status-")
     job = Job(status_dir=status, in_cluster=True)
     workers = []
-    wid = os.environ.get("DMLC_WORKER_ID", "?")
+    wid = "?" if cfg.worker_id is None else cfg.worker_id
     try:
         for lr in range(local):
             env = dict(torchrun.apply(os.environ, cfg.worker_id, lr, local, cfg.num_worker),

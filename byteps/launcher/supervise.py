@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from byteps.common import variables
 from byteps.common.node import PEER_FAILED_EXIT
 
 # After the first process ended because of a failure elsewhere, wait this long for the
@@ -142,7 +143,7 @@ def _own_failure(code: int | None) -> bool:
 def _spare_servers(services: list[Proc]) -> list[Proc]:
     """The servers whose death the job survives: all of them with BYTEPS_SERVER_REPLICAS=1
     (bpslaunch's environment, passed to every child; one death at most)."""
-    if os.environ.get("BYTEPS_SERVER_REPLICAS", "0").strip() in ("", "0"):
+    if not variables.value("BYTEPS_SERVER_REPLICAS"):
         return []
     return [p for p in services if p.what.startswith("server")]
 

@@ -39,6 +39,7 @@ import numpy as np
 import zmq
 
 from byteps import transport
+from byteps.common import variables
 from byteps.common.node import describe
 from byteps.server.store import Round
 from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PULL, PUSH, Op, WireError,
@@ -376,7 +377,7 @@ class Replicator:
 
 def _crash_knob() -> tuple[int, int] | None:
     """BYTEPS_TEST_SERVER_CRASH=I:R -> (server index I, round R); tests only."""
-    raw = os.environ.get("BYTEPS_TEST_SERVER_CRASH", "")
+    raw = variables.value("BYTEPS_TEST_SERVER_CRASH") or ""
     try:
         i, r = (int(x) for x in raw.split(":"))
         return i, r
