@@ -224,3 +224,29 @@ def test_peer_messages_are_authenticated_and_validated():
         d.close(0)
         net.close()
         ctx.term()
+
+
+def test_decentralized_single_process_and_argument_errors():
+    """One process (no peers): the decentralized algorithms are no-ops; bad arguments
+    raise naming the choices."""
+    import byteps.numpy as bps
+    with pytest.raises(ValueError, match="shift_one"):
+        bps.algorithms.Decentralized(peer_selection="ring")
+    with pytest.raises(ValueError, match="communication_interval"):
+        bps.algorithms.Decentralized(communication_interval=0)
+    with pytest.raises(ValueError, match="gamma"):
+        bps.algorithms.LowPrecisionDecentralized(gamma=0)
+    bps.init()
+    try:
+        for alg in (bps.algorithms.Decentralized("shift_one"),
+                    bps.algorithms.LowPrecisionDecentralized()):
+            w = np.ones(3, np.float32)
+            opt = bps.DistributedOptimizer(lambda p, g: p["w"].__isub__(g["w"]), {"w": w},
+                                           algorithm=alg)
+            opt.step({"w": np.full(3, 0.5, np.float32)})
+            opt.finish()
+            assert w.tolist() == [0.5] * 3
+        with pytest.raises(TypeError, match="floating"):
+            bps.algorithms.Decentralized().init({"i": np.ones(2, np.int32)})
+    finally:
+        bps.shutdown()
