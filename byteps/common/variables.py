@@ -104,6 +104,13 @@ VARIABLES: tuple[Var, ...] = (
       lo=0.0, field="reinit_wait_s"),
     V("BYTEPS_RESTART_COUNT", "0", int, "restarts so far (--max-restarts sets it)", lo=0,
       hi=32767, field="restart_count", example="1", help=True),
+    V("BYTEPS_MIN_WORKERS", None, int, "elastic: the job goes on with this many workers (the "
+      "scheduler's; --min-workers sets it)", lo=1, example="2", shown="not elastic",
+      help=True),
+    V("BYTEPS_MAX_WORKERS", None, int, "elastic: most workers let in (--max-workers)", lo=1,
+      example="8", shown="unbounded"),
+    V("BYTEPS_ELASTIC_TIMEOUT", None, float, "elastic: seconds below BYTEPS_MIN_WORKERS "
+      "before the job ends", lo=0.5, example="60", shown="BYTEPS_STARTUP_TIMEOUT"),
     V("BYTEPS_HEARTBEAT_INTERVAL", "1", float, "seconds between heartbeats", lo=0.05,
       field="heartbeat_interval", help=True),
     V("BYTEPS_HEARTBEAT_TIMEOUT", "10", float, "silence that means dead", lo=0.2,

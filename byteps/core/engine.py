@@ -516,6 +516,9 @@ class Engine(CompressionMixin):
                     if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
                               f"{hdr.body.get('reason')}{held}")
+        elif hdr.op == Op.ELASTIC:        # membership change (byteps/core/elastic.py)
+            from byteps.core.elastic import on_message
+            on_message(self, hdr.body)
         elif hdr.op == Op.FAILOVER:
             self.failover.on_failover(hdr.body)
         elif hdr.op == Op.TERMINATE and hdr.body.get("ok") is not True:

@@ -104,6 +104,9 @@ def standalone(args, cmd: list[str]) -> int:
                 BYTEPS_JOB_SECRET=base.get("BYTEPS_JOB_SECRET") or secrets.token_hex(16),
                 BYTEPS_FORCE_DISTRIBUTED="1")
     base.pop("DMLC_NODE_HOST", None)
+    if getattr(args, "elastic", False):
+        from byteps.launcher import elastic
+        base.update(elastic.env(args))
 
     def worker_env(h: int, lr: int) -> dict:
         return dict(torchrun.apply(base, h, lr, local, hosts), DMLC_ROLE="worker",
@@ -174,6 +177,17 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
         if kind:
             live = liveview.LiveView(summaries, len(workers), kind, every)
             job.on_tick = live.tick
+        if getattr(args, "elastic", False):    # workers may leave and join (elastic.py)
+            from byteps.launcher import elastic
+
+            def start_worker():
+                h = len(workers)
+                env = dict(worker_env(0, 0), BYTEPS_EMULATED_HOST=f"host{h}",
+                           **{k: base[k] for k in passed})
+                env.pop("DMLC_WORKER_ID")
+                return job.start(f"worker (host host{h}, joined later)", cmd, env,
+                                 tag=f"worker host{h}" if tag else pipe)
+            return elastic.supervise(job, args, workers, services, start_worker), job
         return job.supervise(workers, services), job
     except LaunchError as exc:          # checked above; a race (the file went away) lands here
         job.terminate(grace=1.0)
@@ -318,8 +332,9 @@ def parser() -> argparse.ArgumentParser:
                     help="standalone: start the whole job again after a failure, up to N "
                          "times (same job secret, new membership epoch; the script resumes "
                          "from its own checkpoint, see docs/fault_tolerance.md)")
-    from byteps.launcher import ssh
+    from byteps.launcher import elastic, ssh
     ssh.add_arguments(ap)
+    elastic.add_arguments(ap)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return ap
 
@@ -369,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                  "processes must restart together: use the cluster manager's restarts (a "
                  "Kubernetes Job's backoffLimit, Slurm's --requeue) with BYTEPS_RESTART_COUNT "
                  "set to the attempt number")
+    from byteps.launcher import elastic
+    elastic.check(args, ap)                 # --min-workers: an elastic standalone job
     if args.standalone:
         if not cmd:
             ap.error("--standalone needs a command to run")

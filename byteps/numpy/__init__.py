@@ -72,3 +72,7 @@ def broadcast(array, root_rank: int, name: str | None = None) -> np.ndarray:
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
 
 __all__ = list(__all__) + ["get_pushpull_speed"]
+
+from byteps.numpy import elastic  # noqa: E402  (bps.elastic.run, NumpyState, ObjectState)
+
+__all__ = list(__all__) + ["elastic"]

@@ -25,6 +25,7 @@ from byteps.common.config import scheduler_listen_host as _bind_host
 from byteps.common.metrics import serve_scheduler
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                                 require_secret)
+from byteps.scheduler import membership
 from byteps.scheduler.failover import Failover
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
@@ -73,6 +74,7 @@ class Scheduler:
         self.gone: dict[bytes, str] = {}      # worker that left (shutdown()/exit 0) -> why
         self.members_id = 0
         self.join_reset: tuple | None = None  # (MEMBERS id, servers yet to confirm, last rank)
+        self.elastic = membership.from_config(self)   # BYTEPS_MIN_WORKERS: elastic membership
         self.failover = Failover(self)        # BYTEPS_SERVER_REPLICAS: a server's death survived
 
     # ---------------------------------------------------------------- sending
@@ -152,6 +154,8 @@ class Scheduler:
             if key in self.seen_registrations:
                 return self.drops.warn("replayed registration", repr(key)[:200])
             self.seen_registrations.add(key)
+            if fd >= 0 and self.elastic is not None and self.formed:
+                self.fds[fd] = ident     # a worker waiting to join may die (membership.py)
             try:
                 self.register(ident, hdr.body, hdr.seq)
             except (WireError, TypeError) as exc:
@@ -180,6 +184,8 @@ class Scheduler:
             early = self.early_rejoin.pop(ident, None)
             if early is not None:
                 self.register_again(*early)
+            elif self.elastic is not None and self.elastic.on_leave(ident):
+                pass                   # leaves to re-form the group (membership.py)
             elif ident in self.workers:
                 self.worker_gone(ident, node, "left the job (called shutdown())")
         elif hdr.op == Op.JOIN and ident in self.workers:
@@ -240,6 +246,8 @@ class Scheduler:
                                    f"too many: DMLC_NUM_SERVER={self.cfg.num_server} already "
                                    f"registered")
             self.servers[ident] = info
+        elif self.formed and self.elastic is not None:
+            return self.elastic.register(ident, info)
         elif self.formed:
             return self.register_again(ident, info)
         else:
@@ -326,7 +334,8 @@ class Scheduler:
                 "workers": sorted(({**{k: w[k] for k in pub}, "role": "worker",
                                     "address": w.get("address")}     # peers (decentralized)
                                    for w in self.workers.values()), key=lambda w: w["rank"]),
-                "size": len(self.workers), "epoch": self.epoch, **_pushers(self.workers)}
+                "size": len(self.workers), "epoch": self.epoch, **_pushers(self.workers),
+                **({"elastic_gen": self.elastic.formed_gen} if self.elastic else {})}
 
     def send_books(self, idents) -> None:
         book = self.book()
@@ -479,6 +488,8 @@ class Scheduler:
             return
         if dead and self.failover.survive(dead, reason):
             return
+        if dead is not None and self.elastic is not None and self.elastic.on_lost(dead, reason):
+            return                     # the group re-forms without it (membership.py)
         log.error("ending the job: %s", reason)
         body = {"ok": False, "reason": reason}
         if dead:
@@ -510,8 +521,11 @@ class Scheduler:
             self.fail(f"re-initialisation: {len(self.rejoin)} of {len(self.workers)} workers "
                       f"called init() again after {self.cfg.startup_timeout:g} s")
             return
+        if self.elastic is not None:
+            self.elastic.tick(now)
         gone = [w for w in self.workers if w in self.exited or w in self.left]
-        if len(gone) == len(self.workers) and not self.rejoin and not self.early_rejoin:
+        if len(gone) == len(self.workers) and not self.rejoin and not self.early_rejoin \
+                and not (self.elastic is not None and self.elastic.pending):
             # every worker called shutdown() (or exited) and none has called init() again:
             # like the original, shutdown() ends the job (its tests start a new scheduler and
             # servers for the next init() and wait for these to exit); a re-init that comes
@@ -549,6 +563,8 @@ class Scheduler:
             if kind != "down":
                 continue
             ident = self.fds.pop(fd, None)
+            if ident is not None and self.elastic is not None:
+                self.elastic.on_down(ident)
             n = self.servers.get(ident) or self.workers.get(ident) if ident else None
             if n is not None and ident not in self.exited and ident not in self.left:
                 log.info("connection of %s closed", describe(n))

@@ -53,9 +53,9 @@ __all__ = [
 
 
 def __getattr__(name):
-    if name == "parallel":
+    if name in ("parallel", "elastic"):        # bps.elastic.run, bps.elastic.TorchState
         import importlib
-        return importlib.import_module("byteps.torch.parallel")
+        return importlib.import_module(f"byteps.torch.{name}")
     raise AttributeError(f"module 'byteps.torch' has no attribute {name!r}")
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)

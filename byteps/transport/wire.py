@@ -70,6 +70,8 @@ class Op(enum.IntEnum):
     REPLICA_OK = 41     # backup -> server: [entries, []] (what it stored; no payload)
     FAILOVER = 42       # scheduler -> all: a server died, its backup owns its keys (dead, reason)
     PEER = 26           # worker -> worker: decentralized algorithms (byteps/core/peers.py)
+    ELASTIC = 30        # scheduler -> worker: membership change (gen, removed, reason);
+                        # body checked by elastic_body (docs/fault_tolerance.md)
 
 
 # entry flags
@@ -265,6 +267,24 @@ def _comp_shape(c) -> bool:
         isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and len(p[0]) <= 32
         and (p[1] is None or isinstance(p[1], (bool, int, float))
              or (isinstance(p[1], str) and len(p[1]) <= 32)) for p in c)
+
+
+def elastic_body(body: dict) -> tuple[int, bool, str]:
+    """Validate an ELASTIC body ``{gen, removed, reason}``: (gen, removed, reason).
+
+    ``gen`` counts the membership changes the scheduler announced (0 < gen < 2**31),
+    ``removed`` is true when a worker was lost (pending rounds cannot complete), and
+    ``reason`` names the change (at most 4000 characters).  Raises WireError."""
+    if not isinstance(body, dict) or set(body) != {"gen", "removed", "reason"}:
+        raise WireError("ELASTIC body must be {gen, removed, reason}")
+    gen, removed, reason = body["gen"], body["removed"], body["reason"]
+    if not (_is_int(gen) and 0 < gen < 1 << 31):
+        raise WireError(f"ELASTIC gen {gen!r} must be an int in 1..2**31-1")
+    if type(removed) is not bool:
+        raise WireError(f"ELASTIC removed {removed!r} must be a bool")
+    if not isinstance(reason, str) or len(reason) > 4000:
+        raise WireError("ELASTIC reason must be a string of at most 4000 characters")
+    return gen, removed, reason
 
 
 def payload_count(entries: list, op: int) -> int:

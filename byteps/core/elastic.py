@@ -1,0 +1,175 @@
+"""Elastic training on the worker side, framework-free (Horovod elastic's user model).
+
+    @bps.elastic.run
+    def train(state):
+        for state.batch in range(state.batch, steps):
+            ...one step...
+            if state.batch % 5 == 0:
+                state.commit()          # a copy to go back to; new workers are let in here
+
+    state = bps.elastic.TorchState(model, optimizer, batch=0)     # NumpyState, ObjectState
+    train(state)
+
+The scheduler (byteps/scheduler/membership.py) announces membership changes with
+``ELASTIC``.  A lost worker makes every pending operation of this epoch fail at once
+with :class:`WorkersChanged` (Horovod's ``HorovodInternalError``): :func:`run` restores
+the last commit, re-forms the group (:func:`reset`: leave, register again, new epoch,
+new dense ranks) and syncs the state from rank 0.  A worker that asks to join is let in
+at the next ``state.commit()``: every member agrees on it there (a max over the members)
+and raises :class:`HostsUpdatedInterrupt` at the same step; nothing is restored.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+
+from byteps.common.node import BytePSError
+from byteps.transport.wire import REDUCE_OPS, WireError, elastic_body
+
+log = logging.getLogger("byteps.worker")
+
+__all__ = ["run", "reset", "WorkersChanged", "HostsUpdatedInterrupt", "check_host_updates",
+           "membership_changed"]
+
+
+class WorkersChanged(BytePSError):
+    """A worker of this epoch was lost: this epoch's pending operations cannot complete
+    (Horovod's ``HorovodInternalError``).  :func:`run` restores the last commit and goes on."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by ``state.commit()`` on every rank at the same step when workers ask to join
+    (Horovod's name).  ``skip_sync``: no state needs to be broadcast afterwards."""
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("the job's workers changed: re-forming the group at this commit")
+        self.skip_sync = skip_sync
+
+
+# ---------------------------------------------------------------------- engine side
+def on_message(engine, body) -> None:
+    """``ELASTIC`` from the scheduler (engine thread): note the change; a lost worker
+    fails every pending operation and every later one until :func:`reset`."""
+    try:
+        gen, removed, reason = elastic_body(body)
+    except WireError as exc:
+        return engine.drops.warn("bad ELASTIC message", str(exc))
+    engine.elastic_gen = max(getattr(engine, "elastic_gen", 0), gen)
+    log.info("worker rank %d: membership change %d: %s", engine.rank, gen, reason)
+    if removed and not getattr(engine, "elastic_resetting", False):
+        interrupt(engine, WorkersChanged(
+            f"worker rank {engine.rank}: the job's membership changed ({reason}); the "
+            f"operations of this epoch cannot complete: with bps.elastic.run the last commit "
+            f"is restored and training goes on in a re-formed group"))
+
+
+def interrupt(engine, err: WorkersChanged) -> None:
+    """Fail every queued and in-flight operation, barrier and join() with ``err``, and every
+    later submission, without ending the process (unlike a job failure)."""
+    with engine.lock:
+        engine.fatal = err
+        tasks = list(engine.inflight.values()) + engine.heap + list(engine.pending)
+        engine.pending.clear()
+    engine.heap.clear()
+    engine.inflight.clear()
+    engine.inflight_bytes = 0
+    for t in tasks:
+        engine.fail_handle(t.handle, err)
+    for ev in list(engine.barriers.values()):
+        ev.set()
+    if engine.join_event is not None:
+        engine.join_event.set()
+
+
+# ---------------------------------------------------------------------- user side
+def _state():
+    from byteps.core import api
+    return api._STATE
+
+
+def membership_changed() -> bool:
+    """True when a lost worker interrupted this epoch (the next call to :func:`reset`
+    re-forms the group)."""
+    st = _state()
+    return st is not None and st.engine is not None and isinstance(st.engine.fatal,
+                                                                    WorkersChanged)
+
+
+def _formed_gen(st) -> int:
+    gen = st.book.get("elastic_gen", 0)
+    if type(gen) is not int or not 0 <= gen < 1 << 31:
+        raise BytePSError(f"worker rank {st.rank}: malformed elastic_gen {gen!r} in the "
+                          f"address book")
+    return gen
+
+
+def check_host_updates(name: str = "elastic.host_updates") -> None:
+    """Raise :class:`HostsUpdatedInterrupt` on every rank at once when a worker asked to
+    join: the highest change any member heard of (a max over the members) is compared
+    with the one this group was formed at.  A collective: every rank calls it at the same
+    step (``state.commit()`` does)."""
+    from byteps.core import api
+    st = api._state()
+    if st.engine is None:
+        return
+    formed = _formed_gen(st)
+    seen = max(formed, getattr(st.engine, "elastic_gen", 0))
+    agreed = api.synchronize(api.push_pull_async(np.array([seen], np.int64), name,
+                                                 average=False, op=REDUCE_OPS.index("max")))
+    if int(agreed[0]) > formed:
+        log.info("worker rank %d: workers asked to join (change %d): re-forming at this "
+                 "commit", st.rank, int(agreed[0]))
+        raise HostsUpdatedInterrupt(skip_sync=False)
+
+
+def reset() -> None:
+    """Leave the current group and register again: returns in the re-formed group (new
+    epoch, new rank and size; every tensor's rounds start again)."""
+    from byteps.core import api
+    st = _state()
+    if st is not None and st.engine is not None:
+        eng = st.engine
+        eng.elastic_resetting = True        # later ELASTIC messages only update the count
+        with eng.lock:
+            if isinstance(eng.fatal, WorkersChanged):
+                eng.fatal = None            # lets the engine stop (and send LEAVE) cleanly
+        old = st.rank
+    else:
+        old = None
+    api.shutdown()
+    api.init()
+    log.info("elastic: worker rank %s is rank %d of %d in the re-formed group", old,
+             api.rank(), api.size())
+
+
+def run(func):
+    """Decorator: run ``func(state, ...)`` and keep it running across membership changes
+    (Horovod's ``hvd.elastic.run``).
+
+    Before the first call and after every change the state is synced from rank 0.  A lost
+    worker (:class:`WorkersChanged`, or any error raised once a lost worker interrupted
+    the epoch) restores the last commit; workers asking to join
+    (:class:`HostsUpdatedInterrupt`) keep the state as it is.  Then the group re-forms
+    (:func:`reset`) and the reset callbacks run (``state.register_reset_callbacks``).
+    """
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt as exc:
+                skip_sync = exc.skip_sync
+            except Exception as exc:        # a framework may wrap the BytePSError
+                if not (isinstance(exc, WorkersChanged) or membership_changed()):
+                    raise
+                log.warning("%s", exc)
+                state.restore()
+                skip_sync = False
+            reset()
+            state.on_reset()
+    return wrapper

@@ -1,0 +1,195 @@
+"""Issue 14, elastic workers: workers leave (SIGKILL) and join (a new process) a running job.
+
+The scheduler's membership logic first, on a real Scheduler object without processes
+(epochs, dense ranks, node ids, refusals, the minimum); then real jobs under
+``bpslaunch --min-workers`` with a hard timeout: numpy (the result equals a
+single-process run of the same steps) and the digits MLP with PyTorch (accuracy within 2
+points of an undisturbed run, identical parameters on every rank).
+"""
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import SCRIPTS, assert_ok, job_env, read_results, run_job
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# ---------------------------------------------------------------------- membership logic
+def _scheduler(monkeypatch, workers=3, **env):
+    from byteps.common.config import Config
+    from byteps.launcher import free_port
+    from byteps.scheduler import Scheduler
+    monkeypatch.setenv("BYTEPS_MIN_WORKERS", str(env.pop("min", 2)))
+    monkeypatch.setenv("BYTEPS_MAX_WORKERS", str(env.pop("max", 4)))
+    monkeypatch.setenv("BYTEPS_ELASTIC_TIMEOUT", "1")
+    cfg = Config.from_env({"DMLC_ROLE": "scheduler", "DMLC_NUM_WORKER": str(workers),
+                           "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+                           "DMLC_PS_ROOT_PORT": str(free_port()), "BYTEPS_AUTH_DISABLE": "1"},
+                          role="scheduler", warn_unknown=False)
+    s = Scheduler(cfg)
+    s.sent = []
+    s.send = lambda ident, op, body, job_id=None: s.sent.append((ident, op, body))
+    return s
+
+
+def _close(s):
+    s.watch.close()
+    s.sock.close(0)
+    s.ctx.destroy(linger=0)
+
+
+def _reg(s, ident, role, host, pid, **kw):
+    body = {"role": role, "host": "127.0.0.1", "host_id": host, "pid": pid, "hostname": "h",
+            "machine": "m", "num_worker": s.cfg.num_worker, "num_server": 1, "local_rank": 0,
+            "local_size": 1, "worker_id": -1, "address": "tcp://127.0.0.1:1" if role ==
+            "server" else None, "local_reduce": "off", **kw}
+    s.register(ident, body)
+
+
+def _books(s):
+    from byteps.transport.wire import Op
+    return {i: b for i, op, b in s.sent if op == Op.REGISTER_OK}
+
+
+def test_scheduler_reforms_with_dense_ranks_and_a_new_epoch(monkeypatch):
+    from byteps.transport.wire import Op, elastic_body
+    s = _scheduler(monkeypatch)
+    try:
+        _reg(s, b"srv", "server", "s0", 10)
+        for i in range(3):
+            _reg(s, b"w%d" % i, "worker", f"host{i}", 100 + i)
+        assert s.formed and s.epoch == 1
+        ranks = {i: s.workers[i]["rank"] for i in s.workers}
+        assert ranks == {b"w0": 0, b"w1": 1, b"w2": 2}
+        s.sent.clear()
+        # rank 1 dies: the others are told (removed), the job does not end
+        s.fail("worker rank 1 died", dead=dict(s.workers[b"w1"], role="worker"))
+        assert s.exit_code is None and s.linger_reason is None
+        told = {i: elastic_body(b) for i, op, b in s.sent if op == Op.ELASTIC}
+        assert set(told) == {b"w0", b"w2"} and all(t[:2] == (1, True) for t in told.values())
+        assert s.elastic.pending
+        # the survivors leave and register again (new connections): one group, epoch 2
+        s.sent.clear()
+        _reg(s, b"w0b", "worker", "host0", 100)
+        assert not _books(s)                    # rank 2 has not re-registered yet
+        _reg(s, b"w2b", "worker", "host2", 102)
+        books = _books(s)
+        assert set(books) == {b"srv", b"w0b", b"w2b"} and s.epoch == 2
+        assert (books[b"w0b"]["rank"], books[b"w2b"]["rank"]) == (0, 1)       # dense
+        assert books[b"srv"]["size"] == 2 and books[b"srv"]["pushers"] == [0, 1]
+        old_ids = {2, 3, 4}
+        assert not {b["node_id"] for b in books.values() if b["rank"] >= 0} & old_ids
+        assert books[b"w0b"]["elastic_gen"] == 1 and not s.elastic.pending
+        # a new worker asks to join: the members hear of it; it waits for their commit
+        s.sent.clear()
+        _reg(s, b"new", "worker", "host7", 200)
+        told = [elastic_body(b) for i, op, b in s.sent if op == Op.ELASTIC]
+        assert told == [(2, False, "a worker at host host7 (pid 200) joins the job")] * 2
+        assert not _books(s)
+        _reg(s, b"w0c", "worker", "host0", 100)
+        _reg(s, b"w2c", "worker", "host2", 102)
+        books = _books(s)
+        assert {i: b["rank"] for i, b in books.items() if b["rank"] >= 0} == \
+            {b"w0c": 0, b"w2c": 1, b"new": 2} and s.epoch == 3 and books[b"new"]["size"] == 3
+        # --max-workers 4: a fifth worker is refused with the reason
+        _reg(s, b"x1", "worker", "host8", 300)
+        s.sent.clear()
+        _reg(s, b"x2", "worker", "host9", 301)
+        refused = [b["reason"] for i, op, b in s.sent if op == Op.REFUSED]
+        assert refused and "--max-workers 4" in refused[0]
+    finally:
+        _close(s)
+
+
+def test_scheduler_ends_the_job_below_min_workers(monkeypatch):
+    s = _scheduler(monkeypatch, workers=2, min=2)
+    try:
+        _reg(s, b"srv", "server", "s0", 10)
+        _reg(s, b"w0", "worker", "host0", 100)
+        _reg(s, b"w1", "worker", "host1", 101)
+        s.fail("worker rank 1 died", dead=dict(s.workers[b"w1"], role="worker"))
+        assert s.exit_code is None
+        _reg(s, b"w0b", "worker", "host0", 100)     # one worker left: below the minimum
+        assert s.epoch == 1
+        s.elastic.tick(time.monotonic() + 2)        # BYTEPS_ELASTIC_TIMEOUT=1
+        assert s.exit_code == 1 and s.elastic.short_since is not None
+    finally:
+        _close(s)
+
+
+def test_elastic_wire_body_is_validated():
+    from byteps.transport.wire import WireError, elastic_body
+    assert elastic_body({"gen": 3, "removed": True, "reason": "x"}) == (3, True, "x")
+    for bad in ({"gen": 0, "removed": True, "reason": ""}, {"gen": 1, "removed": 1,
+                                                               "reason": ""},
+                {"gen": 1, "removed": False}, {"gen": 1, "removed": False, "reason": "x" * 5000},
+                {"gen": True, "removed": False, "reason": ""},
+                {"gen": 1, "removed": False, "reason": "", "extra": 1}):
+        with pytest.raises(WireError):
+            elastic_body(bad)
+
+
+def test_elastic_options_are_checked():
+    import subprocess
+    from conftest import BPSLAUNCH
+    r = subprocess.run(BPSLAUNCH + ["-np", "3", "--min-workers", "4", "true"], env=job_env(),
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "--num-workers 3 must lie between --min-workers 4" in r.stderr
+
+
+# ---------------------------------------------------------------------- real jobs
+def _elastic_job(tmp_path, script, steps, kill, add, timeout):
+    (tmp_path / "hosts").write_text("localhost:4\n")
+    return run_job([sys.executable, str(SCRIPTS / script), str(tmp_path), str(steps), str(kill),
+                    str(add)], workers=4, servers=1, timeout=timeout,
+                   launcher_args=("--min-workers", "2", "--max-workers", "4",
+                                  "--host-discovery-script", f"cat {tmp_path / 'hosts'}"),
+                   BYTEPS_ENABLE_IPC=0, BYTEPS_HEARTBEAT_INTERVAL=0.2)
+
+
+def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
+    res = _elastic_job(tmp_path, "elastic_numpy.py", 60, 20, 40, timeout=100)
+    assert_ok(res)
+    assert "ended with signal SIGKILL; the elastic job goes on with 3 worker(s)" in res.stderr
+    assert "started worker (host host4, joined later)" in res.stderr
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3], res.stderr[-3000:]
+    # the survivors went back to the commit of step 20 with 3 ranks, and let the new
+    # worker in at the commit of step 45 (ranks stay dense: it is rank 3 of 4)
+    for r in (0, 1, 2):
+        assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], out[r]["resets"]
+    assert out[3]["resets"] == [] and out[3]["size"] == 4
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((96, 40)).astype(np.float32)
+    y = X @ rng.standard_normal(40).astype(np.float32)
+    w = np.zeros(40, np.float32)
+    for _ in range(60):
+        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
+    got = [np.array(out[r]["w"], np.float32) for r in range(4)]
+    for g in got:
+        assert np.array_equal(g, got[0])                 # identical on every rank
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)   # the 60 steps, once each
+
+
+def test_torch_digits_worker_killed_at_20_and_added_at_40(tmp_path):
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    import subprocess
+    r = subprocess.run([sys.executable, str(SCRIPTS / "elastic_torch.py"), str(ref_dir), "100",
+                        "-1", "-1"], env=job_env(), capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = json.loads((ref_dir / "rank0.json").read_text())
+    res = _elastic_job(tmp_path, "elastic_torch.py", 100, 20, 40, timeout=150)
+    assert_ok(res)
+    assert "ended with signal SIGKILL; the elastic job goes on with 3 worker(s)" in res.stderr
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3], res.stderr[-3000:]
+    assert len({o["digest"] for o in out.values()}) == 1, out      # identical parameters
+    for r in (0, 1, 2):
+        assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], out[r]["resets"]
+    assert abs(out[0]["acc"] - ref["acc"]) <= 0.02, (out[0]["acc"], ref["acc"])
+    assert out[0]["acc"] > 0.9
