@@ -10,7 +10,8 @@ every rank of a synchronous job; k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
    records, per server, the bytes pushed, the time that server had pushes in flight
    (its bandwidth) and the acknowledgement latency less the bytes queued ahead (its
    round-trip time); each step's wall time is recorded too.
-2. **Plan**: every rank adds its measurements into one small push_pull
+2. **Plan** (at the boundary after step k): every rank adds its measurements into one
+   small push_pull
    (``byteps.autotune.plan``); every rank pulls the same sums and runs the same pure
    function (:func:`plan`) on them: the credit window of each candidate (per server, its
    bandwidth-delay product plus one partition, summed over servers, at least two
@@ -22,9 +23,11 @@ every rank of a synchronous job; k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
    key with the partition size mixed in), so servers see a fresh, consistent
    declaration, never a resized slot; a tensor going back to an earlier size continues
    that key's rounds.
-4. **Choose**: the ranks add their median step time per trial
-   (``byteps.autotune.choice``) and take the fastest; the initial setting stays unless
-   another is at least 5 % faster.  The choice is applied at the next boundary.
+4. **Choose** (at the boundary after the last trial): the ranks add their median step
+   time per trial (``byteps.autotune.choice``) and take the fastest; the initial setting
+   stays unless another is at least 5 % faster.  Each exchange completes at the
+   boundary where it starts (a few hundred bytes), and what it decides applies from
+   that boundary on, on every rank.
 
 Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` in the path is
 replaced by the rank); the choice is logged at INFO.  Partitions are not tuned under local
@@ -207,7 +210,7 @@ def layout_key(base_key: int, partition_bytes: int, initial: int) -> int:
 
 class Tuner:
     """One worker's autotune state machine (created by ``byteps.core.api.init``):
-    wait -> measure -> plan -> trial -> choose -> verify -> done."""
+    wait -> measure -> trial (one per planned setting) -> verify -> done."""
 
     def __init__(self, cfg, rank: int, nservers: int, engine, tune_partitions: bool):
         self.cfg, self.rank, self.nservers, self.engine = cfg, rank, nservers, engine
@@ -220,7 +223,6 @@ class Tuner:
         self.saved: dict = {}            # (name, key) -> next round, for a key left behind
         self.step = 0
         self.state = "wait"
-        self.handle = None
         self.step_bytes = 0
         self.start = 0                   # first step of the current trial
         self.t_step = time.monotonic()
@@ -241,7 +243,7 @@ class Tuner:
 
     def at_step(self, n: int, exchange) -> None:
         """The step counter moved to ``n`` (called outside any lock).  ``exchange(arr,
-        name)`` starts a push_pull and returns its handle; ``exchange(handle)`` waits."""
+        name)`` sums ``arr`` over the ranks (a push_pull; every rank is at this boundary)."""
         if n == self.step:
             return
         self.step, now = n, time.monotonic()
@@ -258,10 +260,8 @@ class Tuner:
         if st == "measure" and n - self.start >= self.k:
             self.engine.probe = None
             summ = self.probe.summary(now)
-            self.handle = exchange(pack(summ, n - self.start, self.step_bytes), NAME + ".plan")
-            self.state = "plan"
-        elif st == "plan":
-            self.make_plan(exchange(self.handle), n)
+            self.make_plan(exchange(pack(summ, n - self.start, self.step_bytes),
+                                    NAME + ".plan"), n)
         elif st == "trial" and n - self.start >= self.k:
             if self.trial + 1 < len(self.plan.trials):
                 self.trial += 1
@@ -271,10 +271,7 @@ class Tuner:
             else:
                 scores = np.array([statistics.median(t) if t else math.inf
                                    for t in self.times], np.float64)
-                self.handle = exchange(scores, NAME + ".choice")
-                self.state = "choose"
-        elif st == "choose":
-            self.choose(np.asarray(exchange(self.handle), np.float64), n)
+                self.choose(np.asarray(exchange(scores, NAME + ".choice"), np.float64), n)
         elif st == "verify" and n - self.start >= self.k:
             self.state = "done"
             self.write()
@@ -300,6 +297,7 @@ class Tuner:
         self.trial, self.start, self.state = 1, n, "trial"
         self.times.append([])
         self.set(n, *p.trials[1])
+        self.write()
 
     def choose(self, scores: np.ndarray, n: int) -> None:
         self.finish(self.plan.trials[pick(scores)], n, list(scores))
@@ -373,11 +371,21 @@ def boundary(st) -> None:
         st.cfg = tu.engine.cfg
 
 
-def _exchange(st, x, name):
+def _exchange(st, x: np.ndarray, name: str) -> np.ndarray:
+    """One of autotune's own push_pulls (a sum over the ranks), kept out of the user's
+    telemetry: the timeline, the push_pull count and the per-tensor byte table."""
     from byteps.core import api
-    if isinstance(x, np.ndarray):
-        return api.push_pull_async(x, name, average=False, priority=1 << 30)
-    return api.synchronize(x)
+    eng = st.engine
+    hid = api.push_pull_async(x, name, average=False, priority=1 << 30)
+    if eng.timeline is not None:
+        eng.timeline.ops.pop(hid, None)     # (long before its result can arrive)
+    nbytes = x.nbytes
+    out = api.synchronize(hid)
+    with eng.speed.lock:
+        eng.speed.total_ops -= 1
+        eng.speed.total_bytes -= nbytes
+    eng.bytes.pop(name, None)
+    return out
 
 
 def relayout(st, t, nbytes: int) -> None:
