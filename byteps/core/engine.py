@@ -22,10 +22,12 @@ import zmq
 from byteps import transport
 from byteps.common.config import Config
 from byteps.core.engine_comp import COMP_LR, CompressionMixin, comp_pipeline  # noqa: F401
+from byteps.core.engine_servers import ServersMixin
 from byteps.core.failover import WorkerFailover
 from byteps.common.metrics import RoundLatency
 from byteps.common.node import (BytePSError, SchedulerLink, describe, end_process_later,
                                 held_tensors)
+from byteps.core.tasks import Handle, Task  # noqa: F401 (re-exported: api, local, tests)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
 from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Entry, Op, WireError,
@@ -36,45 +38,7 @@ MAX_FUSED_ENTRIES = 256
 MAX_FUSED_BYTES = 4 << 20
 
 
-class Handle:
-    """An asynchronous push_pull; done when every partition has come back."""
-    __slots__ = ("id", "tensor", "out", "remaining", "average", "error", "event", "t0",
-                 "flat_out")
-
-    def __init__(self, hid: int, tensor, out: np.ndarray, nparts: int, average: bool):
-        self.id, self.tensor, self.out = hid, tensor, out
-        self.flat_out = out.reshape(-1)
-        self.remaining, self.average = nparts, average
-        self.error: BytePSError | None = None
-        self.event = threading.Event()
-        self.t0 = time.monotonic()
-
-
-class Task:
-    __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
-                 "nbytes", "sent_at", "acked", "tries", "comp", "wire", "order")
-
-    def __init__(self, handle: Handle, part: int, start: int, length: int, server: int,
-                 round: int, src: np.ndarray, prio: int, seq: int, order: int = 0, comp=None):
-        """Partition ``part`` of ``handle``'s tensor: its elements ``[start, start + length)``
-        (``src``), round ``round``, for server index ``server``; the heap takes tasks by
-        (prio, seq, order, part), the same on every rank."""
-        self.handle, self.part, self.start, self.length = handle, part, start, length
-        self.server, self.round, self.src = server, round, src
-        self.prio, self.seq = prio, seq
-        self.comp = comp     # compression pipeline of this partition (byteps.compression)
-        self.wire = None     # its compressed frame, made once (resends reuse it)
-        self.order = order   # position within its tensor (api: rotated per rank, incast)
-        self.nbytes = src.nbytes if comp is None else comp.frame_bytes   # credit it takes
-        self.sent_at, self.acked, self.tries = 0.0, False, 0
-
-    def __lt__(self, other: "Task") -> bool:
-        # a total order (priority, submission, position in the tensor)
-        return (self.prio, self.seq, self.order, self.part) < \
-            (other.prio, other.seq, other.order, other.part)
-
-
-class Engine(CompressionMixin):
+class Engine(CompressionMixin, ServersMixin):
     """The worker's I/O thread.  ``servers``: one connection per server of the address book
     (default: DEALER sockets to their addresses); with ``start=False`` the engine neither
     greets the servers nor starts its thread, and a caller drives :meth:`take_pending`,
@@ -136,30 +100,6 @@ class Engine(CompressionMixin):
         if start:
             self.hello()
             self.thread.start()
-
-    # ---------------------------------------------------------------- set-up
-    def hello(self) -> None:
-        for s in self.servers:
-            self.send(s, Op.HELLO, {})
-        waiting = set(range(len(self.servers)))
-        deadline = time.monotonic() + self.cfg.startup_timeout
-        pause = 0.02
-        again = time.monotonic() + pause
-        while waiting:
-            if time.monotonic() > again:      # the server may not have the new epoch yet
-                pause = min(1.0, pause * 2)
-                again = time.monotonic() + pause
-                for i in waiting:
-                    self.send(self.servers[i], Op.HELLO, {})
-            for i in list(waiting):
-                if self.servers[i].poll(50):
-                    hdr, _ = self.recv(self.servers[i])
-                    if hdr is not None and hdr.op == Op.HELLO_OK:
-                        waiting.discard(i)
-            if time.monotonic() > deadline:
-                names = ", ".join(self.server_info[i]["address"] for i in sorted(waiting))
-                raise BytePSError(f"worker rank {self.rank}: server(s) {names} did not answer "
-                                  f"within {self.cfg.startup_timeout:g} s")
 
     def send(self, sock, op, body, payload=()) -> None:
         self.seq += 1
@@ -530,51 +470,6 @@ class Engine(CompressionMixin):
             h.error = err
             h.tensor.busy = None
             h.event.set()
-
-    def check_servers(self, now: float) -> None:
-        """Fail the job when a server's TCP connection closed and did not come back."""
-        for i, w in enumerate(self.server_watch):
-            for kind, _, _ in w.poll():
-                self.server_down[i] = (self.server_down[i] or now) if kind == "down" else None
-            down, grace = self.server_down[i], self.failover.grace(i)
-            if down is not None and grace is not None and now - down > grace:
-                s = self.server_info[i]
-                raise BytePSError(
-                    f"worker rank {self.rank}: {describe(dict(s, role='server'))} is "
-                    f"unreachable: its connection closed {now - down:.1f} s ago and did not come "
-                    f"back (did the server process die?); it held {held_tensors(self.held[i])}")
-
-    def resend_overdue(self, now: float) -> None:
-        """Resend partitions whose answer is late (a lost message; the server dedups).
-
-        Unacknowledged pushes are sent again in full; acknowledged ones only ask
-        for the result again (a pull without payload).  The wait doubles per try
-        (BYTEPS_RESEND_TIMEOUT_S, at most 30 s).
-        """
-        base = self.cfg.resend_timeout_s
-        pushes: dict[int, list] = {}
-        pulls: dict[int, list] = {}
-        for t in self.inflight.values():
-            if now - t.sent_at >= min(base * (1 << min(t.tries, 10)), 30.0):
-                if not t.acked and now - self.heard[t.server] < base:
-                    continue   # the server is answering: a slow link, not a lost push
-                t.tries += 1
-                (pulls if t.acked else pushes).setdefault(t.server, []).append(t)
-        for server, ts in pushes.items():
-            self.resends += len(ts)
-            self.send_tasks(server, ts)
-        for server, ts in pulls.items():
-            self.resends += len(ts)
-            flags = PULL | (SHM if self.shm_ok[server] else 0)
-            entries = [Entry(t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else
-                             flags | getattr(t.handle.tensor, "wire_flags", 0),
-                             t.handle.tensor.dtype_code, t.length) for t in ts]
-            for t in ts:
-                t.sent_at = now
-            self.send(self.servers[server], Op.DATA, [entries, []])
-        if pushes or pulls:
-            log.debug("resent %d push(es) and %d pull(s)", sum(map(len, pushes.values())),
-                      sum(map(len, pulls.values())))
 
     def fail_all(self, err: BytePSError) -> None:
         log.error("%s", err)

@@ -1,0 +1,86 @@
+"""The engine's dealings with its server connections (:class:`ServersMixin`, a base of
+``Engine``): the greeting at start, a closed connection that stays closed fails the job,
+and late partitions are sent again."""
+from __future__ import annotations
+
+import logging
+import time
+
+from byteps.common.errors import BytePSError
+from byteps.common.node import describe, held_tensors
+from byteps.transport.wire import COMP, PULL, SHM, Entry, Op
+
+log = logging.getLogger("byteps.worker")
+
+
+class ServersMixin:
+    """Greeting, liveness and resends (docs/security.md); uses the Engine's state."""
+
+    def hello(self) -> None:
+        """Greet every server until each answers HELLO_OK (one may not know the epoch yet)."""
+        for s in self.servers:
+            self.send(s, Op.HELLO, {})
+        waiting = set(range(len(self.servers)))
+        deadline = time.monotonic() + self.cfg.startup_timeout
+        pause = 0.02
+        again = time.monotonic() + pause
+        while waiting:
+            if time.monotonic() > again:      # the server may not have the new epoch yet
+                pause = min(1.0, pause * 2)
+                again = time.monotonic() + pause
+                for i in waiting:
+                    self.send(self.servers[i], Op.HELLO, {})
+            for i in list(waiting):
+                if self.servers[i].poll(50):
+                    hdr, _ = self.recv(self.servers[i])
+                    if hdr is not None and hdr.op == Op.HELLO_OK:
+                        waiting.discard(i)
+            if time.monotonic() > deadline:
+                names = ", ".join(self.server_info[i]["address"] for i in sorted(waiting))
+                raise BytePSError(f"worker rank {self.rank}: server(s) {names} did not answer "
+                                  f"within {self.cfg.startup_timeout:g} s")
+
+    def check_servers(self, now: float) -> None:
+        """Fail the job when a server's TCP connection closed and did not come back."""
+        for i, w in enumerate(self.server_watch):
+            for kind, _, _ in w.poll():
+                self.server_down[i] = (self.server_down[i] or now) if kind == "down" else None
+            down, grace = self.server_down[i], self.failover.grace(i)
+            if down is not None and grace is not None and now - down > grace:
+                s = self.server_info[i]
+                raise BytePSError(
+                    f"worker rank {self.rank}: {describe(dict(s, role='server'))} is "
+                    f"unreachable: its connection closed {now - down:.1f} s ago and did not come "
+                    f"back (did the server process die?); it held {held_tensors(self.held[i])}")
+
+    def resend_overdue(self, now: float) -> None:
+        """Resend partitions whose answer is late (a lost message; the server dedups).
+
+        Unacknowledged pushes are sent again in full; acknowledged ones only ask
+        for the result again (a pull without payload).  The wait doubles per try
+        (BYTEPS_RESEND_TIMEOUT_S, at most 30 s).
+        """
+        base = self.cfg.resend_timeout_s
+        pushes: dict[int, list] = {}
+        pulls: dict[int, list] = {}
+        for t in self.inflight.values():
+            if now - t.sent_at >= min(base * (1 << min(t.tries, 10)), 30.0):
+                if not t.acked and now - self.heard[t.server] < base:
+                    continue   # the server is answering: a slow link, not a lost push
+                t.tries += 1
+                (pulls if t.acked else pushes).setdefault(t.server, []).append(t)
+        for server, ts in pushes.items():
+            self.resends += len(ts)
+            self.send_tasks(server, ts)
+        for server, ts in pulls.items():
+            self.resends += len(ts)
+            flags = PULL | (SHM if self.shm_ok[server] else 0)
+            entries = [Entry(t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else
+                             flags | getattr(t.handle.tensor, "wire_flags", 0),
+                             t.handle.tensor.dtype_code, t.length) for t in ts]
+            for t in ts:
+                t.sent_at = now
+            self.send(self.servers[server], Op.DATA, [entries, []])
+        if pushes or pulls:
+            log.debug("resent %d push(es) and %d pull(s)", sum(map(len, pushes.values())),
+                      sum(map(len, pulls.values())))

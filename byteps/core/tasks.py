@@ -1,0 +1,48 @@
+"""The worker engine's units of work: a :class:`Handle` per push_pull, a :class:`Task` per
+partition.  ``byteps.core.engine`` re-exports both."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from byteps.common.errors import BytePSError
+
+
+class Handle:
+    """An asynchronous push_pull; done when every partition has come back."""
+    __slots__ = ("id", "tensor", "out", "remaining", "average", "error", "event", "t0",
+                 "flat_out")
+
+    def __init__(self, hid: int, tensor, out: np.ndarray, nparts: int, average: bool):
+        self.id, self.tensor, self.out = hid, tensor, out
+        self.flat_out = out.reshape(-1)
+        self.remaining, self.average = nparts, average
+        self.error: BytePSError | None = None
+        self.event = threading.Event()
+        self.t0 = time.monotonic()
+
+
+class Task:
+    __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
+                 "nbytes", "sent_at", "acked", "tries", "comp", "wire", "order")
+
+    def __init__(self, handle: Handle, part: int, start: int, length: int, server: int,
+                 round: int, src: np.ndarray, prio: int, seq: int, order: int = 0, comp=None):
+        """Partition ``part`` of ``handle``'s tensor: its elements ``[start, start + length)``
+        (``src``), round ``round``, for server index ``server``; the heap takes tasks by
+        (prio, seq, order, part), the same on every rank."""
+        self.handle, self.part, self.start, self.length = handle, part, start, length
+        self.server, self.round, self.src = server, round, src
+        self.prio, self.seq = prio, seq
+        self.comp = comp     # compression pipeline of this partition (byteps.compression)
+        self.wire = None     # its compressed frame, made once (resends reuse it)
+        self.order = order   # position within its tensor (api: rotated per rank, incast)
+        self.nbytes = src.nbytes if comp is None else comp.frame_bytes   # credit it takes
+        self.sent_at, self.acked, self.tries = 0.0, False, 0
+
+    def __lt__(self, other: "Task") -> bool:
+        # a total order (priority, submission, position in the tensor)
+        return (self.prio, self.seq, self.order, self.part) < \
+            (other.prio, other.seq, other.order, other.part)
