@@ -152,6 +152,8 @@ def test_tensorflow_and_keras_train_digits_async(tmp_path):
                          BYTEPS_ENABLE_ASYNC=1, **NOIPC))
     out = read_results(tmp_path)
     assert sorted(out) == [0, 1]
+    # init before the first update, after_step after each update, its result kept
+    assert out[0]["order"] == [999.0, 1098.0, 1197.0, 1297.0], out[0]["order"]
     for kind in ("keras", "tf"):
         assert out[0]["async"] == "AsyncPS"
         assert out[0][kind]["acc"] > 0.8, out[0]

@@ -7,8 +7,9 @@ hands the variables to the core algorithm as numpy arrays (``after_step``: Async
 the change since its last pull and pulls the servers' parameters) and assigns the result
 back.  The first ``apply`` first runs ``init`` (AsyncPS: rank 0's values seed the servers
 and every rank pulls them).  Inside ``tf.function`` (``model.fit``) both run in
-``tf.py_function`` ops, which execute in program order with the variable updates
-(stateful ops).  ``optimizer.finish()`` is the algorithm's final exchange (every rank).
+``tf.py_function`` ops with explicit dependencies: the update waits for ``init``, and
+``after_step`` receives the variables' values read after the update.
+``optimizer.finish()`` is the algorithm's final exchange (every rank).
 """
 from __future__ import annotations
 
@@ -74,30 +75,37 @@ class KerasAlgorithm:
             self._write(variables, arrs)
         return 0
 
-    def _after(self, variables) -> int:
-        arrs = self._arrays(variables)
+    def _after(self, variables, values=None) -> int:
+        if values is None:
+            arrs = self._arrays(variables)
+        else:                     # the values read after the update (tf.function)
+            arrs = {n: np.array(v.numpy(), order="C", copy=True)
+                    for n, v in zip(self.names, values)}
         self.algorithm.after_step(arrs)
         self._write(variables, arrs)
         core.step_done()
         return 0
 
-    def _run(self, fn, variables):
-        if tf.executing_eagerly():
-            fn(variables)
-            return None
-        return tf.py_function(lambda: np.int32(fn(variables)), [], tf.int32)
-
     def apply(self, variables, apply_fn):
-        """``init`` on the first call, the local step ``apply_fn()``, then ``after_step``."""
+        """``init`` on the first call, the local step ``apply_fn()``, then ``after_step``.
+
+        In a graph the order is explicit: the update depends on the ``init`` op, and the
+        ``after_step`` op takes the variables' values read after the update (reads are
+        ordered after the writes of the same variable), not the variables themselves."""
         variables = list(variables)
-        pre = self._run(self._init, variables)
-        if pre is None:
+        if tf.executing_eagerly():
+            self._init(variables)
             out = apply_fn()
-        else:
-            with tf.control_dependencies([pre]):
-                out = apply_fn()
-        post = self._run(self._after, variables)
-        del post                  # runs in program order (a stateful op)
+            self._after(variables)
+            return out
+        pre = tf.py_function(lambda: np.int32(self._init(variables)), [], tf.int32)
+        with tf.control_dependencies([pre]):
+            out = apply_fn()
+        deps = [d for d in tf.nest.flatten(out) if isinstance(d, (tf.Tensor, tf.Operation))]
+        with tf.control_dependencies(deps):
+            values = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+        tf.py_function(lambda *vals: np.int32(self._after(variables, vals)), values,
+                       tf.int32)
         return out
 
     def finish(self) -> None:

@@ -33,6 +33,37 @@ def digest(m):
     return float(sum(float(np.abs(w).sum()) for w in m.get_weights()))
 
 
+class Record(bps.algorithms.Algorithm):
+    """Local only: what init/after_step see, inside tf.function (order of the ops)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def init(self, p):
+        for k in p:
+            p[k] += 1000.0                    # the first update must start from here
+
+    def after_step(self, p):
+        self.seen.append(float(next(iter(p.values())).ravel()[0]))
+        for k in p:
+            p[k] += 100.0                     # the next update must start from here
+
+
+rec = Record()
+m0 = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False,
+                                                             kernel_initializer="zeros")])
+opt0 = bk.DistributedOptimizer(keras.optimizers.SGD(1.0), name="Order", algorithm=rec)
+
+
+@tf.function
+def order_step():
+    opt0.apply_gradients([(tf.ones((1, 1)), m0.trainable_variables[0])])
+
+
+for _ in range(3):
+    order_step()
+res["order"] = rec.seen + [float(m0.get_weights()[0].ravel()[0])]
+
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 # Keras: model.fit (train step in tf.function)
 m = model(1)
