@@ -12,11 +12,15 @@ the backup confirmed them, and the REPLICA frame validation.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import read_results, run_script
+from conftest import ROOT, SCRIPTS, read_results, run_script
 from byteps.common.config import Config, ConfigError
 from byteps.server import Server
 from byteps.server.decls import TensorChecks
@@ -39,14 +43,20 @@ def _job(tmp_path, name: str, kill: int, **env):
     return res, out, read_results(out)
 
 
-def test_server_sigkill_with_replicas_is_bit_exact(tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An undisturbed run without replication: (final parameters, digest)."""
+    ref, ref_dir, ranks = _job(tmp_path_factory.mktemp("failover"), "undisturbed", -1)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return np.load(ref_dir / "params.npz"), ranks[0]["digest"]
+
+
+def test_server_sigkill_with_replicas_is_bit_exact(tmp_path, reference):
     """An undisturbed run (no replication) against: rank 0 SIGKILLs the last server right
     after starting step 12; and that server answers one worker's round 12 of a partition
     and then SIGKILLs itself (the other worker needs the backup's copy of that round: it
     would wait forever without it)."""
-    ref, ref_dir, ref_ranks = _job(tmp_path, "undisturbed", -1)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    a = np.load(ref_dir / "params.npz")
+    a, digest = reference
     for name, kill, env in (("killed", KILL, {}),
                             ("crashed", -1, {"BYTEPS_TEST_SERVER_CRASH": f"1:{KILL}"})):
         res, out, ranks = _job(tmp_path, name, kill, BYTEPS_SERVER_REPLICAS=1, **env)
@@ -55,7 +65,7 @@ def test_server_sigkill_with_replicas_is_bit_exact(tmp_path):
         assert "its backup server takes over, the job goes on" in log, log[-3000:]
         assert ranks[0].get("killed") or "BYTEPS_TEST_SERVER_CRASH" in log, log[-3000:]
         assert all(r["steps"] == STEPS and r["error"] is None for r in ranks.values()), ranks
-        assert ranks[0]["digest"] == ranks[1]["digest"] == ref_ranks[0]["digest"], name
+        assert ranks[0]["digest"] == ranks[1]["digest"] == digest, name
         b = np.load(out / "params.npz")
         for k in a.files:
             assert a[k].dtype == np.float32 and a[k].tobytes() == b[k].tobytes(), (name, k)
@@ -78,6 +88,43 @@ def test_without_replicas_a_dead_server_still_ends_the_job(tmp_path):
     assert errors and all("server" in e and f"pid {victim})" in e for e in errors), \
         (ranks, res.stderr[-2000:])
     assert "takes over" not in res.stderr
+
+
+@pytest.mark.root
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces); CI runs as root")
+def test_failover_in_the_emulated_cluster(tmp_path, reference):
+    """Scheduler and worker 0 on host 0, worker 1 on host 1, one server on each of hosts 2
+    and 3 (network namespaces, benchmarks/cluster): rank 0 SIGKILLs the server of host 3
+    mid-training; the job completes with the parameters of an undisturbed loopback run."""
+    from benchmarks.cluster import jobs, netns
+    out = tmp_path / "netns"
+    out.mkdir()
+    plan = netns.Plan.new(4)
+    h = plan.hosts
+    argv = [sys.executable, str(SCRIPTS / "failover_train.py"), str(out), str(STEPS), str(KILL)]
+    specs = jobs.byteps_job([h[0], h[1]], [h[2], h[3]], h[0], argv, 9123,
+                            dict(FAST, BYTEPS_SERVER_REPLICAS=1, BYTEPS_ENABLE_IPC=0))
+    logs = [tmp_path / f"spec{i}.log" for i in range(len(specs))]
+    with netns.Cluster(plan):
+        procs = [subprocess.Popen(s.command(plan), stdout=f.open("w"), stderr=subprocess.STDOUT,
+                                  start_new_session=True, cwd=ROOT)
+                 for s, f in zip(specs, logs)]
+        workers = [p for s, p in zip(specs, procs) if s.what.startswith("worker")]
+        deadline = time.monotonic() + 80
+        try:
+            while time.monotonic() < deadline and any(p.poll() is None for p in workers):
+                time.sleep(0.1)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                p.wait(10)
+    text = "\n".join(f"--- {s.what}\n{f.read_text()[-2500:]}" for s, f in zip(specs, logs))
+    assert [p.returncode for p in workers] == [0, 0], text
+    ranks = read_results(out)
+    assert ranks[0].get("killed") and "its backup server owns its keys" in text, text
+    assert ranks[0]["digest"] == ranks[1]["digest"] == reference[1], text
 
 
 # ---------------------------------------------------------------- units (no sockets)

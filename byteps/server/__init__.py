@@ -26,6 +26,7 @@ from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, de
                                 failure_exit_code)
 from byteps.compression import CompressionError
 from byteps.server.decls import INLINE_BYTES, TensorChecks  # noqa: F401 (re-export)
+from byteps.server.records import Records
 from byteps.server.replica import Replicator
 from byteps.server.staleness import AsyncStore
 from byteps.server.stalls import StallReports
@@ -37,7 +38,7 @@ from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Op,
 log = logging.getLogger("byteps.server")
 
 
-class Server(TensorChecks, StallReports):
+class Server(TensorChecks, StallReports, Records):
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.secret = cfg.job_secret.encode() if cfg.job_secret else None
@@ -411,10 +412,6 @@ class Server(TensorChecks, StallReports):
         return {w["rank"] for w in self.workers_by_id.values()} - set(self.joined) \
             - set(self.gone)
 
-    def record_push(self, rank: int, e: list) -> None:
-        with open(self.record, "a") as f:
-            f.write(f"{rank} {self.decls[e[0]]['name']} {e[1]} {e[2]}\n")
-
     # ---------------------------------------------------------------- engines
     def engine(self, q: queue.SimpleQueue) -> None:
         while True:
@@ -457,26 +454,6 @@ class Server(TensorChecks, StallReports):
         except zmq.ZMQError as exc:
             log.debug("cannot reach worker: %s", exc)
 
-    def report_bytes(self) -> None:
-        """Log the pushed payload bytes per host; with BYTEPS_TEST_RECORD also write them
-        to ``<record>.bytes.<pid>.json`` (used by the local-reduction tests)."""
-        log.info("server %s received %d payload bytes: %s", self.address, self.bytes_received,
-                 self.bytes_by_host)
-        if self.record:
-            import json
-            try:
-                with open(f"{self.record}.bytes.{os.getpid()}.json", "w") as f:
-                    json.dump({"total": self.bytes_received, "by_host": self.bytes_by_host,
-                               "push_count": self.nworkers, "wire_total": self.wire_received},
-                              f)
-            except OSError as exc:
-                log.warning("cannot write the byte count: %s", exc)
-            if self.async_store.stats["pushes"]:
-                try:
-                    with open(f"{self.record}.staleness.{os.getpid()}.json", "w") as f:
-                        json.dump(self.async_store.stats, f)
-                except OSError as exc:
-                    log.warning("cannot write the staleness counters: %s", exc)
 
 def main(cfg: Config | None = None) -> int:
     from byteps.common.logs import setup_logging

@@ -1,0 +1,41 @@
+"""What a server counts and records for tests and logs: the pushed bytes per host and,
+with ``BYTEPS_TEST_RECORD``, every push and the counters as files.
+
+:class:`Records` is a base of :class:`byteps.server.Server` (it uses its ``record``,
+``decls``, byte counters and ``async_store``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+log = logging.getLogger("byteps.server")
+
+
+class Records:
+    """Push records and byte reports of a server."""
+
+    def record_push(self, rank: int, e: list) -> None:
+        with open(self.record, "a") as f:
+            f.write(f"{rank} {self.decls[e[0]]['name']} {e[1]} {e[2]}\n")
+
+    def report_bytes(self) -> None:
+        """Log the pushed payload bytes per host; with BYTEPS_TEST_RECORD also write them
+        to ``<record>.bytes.<pid>.json`` (used by the local-reduction tests)."""
+        log.info("server %s received %d payload bytes: %s", self.address, self.bytes_received,
+                 self.bytes_by_host)
+        if self.record:
+            try:
+                with open(f"{self.record}.bytes.{os.getpid()}.json", "w") as f:
+                    json.dump({"total": self.bytes_received, "by_host": self.bytes_by_host,
+                               "push_count": self.nworkers, "wire_total": self.wire_received},
+                              f)
+            except OSError as exc:
+                log.warning("cannot write the byte count: %s", exc)
+            if self.async_store.stats["pushes"]:
+                try:
+                    with open(f"{self.record}.staleness.{os.getpid()}.json", "w") as f:
+                        json.dump(self.async_store.stats, f)
+                except OSError as exc:
+                    log.warning("cannot write the staleness counters: %s", exc)
