@@ -155,7 +155,7 @@ class Scheduler:
                 return self.drops.warn("replayed registration", repr(key)[:200])
             self.seen_registrations.add(key)
             if fd >= 0 and self.elastic is not None and self.formed:
-                self.fds[fd] = ident     # a worker waiting to join may die (membership.py)
+                self.elastic.note_conn(fd, ident)    # it may die waiting (membership.py)
             try:
                 self.register(ident, hdr.body, hdr.seq)
             except (WireError, TypeError) as exc:
@@ -562,9 +562,9 @@ class Scheduler:
         for kind, fd, peer in self.watch.poll():
             if kind != "down":
                 continue
+            if self.elastic is not None:
+                self.elastic.on_down(fd, peer)
             ident = self.fds.pop(fd, None)
-            if ident is not None and self.elastic is not None:
-                self.elastic.on_down(ident)
             n = self.servers.get(ident) or self.workers.get(ident) if ident else None
             if n is not None and ident not in self.exited and ident not in self.left:
                 log.info("connection of %s closed", describe(n))

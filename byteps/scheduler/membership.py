@@ -77,6 +77,7 @@ class Elastic:
         self.waiting: dict[bytes, dict] = {}   # registrations since formation (arrival order)
         self.lost: dict[bytes, str] = {}       # members lost in this epoch -> why
         self.short_since: float | None = None
+        self.conns: dict[int, tuple] = {}      # fd -> (registration ident, peer address)
         self.changes = 0            # groups re-formed
         log.info("elastic membership: %d to %d worker(s), %g s to get back above the minimum",
                  min_workers, max_workers, timeout)
@@ -154,9 +155,19 @@ class Elastic:
         self.maybe_reform()
         return True
 
-    def on_down(self, ident: bytes) -> None:
-        """The connection of a worker waiting to join closed: it died before it was let in."""
-        info = self.waiting.pop(ident, None)
+    def note_conn(self, fd: int, ident: bytes) -> None:
+        """The TCP connection a registration came in on (fd and peer address: the OS reuses
+        fd numbers, so a late "closed" event of an older connection is told apart)."""
+        from byteps import transport
+        self.conns[fd] = (ident, transport._peer_name(fd))
+
+    def on_down(self, fd: int, peer: str) -> None:
+        """A connection closed: a worker waiting to join died before it was let in."""
+        got = self.conns.get(fd)
+        if got is None or got[1] is None or got[1] != peer:
+            return                      # not a waiting registration's (or unknown: keep it)
+        del self.conns[fd]
+        info = self.waiting.pop(got[0], None)
         if info is not None:
             log.warning("elastic: worker at host %s (pid %s) died while waiting to join",
                         info["host_id"], info["pid"])
@@ -221,6 +232,7 @@ class Elastic:
             h["slots"][info["local_rank"]] = info["pid"]
         old = set(s.workers)
         s.workers, s.hosts = workers, hosts
+        self.conns = {fd: c for fd, c in self.conns.items() if c[0] in self.waiting}
         s.exited.difference_update(old)
         s.left.difference_update(old)
         for state in (s.barriers, s.gone, s.joined, s.rejoin, s.early_rejoin):

@@ -43,14 +43,19 @@ def hosts(n: int) -> None:
 
 
 open(os.path.join(out, f"started.{os.getpid()}"), "w").close()   # imports done
+t_init = time.time()
 bps.init()
+t_init = time.time() - t_init
 w = np.zeros(40, np.float32)
 state = bps.elastic.NumpyState({"w": w}, step=0)
 log = []
+reset_at = []
+commit_s = []
 
 
 def on_reset():
     log.append([state.step, bps.rank(), bps.size()])
+    reset_at.append(time.time())
 
 
 state.register_reset_callbacks([on_reset])
@@ -64,6 +69,8 @@ def train(state):
         h = bps.push_pull_async(g.astype(np.float32), name="grad.w", average=False)
         if state.step == kill_step and bps.rank() == bps.size() - 1 and mark("killed"):
             hosts(3)
+            with open(os.path.join(out, "killed"), "w") as f:
+                f.write(repr(time.time()))
             time.sleep(0.05)                # the push is out: a round of this epoch in flight
             os.kill(os.getpid(), signal.SIGKILL)
         w[:] -= LR * bps.synchronize(h)
@@ -78,13 +85,16 @@ def train(state):
             time.sleep(0.5)                 # it registers: the scheduler announces it
         state.step += 1
         if state.step % 5 == 0:
+            t = time.perf_counter()
             state.commit()
+            commit_s.append(time.perf_counter() - t)
 
 
 t0 = time.monotonic()
 train(state)
 doc = {"w": w.tolist(), "rank": bps.rank(), "size": bps.size(), "resets": log,
-       "pid": os.getpid(), "seconds": time.monotonic() - t0}
+       "pid": os.getpid(), "seconds": time.monotonic() - t0, "reset_at": reset_at,
+       "init_s": t_init, "commit_s": commit_s}
 with open(os.path.join(out, f"rank{bps.rank()}.json"), "w") as f:
     json.dump(doc, f)
 bps.shutdown()
