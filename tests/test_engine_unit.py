@@ -212,3 +212,24 @@ def test_forged_and_replayed_results_are_dropped():
     before = eng.inflight_bytes
     eng.on_server(s0)
     assert eng.inflight_bytes == before
+
+
+def test_completion_callbacks_and_a_servers_data_error():
+    eng, (s0, _) = make(fusion_bytes=0)
+    seen = []
+    h, (t,) = push(eng, 4)
+    h.on_done = seen.append
+    bad, _ = push(eng, 4)
+    bad.on_done = seen.append
+    step(eng)
+    s0.messages()
+    s0.answer([Entry(h.tensor.key, 0, 0, 0, 0, 4)], [np.ones(4, np.float32)])
+    eng.on_server(s0)
+    assert seen == [h] and h.event.is_set() and h.error is None and h.tensor.busy is None
+    s0.seq += 1              # the server refuses the other tensor (e.g. a shape mismatch)
+    s0.inbox.append(wire.encode(JOB, s0.node_id, Op.DATA_ERROR, EPOCH, s0.seq,
+                                {"key": bad.tensor.key, "message": "tensor 'x': mismatch"},
+                                SECRET))
+    eng.on_server(s0)
+    assert seen == [h, bad] and bad.event.is_set() and "mismatch" in str(bad.error)
+    assert eng.inflight == {} and eng.inflight_bytes == 0

@@ -415,7 +415,7 @@ class Engine(CompressionMixin, ServersMixin):
             if self.timeline is not None:
                 self.timeline.handle_done(h, now)
             h.tensor.busy = None
-            h.event.set()
+            h.done()
 
     def on_key_error(self, body: dict) -> None:
         key, msg = body.get("key"), body.get("message")
@@ -469,7 +469,7 @@ class Engine(CompressionMixin, ServersMixin):
         if h.error is None:
             h.error = err
             h.tensor.busy = None
-            h.event.set()
+            h.done()
 
     def fail_all(self, err: BytePSError) -> None:
         log.error("%s", err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -11,17 +12,27 @@ from byteps.common.errors import BytePSError
 
 
 class Handle:
-    """An asynchronous push_pull; done when every partition has come back."""
+    """An asynchronous push_pull; done when every partition has come back.  ``on_done``
+    (optional) is called with the handle, on the engine thread, once it completed or
+    failed (``error`` set)."""
     __slots__ = ("id", "tensor", "out", "remaining", "average", "error", "event", "t0",
-                 "flat_out")
+                 "flat_out", "on_done")
 
-    def __init__(self, hid: int, tensor, out: np.ndarray, nparts: int, average: bool):
+    def __init__(self, hid: int, tensor, out: np.ndarray, nparts: int, average: bool,
+                 on_done: Callable[[Handle], None] | None = None):
         self.id, self.tensor, self.out = hid, tensor, out
         self.flat_out = out.reshape(-1)
         self.remaining, self.average = nparts, average
         self.error: BytePSError | None = None
         self.event = threading.Event()
         self.t0 = time.monotonic()
+        self.on_done = on_done
+
+    def done(self) -> None:
+        """Completed (or failed, with ``error`` set): wake its waiters, then ``on_done``."""
+        self.event.set()
+        if self.on_done is not None:
+            self.on_done(self)
 
 
 class Task:

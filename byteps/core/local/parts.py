@@ -18,17 +18,12 @@ class SliceTensor:
 
 
 class NetDone:
-    """Stands in for a slice handle's event: the Engine's completion calls set()."""
-    __slots__ = ("h", "j", "k", "op", "red")
+    """A slice chunk the engine finished (or failed, ``h.error``), queued for the reducer's
+    thread by the slice handle's completion callback."""
+    __slots__ = ("h", "j", "k", "op")
 
-    def __init__(self, red, op, k, j):
-        self.red, self.op, self.k, self.j, self.h = red, op, k, j, None
-
-    def set(self) -> None:
-        self.red.net_done(self)
-
-    def is_set(self) -> bool:
-        return False
+    def __init__(self, op, k: int, j: int, h):
+        self.op, self.k, self.j, self.h = op, k, j, h
 
 
 class Op:

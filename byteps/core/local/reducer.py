@@ -442,9 +442,8 @@ class LocalReducer:
             return self._fail(op, raise_op)
         o = op.seg.off(j)
         view = op.seg.out[a + o:b + o]
-        h = Handle(0, st, view, 1, op.average)
-        nd = NetDone(self, op, k, j)
-        nd.h, h.event = h, nd
+        h = Handle(0, st, view, 1, op.average,
+                   on_done=lambda h, op=op, k=k, j=j: self.net_done(NetDone(op, k, j, h)))
         task = Task(h, j, 0, b - a, (st.key + j) % self.nservers, op.round, view, op.prio,
                     op.seq, comp=comp_pipeline(st, j, b - a))
         if op.seg.C > 1:
