@@ -151,6 +151,17 @@ def _elastic_job(tmp_path, script, steps, kill, add, timeout):
                    BYTEPS_ENABLE_IPC=0, BYTEPS_HEARTBEAT_INTERVAL=0.2)
 
 
+def _numpy_reference(steps):
+    """elastic_numpy.py's training in one process: every step once, the whole batch."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((96, 40)).astype(np.float32)
+    y = X @ rng.standard_normal(40).astype(np.float32)
+    w = np.zeros(40, np.float32)
+    for _ in range(steps):
+        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
+    return w
+
+
 def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
     res = _elastic_job(tmp_path, "elastic_numpy.py", 60, 20, 40, timeout=100)
     assert_ok(res)
@@ -163,12 +174,7 @@ def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
     for r in (0, 1, 2):
         assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], out[r]["resets"]
     assert out[3]["resets"] == [] and out[3]["size"] == 4
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((96, 40)).astype(np.float32)
-    y = X @ rng.standard_normal(40).astype(np.float32)
-    w = np.zeros(40, np.float32)
-    for _ in range(60):
-        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
+    w = _numpy_reference(60)
     got = [np.array(out[r]["w"], np.float32) for r in range(4)]
     for g in got:
         assert np.array_equal(g, got[0])                 # identical on every rank
@@ -199,3 +205,61 @@ def test_torch_digits_worker_killed_at_20_and_added_at_40(tmp_path):
         assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], out[r]["resets"]
     assert abs(out[0]["acc"] - want) <= 0.02, (out[0]["acc"], want)
     assert out[0]["acc"] > 0.9
+
+
+@pytest.mark.root
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(sys.platform != "linux" or __import__("os").geteuid() != 0,
+                    reason="needs root (network namespaces); CI runs as root")
+def test_numpy_elastic_in_the_emulated_cluster(tmp_path):
+    """Four worker hosts, a server host and the scheduler on host 0, each host a network
+    namespace (benchmarks/cluster); cluster role mode with BYTEPS_MIN_WORKERS for the
+    scheduler.  The worker of host 3 SIGKILLs itself at step 20; at step 40 a replacement
+    starts on host 3 with the same DMLC_WORKER_ID; the result equals one process's."""
+    import os
+    import subprocess
+    from benchmarks.cluster import jobs, netns
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = netns.Plan.new(5)
+    h = plan.hosts
+    argv = [sys.executable, str(SCRIPTS / "elastic_numpy.py"), str(out), "60", "20", "40"]
+    env = {"BYTEPS_MIN_WORKERS": 2, "BYTEPS_MAX_WORKERS": 4, "BYTEPS_ENABLE_IPC": 0,
+           "BYTEPS_HEARTBEAT_INTERVAL": 0.2}
+    specs = jobs.byteps_job(h[:4], [h[4]], h[0], argv, 9131, env)
+    logs = [tmp_path / f"spec{i}.log" for i in range(len(specs) + 1)]
+    procs: list = []
+
+    def start(spec, log):
+        procs.append(subprocess.Popen(spec.command(plan), stdout=log.open("w"),
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      cwd=str(SCRIPTS.parent.parent)))
+    with netns.Cluster(plan):
+        for s, f in zip(specs, logs):
+            start(s, f)
+        deadline = time.monotonic() + 110
+        try:
+            # rank 0 raises the slot count to 4 at step 40: start the replacement on host 3
+            while time.monotonic() < deadline and not (out / "added").exists():
+                time.sleep(0.05)
+            new = jobs.Spec("worker 3 again", h[3], specs[-1].argv, dict(specs[-1].env))
+            start(new, logs[-1])
+            specs.append(new)
+            workers = [p for s, p in zip(specs, procs) if s.what.startswith("worker")]
+            while time.monotonic() < deadline and any(p.poll() is None for p in workers):
+                time.sleep(0.1)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                p.wait(10)
+    text = "\n".join(f"--- {s.what}\n{f.read_text()[-2500:]}" for s, f in zip(specs, logs))
+    codes = [p.returncode for s, p in zip(specs, procs) if s.what.startswith("worker")]
+    assert codes[:3] == [0, 0, 0] and codes[3] != 0 and codes[4] == 0, (codes, text)
+    res = read_results(out)
+    assert sorted(res) == [0, 1, 2, 3], text
+    for r in (0, 1, 2):
+        assert res[r]["resets"] == [[20, r, 3], [45, r, 4]], (res[r]["resets"], text)
+    got = [np.array(res[r]["w"], np.float32) for r in range(4)]
+    assert all(np.array_equal(g, got[0]) for g in got), text
+    np.testing.assert_allclose(got[0], _numpy_reference(60), rtol=1e-4, atol=1e-5)
