@@ -20,12 +20,24 @@ from sklearn.model_selection import train_test_split
 import byteps.mxnet as bps
 
 
+def make_algorithm(name: str):
+    """None (the default: SyncPS, or AsyncPS with BYTEPS_ENABLE_ASYNC=1) or a core algorithm."""
+    if name == "shift_one":
+        return bps.algorithms.Decentralized(peer_selection="shift_one")
+    if name == "average":
+        return bps.algorithms.AsyncModelAverage(sync_interval_ms=100)
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--fp16", action="store_true", help="send gradients as float16")
+    ap.add_argument("--algorithm", choices=("sync", "shift_one", "average"), default="sync",
+                    help="SyncPS, Decentralized(shift_one) or AsyncModelAverage "
+                         "(docs/algorithms.md; BYTEPS_ENABLE_ASYNC=1 gives AsyncPS)")
     args = ap.parse_args()
 
     bps.init()
@@ -44,7 +56,8 @@ def main() -> None:
     net.hybridize()
     trainer = bps.DistributedTrainer(
         net.collect_params(), "sgd", {"learning_rate": args.lr * size, "momentum": 0.9},
-        compression_params={"fp16": True} if args.fp16 else None)
+        compression_params={"fp16": True} if args.fp16 else None,
+        algorithm=make_algorithm(args.algorithm))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     # the same number of steps on every rank (shards may differ by one sample)
     steps = len(x_train) // args.batch_size
@@ -63,6 +76,7 @@ def main() -> None:
             total += loss.mean().asscalar()
         if rank == 0:
             print(f"epoch {epoch + 1}: mean loss {total / steps:.4f}", flush=True)
+    trainer.finish()                   # the algorithm's final exchange (all ranks identical)
     pred = net(mx.nd.array(x_test)).argmax(axis=1).asnumpy()
     acc = float((pred == y_test).mean())
     if rank == 0:
