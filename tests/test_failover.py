@@ -255,3 +255,32 @@ def test_replicas_need_two_servers():
     with pytest.raises(ConfigError, match="BYTEPS_SERVER_REPLICAS"):
         Config.from_env(env)
     assert Config.from_env(dict(env, DMLC_NUM_SERVER="2")).server_replicas == 1
+
+
+class _Sched:
+    """The parts of a Scheduler that failover.Failover uses."""
+
+    def __init__(self, replicas: int):
+        self.cfg = Config(server_replicas=replicas)
+        self.formed, self.exited, self.join_reset, self.sent = True, set(), None, []
+        self.servers = {b"s1": {"node_id": 1, "role": "server"},
+                        b"s2": {"node_id": 2, "role": "server"}}
+
+    def send(self, ident, op, body):
+        self.sent.append((ident, op))
+
+    def broadcast(self, op, body):
+        self.sent.append(("all", op, body["dead"]["node_id"]))
+
+
+def test_scheduler_survives_one_server_death_only_with_replicas():
+    from byteps.scheduler.failover import Failover
+    s = _Sched(1)
+    f = Failover(s)
+    assert not f.survive({"role": "worker", "node_id": 3}, "a worker died")
+    assert f.survive({"role": "server", "node_id": 2}, "server 2 died")
+    assert s.exited == {b"s2"} and ("all", Op.FAILOVER, 2) in s.sent
+    assert (b"s2", Op.TERMINATE) in s.sent           # in case it was merely unreachable
+    assert not f.survive({"role": "server", "node_id": 1}, "server 1 died too")
+    s0 = _Sched(0)
+    assert not Failover(s0).survive({"role": "server", "node_id": 2}, "died") and not s0.sent

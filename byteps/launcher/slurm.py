@@ -190,7 +190,7 @@ class _TaskJob(Job):
 
     def _finish(self, services):
         while any(s.p.poll() is None for s in services):
-            if any(s.p.poll() not in (None, 0) for s in services):
+            if any(s.p.poll() not in (None, 0) and s not in self.survived for s in services):
                 break
             time.sleep(0.1)
         return super()._finish(services)

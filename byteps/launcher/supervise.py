@@ -145,7 +145,8 @@ def _spare_servers(services: list[Proc]) -> list[Proc]:
     (bpslaunch's environment, passed to every child; one death at most)."""
     if not variables.value("BYTEPS_SERVER_REPLICAS"):
         return []
-    return [p for p in services if p.what.startswith("server")]
+    return [p for p in services if p.what.startswith("server")
+            or getattr(getattr(p, "role", None), "kind", None) == "server"]    # bpslaunch -H
 
 
 def say(text: str) -> None:
