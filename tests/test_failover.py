@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, SCRIPTS, read_results, run_script
+from conftest import ROOT, SCRIPTS, read_results, run_job, run_script
 from byteps.common.config import Config, ConfigError
 from byteps.server import Server
 from byteps.server.decls import TensorChecks
@@ -125,6 +125,18 @@ def test_failover_in_the_emulated_cluster(tmp_path, reference):
     ranks = read_results(out)
     assert ranks[0].get("killed") and "its backup server owns its keys" in text, text
     assert ranks[0]["digest"] == ranks[1]["digest"] == reference[1], text
+
+
+def test_nodes_must_agree_on_replicas():
+    """A worker without BYTEPS_SERVER_REPLICAS=1 (the scheduler and servers have it) is
+    refused at registration, naming the variable: a failover would lose its rounds."""
+    code = ("import os; os.environ['BYTEPS_SERVER_REPLICAS'] = '0'; "
+            "import byteps.numpy as bps; bps.init(); bps.shutdown()")
+    res = run_job([sys.executable, "-c", code], workers=2, servers=2, timeout=60,
+                  BYTEPS_SERVER_REPLICAS=1)
+    assert res.returncode != 0
+    assert "BYTEPS_SERVER_REPLICAS=0 but the scheduler has BYTEPS_SERVER_REPLICAS=1" in \
+        res.stderr, res.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- units (no sockets)

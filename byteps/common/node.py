@@ -113,7 +113,8 @@ class SchedulerLink:
                 "pid": os.getpid(), "hostname": socket.gethostname(), "machine": machine_id(),
                 "num_worker": self.cfg.num_worker, "num_server": self.cfg.num_server,
                 "local_rank": self.cfg.local_rank, "local_size": self.cfg.local_size,
-                "worker_id": -1 if self.cfg.worker_id is None else self.cfg.worker_id}
+                "worker_id": -1 if self.cfg.worker_id is None else self.cfg.worker_id,
+                "replicas": self.cfg.server_replicas}     # every node must agree (failover)
         body.update(info)
         self.send(Op.REGISTER, body)
         limit = self.cfg.startup_timeout + 15

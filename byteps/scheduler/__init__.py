@@ -208,9 +208,11 @@ class Scheduler:
         role = b.get("role")
         if role not in ("server", "worker"):
             raise WireError(f"bad role {role!r}")
-        for k, want in (("num_worker", self.cfg.num_worker), ("num_server", self.cfg.num_server)):
-            if b.get(k) != want:
-                var = "DMLC_NUM_WORKER" if k == "num_worker" else "DMLC_NUM_SERVER"
+        for k, want, var, unset in (
+                ("num_worker", self.cfg.num_worker, "DMLC_NUM_WORKER", None),
+                ("num_server", self.cfg.num_server, "DMLC_NUM_SERVER", None),
+                ("replicas", self.cfg.server_replicas, "BYTEPS_SERVER_REPLICAS", 0)):
+            if b.get(k, unset) != want:
                 return self.refuse(ident, f"{role} at {b.get('host')} (pid {b.get('pid')}) has "
                                    f"{var}={b.get(k)} but the scheduler has {var}={want}; "
                                    f"every node of a job must use the same value", fatal=True)
