@@ -263,3 +263,26 @@ def test_numpy_elastic_in_the_emulated_cluster(tmp_path):
     got = [np.array(res[r]["w"], np.float32) for r in range(4)]
     assert all(np.array_equal(g, got[0]) for g in got), text
     np.testing.assert_allclose(got[0], _numpy_reference(60), rtol=1e-4, atol=1e-5)
+
+
+def test_keras_state_commit_restore_and_run_in_one_process():
+    pytest.importorskip("keras")
+    import subprocess
+    r = subprocess.run([sys.executable, str(SCRIPTS / "elastic_keras_state.py")], env=job_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "KERAS_STATE_OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_suspend_and_resume_of_the_original():
+    import subprocess
+    code = ("import byteps.numpy as bps, numpy as np\n"
+            "bps.init(); bps.suspend(); assert not bps.is_initialized()\n"
+            "try:\n    bps.resume(3, None)\nexcept bps.BytePSError as e:\n    print('E', e)\n"
+            "bps.resume(1, None); assert bps.size() == 1\n"
+            "print(bps.push_pull(np.ones(3, np.float32), name='x').tolist())\n")
+    r = subprocess.run([sys.executable, "-c", code], env=job_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "E resume(num_workers=3): the job has 1 worker(s)" in r.stdout, r.stdout
+    assert "needs an elastic job (bpslaunch --min-workers)" in r.stdout
+    assert r.stdout.strip().endswith("[1.0, 1.0, 1.0]")

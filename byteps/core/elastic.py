@@ -31,7 +31,7 @@ from byteps.transport.wire import REDUCE_OPS, WireError, elastic_body
 log = logging.getLogger("byteps.worker")
 
 __all__ = ["run", "reset", "WorkersChanged", "HostsUpdatedInterrupt", "check_host_updates",
-           "membership_changed"]
+           "membership_changed", "suspend", "resume"]
 
 
 class WorkersChanged(BytePSError):
@@ -173,3 +173,43 @@ def run(func):
             reset()
             state.on_reset()
     return wrapper
+
+
+# ---------------------------------------------------------------------- the original's API
+def suspend() -> None:
+    """The original BytePS's ``suspend()``: leave the job (as ``shutdown()``) until
+    :func:`resume`."""
+    from byteps.core import api
+    api.shutdown()
+
+
+def resume(num_workers: int | None = None, num_servers: int | None = None,
+           global_rank: int = -1, context=None) -> None:
+    """The original BytePS's ``resume(num_workers, num_servers, global_rank, context)``:
+    register again.  The group re-forms (a new epoch) once every worker of the job has
+    resumed, or, in an elastic job (``--min-workers``), once every live member has; who
+    registers decides the membership, so ``num_workers`` is only checked against
+    ``DMLC_NUM_WORKER`` outside elastic jobs.  The servers cannot change
+    (``num_servers`` must equal ``DMLC_NUM_SERVER``); ranks are assigned by the scheduler
+    (``global_rank`` is ignored) and keys come from names (``context`` is not needed)."""
+    import os
+    import warnings
+    from byteps.core import api
+    env = os.environ
+    if num_servers is not None and env.get("DMLC_NUM_SERVER") not in (None, str(num_servers)):
+        raise BytePSError(f"resume(num_servers={num_servers}): this job has "
+                          f"DMLC_NUM_SERVER={env['DMLC_NUM_SERVER']} servers and they cannot "
+                          f"change; pass the same number (workers may change in an elastic "
+                          f"job, bpslaunch --min-workers)")
+    if num_workers is not None and not env.get("BYTEPS_MIN_WORKERS"):
+        hosts, local = int(env.get("DMLC_NUM_WORKER", "1")), int(env.get("BYTEPS_LOCAL_SIZE",
+                                                                            "1"))
+        if num_workers != hosts * local:
+            raise BytePSError(f"resume(num_workers={num_workers}): the job has "
+                              f"{hosts * local} worker(s) (DMLC_NUM_WORKER={hosts} x "
+                              f"BYTEPS_LOCAL_SIZE={local}); changing the number of workers "
+                              f"needs an elastic job (bpslaunch --min-workers)")
+    if global_rank is not None and global_rank >= 0:
+        warnings.warn("resume(global_rank=...) is ignored: the scheduler assigns dense ranks",
+                      stacklevel=2)
+    api.init()

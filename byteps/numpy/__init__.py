@@ -74,5 +74,6 @@ from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the
 __all__ = list(__all__) + ["get_pushpull_speed"]
 
 from byteps.numpy import elastic  # noqa: E402  (bps.elastic.run, NumpyState, ObjectState)
+from byteps.core.elastic import resume, suspend  # noqa: E402  (the original's elastic calls)
 
-__all__ = list(__all__) + ["elastic"]
+__all__ = list(__all__) + ["elastic", "suspend", "resume"]

@@ -56,6 +56,9 @@ def __getattr__(name):
     if name in ("parallel", "elastic"):        # bps.elastic.run, bps.elastic.TorchState
         import importlib
         return importlib.import_module(f"byteps.torch.{name}")
+    if name in ("suspend", "resume"):          # the original BytePS's elastic calls
+        from byteps.core import elastic
+        return getattr(elastic, name)
     raise AttributeError(f"module 'byteps.torch' has no attribute {name!r}")
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)

@@ -101,3 +101,7 @@ from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the
 from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncPS, Decentralized, ...)
 
 __all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]
+
+from byteps.keras import elastic  # noqa: E402  (bps.elastic.run, KerasState)
+
+__all__ = list(__all__) + ["elastic"]
