@@ -19,7 +19,9 @@ epochs per worker, in each scenario:
   links are not rate-limited in this scenario; no straggler.
 
 Algorithms: ``sync`` (SyncPS), ``async`` (AsyncPS, BYTEPS_ASYNC_STALENESS=2), ``shift_one``
-(Decentralized), ``average`` (AsyncModelAverage, ``--interval-ms``).  Reports, per scenario
+(Decentralized), ``average`` (AsyncModelAverage, ``--interval-ms``); on request
+(``--algos``) also ``async_unbounded`` (AsyncPS without a staleness bound), ``all``
+(Decentralized all) and ``lowp`` (LowPrecisionDecentralized).  Reports, per scenario
 and algorithm: total samples/s (sum of the workers' own rates), the time rank 0 took to
 reach ``--target`` test accuracy (its own model), the final accuracy after ``finish()``;
 a table on stdout, results.json, table.txt and algorithms.png in a new folder
@@ -41,6 +43,7 @@ from benchmarks.cluster.netns import Cluster, NetnsError, Plan, cleanup, run_cmd
 
 HERE = Path(__file__).resolve().parent
 ALGOS = ("sync", "async", "shift_one", "average")
+EXTRA = ("async_unbounded", "all", "lowp")        # by --algos only
 SCENARIOS = ("straggler", "latency")
 VSUBNET = "10.213.1"
 PORTS = {"scheduler": 9100, "server": 9300, "peer": 9500}
@@ -125,9 +128,11 @@ def summarize(records: list[dict], target: float) -> dict:
 def run_all(a) -> dict:
     algos = [x for x in a.algos.split(",") if x]
     scenarios = [x for x in a.scenarios.split(",") if x]
-    bad = [x for x in algos if x not in ALGOS] + [x for x in scenarios if x not in SCENARIOS]
+    bad = [x for x in algos if x not in ALGOS + EXTRA] + [
+        x for x in scenarios if x not in SCENARIOS]
     if bad:
-        raise SystemExit(f"unknown algorithm/scenario {bad}; choose from {ALGOS} / {SCENARIOS}")
+        raise SystemExit(f"unknown algorithm/scenario {bad}; choose from {ALGOS + EXTRA} / "
+                         f"{SCENARIOS}")
     plan = Plan.new(a.workers + 1)
     out: dict = {"config": {k: (str(v) if isinstance(v, Path) else v)
                             for k, v in vars(a).items()}, "results": {}}
@@ -162,7 +167,7 @@ def run_all(a) -> dict:
                         proxy.kill()
                         proxy.wait(10)
                 out["results"].setdefault(scenario, {})[algo] = res
-                print(f"{scenario:9s} {algo:9s} {res['samples_per_s']:8.1f} samples/s  "
+                print(f"{scenario:9s} {algo:16s} {res['samples_per_s']:8.1f} samples/s  "
                       f"target {_fmt(res['time_to_target_s'])}  final acc "
                       f"{res['final_acc']:.3f}", flush=True)
     return out
@@ -173,13 +178,13 @@ def _fmt(v) -> str:
 
 
 def table(doc: dict) -> str:
-    lines = [f"{'scenario':10s} {'algorithm':10s} {'samples/s':>10s} {'vs sync':>8s} "
+    lines = [f"{'scenario':10s} {'algorithm':16s} {'samples/s':>10s} {'vs sync':>8s} "
              f"{'time to ' + str(doc['config']['target']):>16s} {'final acc':>9s}"]
     for scenario, res in doc["results"].items():
         base = res.get("sync", {}).get("samples_per_s")
         for algo, r in res.items():
             ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
-            lines.append(f"{scenario:10s} {algo:10s} {r['samples_per_s']:10.1f} {ratio:>8s} "
+            lines.append(f"{scenario:10s} {algo:16s} {r['samples_per_s']:10.1f} {ratio:>8s} "
                          f"{_fmt(r['time_to_target_s']):>16s} {r['final_acc']:9.3f}")
     return "\n".join(lines)
 

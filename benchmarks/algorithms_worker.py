@@ -1,7 +1,8 @@
 """One worker of benchmarks/algorithms.py: the digits MLP (numpy) trained by one algorithm.
 
     python -m byteps.launcher python benchmarks/algorithms_worker.py --algo sync|async|
-        shift_one|average [--epochs 30] [--hidden 256] [--straggler-rank 3]
+        async_unbounded|shift_one|all|lowp|average [--epochs 30] [--hidden 256]
+        [--straggler-rank 3]
 
 Rank 0 evaluates its own model on the test set every ``--eval-every`` steps (that time
 is excluded from its samples/s).  The straggler (``--straggler-rank``) sleeps, in every
@@ -65,8 +66,10 @@ def accuracy(p, x, y) -> float:
 
 def algorithm(name: str, interval_ms: float):
     a = bps.algorithms
-    return {"sync": a.SyncPS, "async": a.AsyncPS,
+    return {"sync": a.SyncPS, "async": a.AsyncPS, "async_unbounded": a.AsyncPS,
             "shift_one": lambda: a.Decentralized(peer_selection="shift_one"),
+            "all": lambda: a.Decentralized(peer_selection="all"),
+            "lowp": a.LowPrecisionDecentralized,
             "average": lambda: a.AsyncModelAverage(sync_interval_ms=interval_ms)}[name]()
 
 
