@@ -360,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     supervise.GRACE_PERIOD_S = args.grace_period
     if args.slurm and args.max_restarts:
         ap.error("--max-restarts restarts a --standalone job; under Slurm use --requeue")
+    if (args.host_list or args.hostfile or args.slurm) and (args.min_workers or
+                                                            args.host_discovery_script):
+        ap.error("--min-workers/--host-discovery-script run an elastic --standalone job; on a "
+                 "cluster set BYTEPS_MIN_WORKERS for the scheduler (docs/fault_tolerance.md)")
     if args.host_list or args.hostfile:     # the whole job on several machines over ssh
         from byteps.launcher import ssh
         if args.slurm or args.standalone or args.max_restarts or args.hosts:
