@@ -4,8 +4,9 @@ argv: size_bytes iters warmup.  Prints ``CLUSTER_RESULT {json}`` with the
 time of every timed iteration (seconds), this worker's telemetry and its CPU seconds
 (every thread of the process, the engine's included) over the timed iterations, with the
 bytes it moved meanwhile (pushed + pulled).  With autotune on (the default) the warm-up
-must cover its trials (about 4 + 3 x BYTEPS_AUTOTUNE_STEPS steps; one push_pull of the
-same name is one step here) for the timed iterations to run with the final choice.
+must cover its trials (about 1 + 4 x BYTEPS_AUTOTUNE_STEPS steps; each push_pull is one
+step here, marked with step_done()) for the timed iterations to run with the final
+choice.
 """
 import json
 import sys
@@ -24,6 +25,7 @@ def main() -> None:
     out = np.empty_like(x)
     for _ in range(warmup):
         core.push_pull(x, "cluster.grad", average=True, out=out)
+        core.step_done()             # one training step (autotune counts these)
     bps.barrier()
     times = []
     cpu0 = time.process_time()
@@ -31,6 +33,7 @@ def main() -> None:
         t = time.perf_counter()
         core.push_pull(x, "cluster.grad", average=True, out=out)
         times.append(time.perf_counter() - t)
+        core.step_done()
     cpu = time.process_time() - cpu0
     n = bps.size()
     expect = (n + 1) / 2.0

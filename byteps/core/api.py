@@ -435,8 +435,8 @@ def step_done(implicit: bool = False) -> None:
     st = _STATE
     if st is None or (implicit and st.handles):
         return
-    if st.steps.mark(implicit) and st.tuner is not None:
-        _autotune.boundary(st)
+    if st.steps.mark(implicit) and st.tuner is not None and not implicit:
+        _autotune.boundary(st)       # autotune counts explicit steps only (same on every rank)
 
 
 def _finish(st: _State) -> None:

@@ -3,8 +3,10 @@ measured (docs/scaling.md, "Autotune").
 
 On by default (``BYTEPS_AUTOTUNE=0`` turns it off).  An explicit
 ``BYTEPS_PARTITION_BYTES`` or ``BYTEPS_SCHEDULING_CREDIT`` always wins over the tuned
-value.  Steps are those :class:`byteps.core.timeline.StepCounter` counts, the same on
-every rank of a synchronous job; k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
+value.  Steps are the explicit ones (``byteps.core.api.step_done()``: every plugin's
+optimizer step, ``byteps.numpy.step_done()``), which every rank of a synchronous job
+marks alike; without them nothing is tuned (the timeline's implicit step marks depend on
+how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
 
 1. **Measure** (steps 1..k, the initial settings): the engine thread (:class:`Probe`)
    records, per server, the bytes pushed, the time that server had pushes in flight
@@ -362,11 +364,9 @@ def start(cfg, st) -> Tuner | None:
 
 
 def boundary(st) -> None:
-    """Run the tuner if the step counter moved (called outside the counter's lock)."""
+    """An explicit step ended (``step_done()``, outside the step counter's lock)."""
     tu = st.tuner
-    if st.steps.n == tu.step:
-        return
-    tu.at_step(st.steps.n, lambda x, name=None: _exchange(st, x, name))
+    tu.at_step(tu.step + 1, lambda x, name=None: _exchange(st, x, name))
     if st.cfg is not tu.engine.cfg:
         st.cfg = tu.engine.cfg
 
@@ -389,11 +389,10 @@ def _exchange(st, x: np.ndarray, name: str) -> np.ndarray:
 
 
 def relayout(st, t, nbytes: int) -> None:
-    """Before a push of tensor ``t``: pass a step boundary if one was crossed, then cut
-    ``t`` with the current partition size if the layout changed since its last push.
+    """Before a push of tensor ``t``: cut it with the current partition size if the
+    layout changed since its last push.
     A tensor whose cut is the same as with the initial size keeps its own key; any other
     gets :func:`layout_key` (rounds continue where that key left them, else from 0)."""
-    boundary(st)
     tu = st.tuner
     tu.pushed(nbytes)
     if t.layout == tu.layout or t.busy is not None:
