@@ -83,6 +83,15 @@ def interrupt(engine, err: WorkersChanged) -> None:
         engine.join_event.set()
 
 
+def allow_stop(engine) -> None:
+    """A lost worker's interrupt must not keep this worker from leaving or exiting cleanly
+    (``shutdown()``, the end of the process, :func:`reset`): clear it."""
+    engine.elastic_resetting = True         # later ELASTIC messages only update the count
+    with engine.lock:
+        if isinstance(engine.fatal, WorkersChanged):
+            engine.fatal = None
+
+
 # ---------------------------------------------------------------------- user side
 def _state():
     from byteps.core import api
@@ -130,11 +139,7 @@ def reset() -> None:
     from byteps.core import api
     st = _state()
     if st is not None and st.engine is not None:
-        eng = st.engine
-        eng.elastic_resetting = True        # later ELASTIC messages only update the count
-        with eng.lock:
-            if isinstance(eng.fatal, WorkersChanged):
-                eng.fatal = None            # lets the engine stop (and send LEAVE) cleanly
+        allow_stop(st.engine)               # lets the engine stop (and send LEAVE) cleanly
         old = st.rank
     else:
         old = None
