@@ -260,6 +260,19 @@ def test_replica_frames_are_validated(body):
         decode(encode("t", 2, Op.REPLICA, 1, 5, body) + [b"1234"], "t", None)
 
 
+@pytest.mark.parametrize("body", [
+    {"dead": {"node_id": "2"}, "reason": "x"}, {"dead": {"node_id": 2}},
+    {"dead": {"node_id": 2, "pid": "1"}, "reason": "x"}, {"dead": [2], "reason": "x"},
+    {"dead": {"node_id": 2, "code": "1"}, "reason": "x"}, {"dead": {"node_id": 2}, "reason": 1},
+])
+def test_failover_bodies_are_validated(body):
+    from byteps.transport.wire import failover_body
+    with pytest.raises(WireError):
+        failover_body(body)
+    assert failover_body({"dead": {"node_id": 2, "pid": 5, "host": "h", "rank": -1,
+                                   "role": "server", "address": None}, "reason": "r"})
+
+
 def test_replicas_need_two_servers():
     env = {"DMLC_ROLE": "server", "DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1",
            "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from byteps.common.node import BytePSError, describe, down_grace
+from byteps.transport.wire import WireError, failover_body
 
 log = logging.getLogger("byteps.worker")
 
@@ -39,14 +40,17 @@ class WorkerFailover:
     def on_failover(self, body: dict) -> None:
         """The scheduler's FAILOVER: move everything bound for the dead server."""
         eng = self.engine
-        dead = body.get("dead")
-        i = next((i for i, s in enumerate(eng.server_info) if isinstance(dead, dict)
-                  and s["node_id"] == dead.get("node_id")), -1)
+        try:
+            dead, reason = failover_body(body)
+        except WireError as exc:
+            return eng.drops.warn("bad FAILOVER", str(exc))
+        i = next((i for i, s in enumerate(eng.server_info) if s["node_id"] == dead["node_id"]),
+                 -1)
         if i < 0:
             return eng.drops.warn("FAILOVER naming no server of this job", repr(body)[:200])
         if not self.enabled:       # the scheduler and this worker disagree on the setting
             raise BytePSError(f"worker rank {eng.rank}: {describe(dict(dead, role='server'))} "
-                              f"died ({body.get('reason')}) and this worker does not have "
+                              f"died ({reason}) and this worker does not have "
                               f"BYTEPS_SERVER_REPLICAS=1; set it on every node")
         if i in self.dead:
             return
@@ -69,6 +73,6 @@ class WorkerFailover:
         eng.held[new].update(eng.held[i])
         log.warning("worker rank %d: %s died (%s); its partitions go to %s: %d in flight "
                     "resent", eng.rank, describe(dict(eng.server_info[i], role="server")),
-                    body.get("reason"), eng.server_info[new]["address"], len(moved))
+                    reason, eng.server_info[new]["address"], len(moved))
         for s in range(0, len(moved), 256):
             eng.send_tasks(new, moved[s:s + 256])

@@ -43,8 +43,8 @@ from byteps.common import variables
 from byteps.common.node import describe
 from byteps.server.store import Round
 from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PULL, PUSH, Op, WireError,
-                                   decode, encode, entry_array, frame_bytes, new_seq,
-                                   payload_count)
+                                   decode, encode, entry_array, failover_body, frame_bytes,
+                                   new_seq, payload_count)
 
 log = logging.getLogger("byteps.server")
 HELLO_RETRY_S = 0.05
@@ -344,9 +344,10 @@ class Replicator:
     def on_failover(self, body: dict) -> None:
         """The scheduler declared a server dead: its backup owns its keys; replication
         stops (a second death ends the job); results that waited for a confirmation go."""
-        dead = body.get("dead")
-        if not isinstance(dead, dict) or type(dead.get("node_id")) is not int:
-            return self.srv.drops.warn("bad FAILOVER", repr(body)[:200])
+        try:
+            dead, _ = failover_body(body)
+        except WireError as exc:
+            return self.srv.drops.warn("bad FAILOVER", str(exc))
         who = describe(dict(dead, role="server"))
         owner = dead["node_id"] in self.order and self._backs_up(dead)
         log.warning("%s died: %sreplication stops (a second server death ends the job)", who,

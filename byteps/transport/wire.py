@@ -269,6 +269,31 @@ def _comp_shape(c) -> bool:
              or (isinstance(p[1], str) and len(p[1]) <= 32)) for p in c)
 
 
+def failover_body(body: dict) -> tuple[dict, str]:
+    """Validate a FAILOVER body ``{dead, reason}`` (byteps/scheduler/failover.py):
+    ``dead`` names the server (node_id, address, host, host_id: strings or None, pid, rank:
+    integers or None), ``reason`` is a string of at most 4000 characters.  Raises
+    WireError."""
+    if not isinstance(body, dict) or set(body) != {"dead", "reason"}:
+        raise WireError("FAILOVER body must be {dead, reason}")
+    dead, reason = body["dead"], body["reason"]
+    if not isinstance(dead, dict) or not (_is_int(dead.get("node_id"))
+                                          and 0 <= dead["node_id"] < 1 << 31):
+        raise WireError("FAILOVER dead must name the server's node_id")
+    for k, v in dead.items():
+        if k in ("role", "host", "host_id", "address"):
+            if not (v is None or (isinstance(v, str) and len(v) <= 300)):
+                raise WireError(f"FAILOVER dead.{k} must be a short string")
+        elif k in ("pid", "rank"):
+            if not (v is None or _is_int(v)):
+                raise WireError(f"FAILOVER dead.{k} must be an integer")
+        elif k != "node_id":
+            raise WireError(f"FAILOVER dead has an unknown field {k!r}")
+    if not isinstance(reason, str) or len(reason) > 4000:
+        raise WireError("FAILOVER reason must be a string of at most 4000 characters")
+    return dead, reason
+
+
 def elastic_body(body: dict) -> tuple[int, bool, str]:
     """Validate an ELASTIC body ``{gen, removed, reason}``: (gen, removed, reason).
 
