@@ -122,8 +122,8 @@ def test_load_model_wraps_optimizer(res):
 
 def test_api_errors(res):
     for v in get(res, "api_errors"):
-        assert "either op= or" in v["op_and_average"]
-        assert "bps.Average or bps.Sum" in v["bad_op"]
+        assert "either average= or op=" in v["op_and_average"]
+        assert "use Average, Sum, Min, Max or Product" in v["bad_op"]
         assert "already a byteps DistributedOptimizer" in v["double_wrap"]
         assert "backward_passes_per_step=2" in v["v1_passes"]
         assert "root_rank=2 is out of range" in v["bad_root"]

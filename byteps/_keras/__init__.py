@@ -240,13 +240,39 @@ def push_pull(keras, value, name=None, average=True):
     return res.reshape(arr.shape)
 
 
+def _eval(keras, result):
+    """Horovod's keras helpers: the tensor when eager, its value in a TF1 graph."""
+    if tf.executing_eagerly():
+        return result
+    return tf.compat.v1.keras.backend.get_session().run(result)
+
+
+def allreduce(keras, value, name=None, average=True, prescale_factor=1.0, postscale_factor=1.0,
+              op=None, compression=Compression.none):
+    """Horovod's ``hvd.keras.allreduce`` (``op`` takes precedence over ``average``)."""
+    import byteps.tensorflow as bps
+    return _eval(keras, bps.allreduce(tf.constant(value), average=None if op else average,
+                                      op=op, prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor,
+                                      compression=compression, name=name))
+
+
+def allgather(keras, value, name=None):
+    """Horovod's ``hvd.keras.allgather``: every worker's value, concatenated."""
+    import byteps.tensorflow as bps
+    return _eval(keras, bps.allgather(tf.constant(value), name=name))
+
+
 def broadcast(keras, value, root_rank, name=None):
-    """Return rank ``root_rank``'s value on every rank, as a numpy array."""
-    arr = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-    if name is None:
-        name = f"anon.{arr.dtype}.{'x'.join(map(str, np.shape(arr))) or 'scalar'}"
-    t = tf.convert_to_tensor(arr)
-    return _ops.broadcast_tensors([t], ["KerasBroadcast." + name], root_rank)[0].numpy()
+    """Horovod's ``hvd.keras.broadcast``: rank ``root_rank``'s value on every worker."""
+    import byteps.tensorflow as bps
+    return _eval(keras, bps.broadcast(tf.constant(value), root_rank, name=name))
+
+
+def reducescatter(keras, value, name=None, op=None):
+    """Horovod's ``hvd.keras.reducescatter``: this worker's block of the reduced rows."""
+    import byteps.tensorflow as bps
+    return _eval(keras, bps.reducescatter(tf.constant(value), op=op, name=name))
 
 
 def all_model_variables(keras) -> list:

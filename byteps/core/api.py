@@ -324,7 +324,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     if st.tuner is not None:
         _autotune.relayout(st, t, src.nbytes)
     hid = next(st.ids)
-    if st.engine is None:
+    if st.engine is None or (src.size == 0 and not asynchronous):   # nothing to exchange
         h = Handle(hid, t, out, 0, average)
         if asynchronous:        # one process: the "servers' value" is kept here
             from byteps.core.algorithms.async_ps import local_add

@@ -29,7 +29,27 @@ from byteps.core.api import (
     shutdown,
     size,
 )
-from byteps.tensorflow import Average, Compression, Sum
+from byteps.tensorflow import (
+    Adasum,
+    Average,
+    Compression,
+    Sum,
+    byteps_built,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+    start_timeline,
+    stop_timeline,
+)
 
 keras = _impl.default_keras()
 
@@ -37,11 +57,14 @@ from byteps.keras import callbacks  # noqa: E402  after `keras`: subclasses kera
 
 __all__ = [
     "Average",
+    "Adasum",
     "BytePSError",
     "Compression",
     "DistributedOptimizer",
     "QAdamOptimizer",
     "Sum",
+    "allgather",
+    "allreduce",
     "broadcast",
     "broadcast_global_variables",
     "callbacks",
@@ -53,8 +76,13 @@ __all__ = [
     "local_size",
     "push_pull",
     "rank",
+    "reducescatter",
     "shutdown",
     "size",
+    # Horovod's build-info and host queries (byteps/core/basics.py)
+    "byteps_built", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "rocm_built", "start_timeline", "stop_timeline",
 ]
 
 
@@ -94,8 +122,26 @@ def push_pull(value, name: str | None = None, average: bool = True):
 
 
 def broadcast(value, root_rank: int, name: str | None = None):
-    """Return rank ``root_rank``'s value on every rank, as a numpy array."""
+    """Rank ``root_rank``'s value on every rank (a tensor when eager, as Horovod)."""
     return _impl.broadcast(keras, value, root_rank, name)
+
+
+def allreduce(value, name: str | None = None, average=True, prescale_factor=1.0,
+              postscale_factor=1.0, op=None, compression=Compression.none):
+    """Horovod's ``allreduce`` of a value (default: average; ``op`` wins over ``average``);
+    a tensor when eager."""
+    return _impl.allreduce(keras, value, name, average, prescale_factor, postscale_factor, op,
+                           compression)
+
+
+def allgather(value, name: str | None = None):
+    """Every worker's value concatenated along the first dimension (a tensor when eager)."""
+    return _impl.allgather(keras, value, name)
+
+
+def reducescatter(value, name: str | None = None, op=Average):
+    """This worker's block of rows of the reduced value (Average or Sum)."""
+    return _impl.reducescatter(keras, value, name, op)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,

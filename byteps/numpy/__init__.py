@@ -4,18 +4,30 @@
     bps.init()
     avg = bps.push_pull(grad, name="grad.w")          # averaged across workers
     w = bps.broadcast(w, root_rank=0, name="w")
+
+Horovod's collectives on numpy arrays (allreduce with op=Sum/Average/Min/Max/Product,
+allgather, broadcast, reducescatter, alltoall, grouped and ``*_async`` forms) are in
+:mod:`byteps.numpy.collectives` and exported here; see docs/numpy.md.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from byteps.core import api as _api
-from byteps.core.api import (BytePSError, barrier, declare, init, is_initialized, join,
-                             local_rank, local_size, poll, rank, shutdown, size)
+from byteps.core.api import (BytePSError, declare, init, is_initialized, join, local_rank,
+                             local_size, poll, rank, shutdown, size)
+from byteps.core.basics import __all__ as _basics_names
+from byteps.core.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
+from byteps.numpy import collectives as _coll
+from byteps.numpy.collectives import __all__ as _coll_names
+from byteps.numpy.collectives import *  # noqa: F401,F403  (Horovod's collectives)
+from byteps.numpy.collectives import barrier, broadcast
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull", "push_pull_async", "poll", "synchronize", "broadcast",
-           "barrier", "join", "BytePSError", "step_done", "DistributedOptimizer", "algorithms"]
+           "barrier", "join", "BytePSError", "step_done", "DistributedOptimizer", "algorithms",
+           "nccl_built", "cuda_built", "rocm_built"] + \
+    [n for n in _coll_names + _basics_names if n not in ("broadcast", "global_only")]
 
 from byteps.core import algorithms  # noqa: E402
 from byteps.numpy.optimizer import DistributedOptimizer  # noqa: E402
@@ -55,7 +67,12 @@ def synchronize(handle: int) -> np.ndarray:
 
     The call that leaves nothing in flight ends a training step for the timeline's
     trace window, unless the script marks steps itself with :func:`step_done`."""
-    out = _api.synchronize(handle)
+    try:
+        res = _api.synchronize(handle)
+    except BaseException:
+        _coll.discard(handle)
+        raise
+    out = _coll.finish(handle, res)
     _api.step_done(implicit=True)
     return out
 
@@ -65,9 +82,19 @@ def step_done() -> None:
     _api.step_done()
 
 
-def broadcast(array, root_rank: int, name: str | None = None) -> np.ndarray:
-    """Return rank ``root_rank``'s array on every rank."""
-    return _api.broadcast(np.asarray(array), root_rank, name=name)
+def nccl_built() -> bool:
+    """False: numpy arrays live in host memory."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: numpy arrays live in host memory."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False: numpy arrays live in host memory."""
+    return False
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
 

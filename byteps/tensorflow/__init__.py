@@ -33,31 +33,61 @@ from byteps.core.api import (
     shutdown,
     size,
 )
-from byteps.tensorflow import _ops
-from byteps.tensorflow._ops import Average, Sum
+from byteps.core.basics import (
+    byteps_built,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    start_timeline,
+    stop_timeline,
+)
+from byteps.tensorflow import _ops, util  # noqa: F401  (hvd.util._executing_eagerly)
 from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.mpi_ops import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    Sum,
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    broadcast_,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    reducescatter,
+    size_op,
+)
+from byteps.tensorflow.util import _executing_eagerly  # noqa: F401  (Horovod has it here too)
 
 __all__ = [
-    "Average",
-    "BytePSError",
-    "Compression",
-    "DistributedGradientTape",
-    "DistributedOptimizer",
-    "QAdamOptimizer",
-    "Sum",
-    "barrier",
-    "broadcast",
-    "broadcast_global_variables",
-    "broadcast_variables",
-    "init",
-    "is_initialized",
-    "join",
-    "local_rank",
-    "local_size",
-    "push_pull",
-    "rank",
-    "shutdown",
+    "BytePSError", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "QAdamOptimizer", "barrier", "broadcast_global_variables", "broadcast_variables", "init",
+    "is_initialized", "join", "local_rank", "local_size", "push_pull", "rank", "shutdown",
     "size",
+    # Horovod's names (byteps/tensorflow/mpi_ops.py, byteps/core/basics.py; docs/tensorflow.md)
+    "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
+    "allreduce", "alltoall", "broadcast", "broadcast_", "byteps_built", "ccl_built",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "is_homogeneous",
+    "local_rank_op", "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "process_set_included_op", "rank_op", "reducescatter", "rocm_built",
+    "size_op", "start_timeline", "stop_timeline",
 ]
 
 
@@ -65,55 +95,34 @@ def _scoped(scope: str, name: str) -> str:
     return (scope.rstrip("/") + "/" if scope else "") + name
 
 
-def _auto_name(tensor) -> str | None:
-    """The graph name of ``tensor`` inside ``tf.function``; None when eager."""
-    if tf.executing_eagerly():
-        return None
-    try:
-        return _ops.var_name(tensor, 0)
-    except Exception:   # noqa: BLE001 - any naming failure falls back to dtype+shape
-        return None
-
-
 def push_pull(tensor, scope: str = "", average=None, device_dense: str = "",
               device_sparse: str = "", compression=Compression.none, op=None,
               name: str | None = None):
-    """Average (default) or sum ``tensor`` over all workers; eager or in ``tf.function``.
+    """The original BytePS name of :func:`allreduce`: average (default) or sum ``tensor``
+    over all workers (``op`` may also be Min, Max or Product); eager or in ``tf.function``.
 
-    ``tf.IndexedSlices`` are gathered sparsely (values and indices of every
-    rank, concatenated).  Without ``name``, the tensor's graph name (in a
-    ``tf.function``) or its dtype and shape (eagerly) name the exchange, so
-    every rank must make the same calls in the same order.
-    """
-    op = _ops.resolve_op(op, average)
-    base = name or _auto_name(tensor)
-    full = "PushPull." + _scoped(scope, base or "anon")
-    average = op == Average
-    if isinstance(tensor, tf.IndexedSlices):
-        with tf.device(device_sparse):
-            vals, ctx = compression.compress(tensor.values)
-            vals, wdt = _ops.to_wire(vals)
-            t = _ops.start_sparse(vals, tensor.indices, full, average)
-            v, i = _ops.wait([t], [(vals.dtype, tf.TensorShape([None]).concatenate(
-                vals.shape[1:])), (tf.int64, tf.TensorShape([None]))])
-            v = compression.decompress(_ops.from_wire(v, wdt), ctx)
-            return tf.IndexedSlices(v, tf.cast(i, tensor.indices.dtype), tensor.dense_shape)
-    tensor = tf.convert_to_tensor(tensor)
-    with tf.device(device_dense):
-        c, ctx = compression.compress(tensor)
-        c, wdt = _ops.to_wire(c)
-        t = _ops.start_dense(c, full, average, shape_in_name=name is None)
-        (r,) = _ops.wait([t], [(c.dtype, c.shape)])
-        return compression.decompress(_ops.from_wire(r, wdt), ctx)
+    ``tf.IndexedSlices`` are gathered sparsely (values and indices of every rank,
+    concatenated).  Without ``name`` the core numbers the call, so every rank must make
+    its unnamed calls in the same order."""
+    return allreduce(tensor, average=average, device_dense=device_dense,
+                     device_sparse=device_sparse, compression=compression, op=op,
+                     name=_scoped(scope, name) if name else None)
 
 
-def broadcast(tensor, root_rank: int, scope: str = "", name: str | None = None,
-              is_variable: bool = True):
-    """Return rank ``root_rank``'s value of ``tensor`` on every rank."""
-    tensor = tf.convert_to_tensor(tensor)
-    base = name or _auto_name(tensor) or f"anon.{tensor.dtype.name}.{tensor.shape}"
-    return _ops.broadcast_tensors([tensor], ["Broadcast." + _scoped(scope, base)],
-                                  root_rank)[0]
+def nccl_built() -> bool:
+    """False: byteps moves TensorFlow tensors through host memory, not NCCL."""
+    return False
+
+
+def cuda_built() -> bool:
+    """True when this TensorFlow is built with CUDA (GPU tensors are staged through host
+    memory)."""
+    return bool(tf.test.is_built_with_cuda())
+
+
+def rocm_built() -> bool:
+    """True when this TensorFlow is built with ROCm."""
+    return bool(tf.test.is_built_with_rocm())
 
 
 def broadcast_variables(variables, root_rank: int, scope: str = ""):

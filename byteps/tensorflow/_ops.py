@@ -25,7 +25,7 @@ def resolve_op(op, average) -> str:
         raise ValueError("push_pull: give either op= or the deprecated average=, not both")
     if average is not None:
         return Average if average else Sum
-    op = Average if op is None else op
+    op = Average if op is None else getattr(op, "name", op)   # bps.Average is a ReduceOp
     if op not in (Average, Sum):
         raise ValueError(f"push_pull: op must be bps.Average or bps.Sum, got {op!r}")
     return op

@@ -287,7 +287,7 @@ def api_errors():
     out = {}
     cases = {
         "op_and_average": lambda: bps.push_pull(tf.ones(2), average=True, op=bps.Sum),
-        "bad_op": lambda: bps.push_pull(tf.ones(2), op="Max"),
+        "bad_op": lambda: bps.push_pull(tf.ones(2), op="Median"),
         "double_wrap": lambda: bk.DistributedOptimizer(
             bk.DistributedOptimizer(keras.optimizers.SGD())),
         "v1_passes": lambda: bps.DistributedOptimizer(

@@ -1,0 +1,209 @@
+"""Horovod's collectives on numpy arrays: the core's (:mod:`byteps.core.collectives`), with
+dtypes the servers do not carry converted exactly (:mod:`byteps.core.carry`) and results
+given back in the input's dtype.
+
+Every operation takes ``process_set=`` (only the global set: every worker takes part) and
+has an ``*_async`` form whose handle :func:`synchronize` finishes (and :func:`poll` asks).
+Without ``name`` the core numbers the call, so every rank must make its unnamed calls in
+the same order.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from byteps.core import api as _api
+from byteps.core import collectives as _coll
+from byteps.core.basics import global_only
+from byteps.core.carry import carry
+
+Average, Sum, Adasum = _coll.AVERAGE, _coll.SUM, _coll.ADASUM
+Min, Max, Product = _coll.MIN, _coll.MAX, _coll.PRODUCT
+ReduceOp = _coll.ReduceOp
+
+__all__ = ["Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
+           "allgather_async", "allreduce", "allreduce_async", "alltoall", "alltoall_async",
+           "broadcast", "broadcast_async", "grouped_allgather", "grouped_allgather_async",
+           "grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter",
+           "grouped_reducescatter_async", "reducescatter", "reducescatter_async"]
+
+_lock = threading.Lock()
+_finish: dict[int, object] = {}      # handle -> turns the core's result into the user's
+
+
+def _register(handle: int, fn) -> int:
+    with _lock:
+        _finish[handle] = fn
+    return handle
+
+
+def finish(handle: int, result):
+    """The user's result of a handle of this module (others: unchanged)."""
+    with _lock:
+        fn = _finish.pop(handle, None)
+    return result if fn is None else fn(result)
+
+
+def discard(handle: int) -> None:
+    """Forget a handle whose operation failed."""
+    with _lock:
+        _finish.pop(handle, None)
+
+
+def _array(a, what: str) -> np.ndarray:
+    if not isinstance(a, (np.ndarray, np.generic, int, float, bool, list, tuple)):
+        raise TypeError(f"{what} expects a numpy array, got {type(a).__name__}")
+    return np.asarray(a)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(1) if a.ndim == 0 else a
+
+
+# ------------------------------------------------------------------ allreduce
+def allreduce_async(array, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None) -> int:
+    """Start reducing ``array`` over every worker (default: average; ``op`` Sum, Average,
+    Min, Max or Product); the result keeps ``array``'s dtype and shape."""
+    global_only(process_set, "allreduce")
+    a = _array(array, "allreduce")
+    wire, back = carry(a, copy=False)
+    h = _coll.allreduce_async(_flat(wire), name, average, op, prescale_factor,
+                              postscale_factor)
+    return _register(h, lambda r: back(r).reshape(a.shape))
+
+
+def allreduce(array, average=None, name=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None) -> np.ndarray:
+    """:func:`allreduce_async` + :func:`synchronize`."""
+    return _sync(allreduce_async(array, average, name, op, prescale_factor, postscale_factor,
+                                 process_set))
+
+
+def grouped_allreduce_async(arrays, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None) -> int:
+    """Start reducing every array of ``arrays`` (one handle; the result is a list)."""
+    global_only(process_set, "grouped_allreduce")
+    arrs = [_array(a, "grouped_allreduce") for a in arrays]
+    wired = [carry(a, copy=False) for a in arrs]
+    h = _coll.grouped_allreduce_async([_flat(w) for w, _ in wired], name, average, op,
+                                      prescale_factor, postscale_factor)
+    return _register(h, lambda rs: [b(r).reshape(a.shape)
+                                    for r, (_, b), a in zip(rs, wired, arrs)])
+
+
+def grouped_allreduce(arrays, average=None, name=None, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None) -> list:
+    return _sync(grouped_allreduce_async(arrays, average, name, op, prescale_factor,
+                                         postscale_factor, process_set))
+
+
+# ------------------------------------------------------------------ allgather
+def allgather_async(array, name=None, process_set=None) -> int:
+    """Start concatenating every worker's ``array`` along the first dimension (which may
+    differ between workers; dtype and the other dimensions must agree)."""
+    global_only(process_set, "allgather")
+    wire, back = carry(_array(array, "allgather"), copy=True)
+    return _register(_coll.allgather_async(wire, name), back)
+
+
+def allgather(array, name=None, process_set=None) -> np.ndarray:
+    return _sync(allgather_async(array, name, process_set))
+
+
+def grouped_allgather_async(arrays, name=None, process_set=None) -> int:
+    """Start an allgather of every array (one handle; the result is a list)."""
+    global_only(process_set, "grouped_allgather")
+    wired = [carry(_array(a, "grouped_allgather"), copy=True) for a in arrays]
+    h = _coll.grouped_allgather_async([w for w, _ in wired], name)
+    return _register(h, lambda rs: [b(r) for r, (_, b) in zip(rs, wired)])
+
+
+def grouped_allgather(arrays, name=None, process_set=None) -> list:
+    return _sync(grouped_allgather_async(arrays, name, process_set))
+
+
+# ------------------------------------------------------------------ broadcast
+def broadcast_async(array, root_rank: int, name=None, process_set=None) -> int:
+    """Start sending rank ``root_rank``'s ``array`` to every worker (every worker must pass
+    the same root rank, shape and dtype, else every worker gets an error naming both
+    ranks)."""
+    global_only(process_set, "broadcast")
+    a = _array(array, "broadcast")
+    wire, back = carry(a, copy=True)
+    h = _coll.broadcast_async(_flat(wire), root_rank, name)
+    return _register(h, lambda r: back(r.reshape(wire.shape)))
+
+
+def broadcast(array, root_rank: int, name=None, process_set=None) -> np.ndarray:
+    """Rank ``root_rank``'s ``array`` on every worker (a new array)."""
+    return _sync(broadcast_async(array, root_rank, name, process_set))
+
+
+# ------------------------------------------------------------------ reducescatter
+def _scatter_op(op):
+    op = Average if op is None else op
+    if _coll.resolve_op(None, op)[0]:
+        raise ValueError(f"reducescatter: op={op!r} is not supported; use Average or Sum")
+    return op
+
+
+def reducescatter_async(array, name=None, op=Average, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0) -> int:
+    """Start reducing ``array`` over every worker (Average or Sum); each worker gets its
+    block of rows (the first ``n % size`` workers one row more)."""
+    global_only(process_set, "reducescatter")
+    wire, back = carry(_array(array, "reducescatter"), copy=False)
+    h = _coll.reducescatter_async(wire, name, None, _scatter_op(op), prescale_factor,
+                                  postscale_factor)
+    return _register(h, back)
+
+
+def reducescatter(array, name=None, op=Average, process_set=None, prescale_factor=1.0,
+                  postscale_factor=1.0) -> np.ndarray:
+    return _sync(reducescatter_async(array, name, op, process_set, prescale_factor,
+                                     postscale_factor))
+
+
+def grouped_reducescatter_async(arrays, name=None, op=Average, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Start a reducescatter of every array (one handle; the result is a list)."""
+    global_only(process_set, "grouped_reducescatter")
+    wired = [carry(_array(a, "grouped_reducescatter"), copy=False) for a in arrays]
+    h = _coll.grouped_reducescatter_async([w for w, _ in wired], name, None, _scatter_op(op),
+                                          prescale_factor, postscale_factor)
+    return _register(h, lambda rs: [b(r) for r, (_, b) in zip(rs, wired)])
+
+
+def grouped_reducescatter(arrays, name=None, op=Average, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0) -> list:
+    return _sync(grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
+                                             postscale_factor))
+
+
+# ------------------------------------------------------------------ alltoall
+def alltoall_async(array, splits=None, name=None, process_set=None) -> int:
+    """Start sending ``splits[i]`` rows of ``array`` to worker ``i`` (equal parts without
+    ``splits``); the result is the rows received by sending rank, plus the received
+    splits when ``splits`` is given (as Horovod)."""
+    global_only(process_set, "alltoall")
+    wire, back = carry(_array(array, "alltoall"), copy=True)
+    sp = None if splits is None else np.asarray(splits)
+    h = _coll.alltoall_async(wire, sp, name)
+    return _register(h, lambda r: back(r[0]) if splits is None else (back(r[0]), r[1]))
+
+
+def alltoall(array, splits=None, name=None, process_set=None):
+    return _sync(alltoall_async(array, splits, name, process_set))
+
+
+def _sync(handle: int):
+    from byteps.numpy import synchronize
+    return synchronize(handle)
+
+
+def barrier(process_set=None) -> None:
+    """Wait until every worker reaches the barrier."""
+    global_only(process_set, "barrier")
+    _api.barrier()

@@ -1,0 +1,124 @@
+"""TensorFlow <-> numpy plumbing for the collectives of byteps.tensorflow.
+
+An operation is a function of numpy arrays (calling :mod:`byteps.core.collectives`) that
+:func:`run` calls at once when eager, or wraps in one ``tf.numpy_function`` op inside
+``tf.function`` and TF1 graphs.  Everything else here is conversion:
+
+* dtypes the core does not carry travel as one it does (:func:`to_wire`; bfloat16 as
+  float32, int16/uint16 as int32, bool as uint8 for copies, complex as float pairs);
+* errors: when eager, a disagreement between ranks (the core's BytePSError) is raised as
+  :class:`CollectiveError`, a ``tf.errors.FailedPreconditionError`` that is also a
+  BytePSError, and an invalid argument found during the exchange (e.g. splits) as
+  :class:`InvalidArgument`, a ``tf.errors.InvalidArgumentError`` that is also a
+  ValueError (Horovod's classes).  Inside a graph TensorFlow turns a ValueError into
+  InvalidArgumentError and anything else into UnknownError, keeping the message;
+* order: in a TF1 graph every byteps op gets a control dependency on the previous one,
+  so that every rank runs them in creation order (``tf.function`` already runs stateful
+  ops in program order); ops that wait for other ranks could otherwise deadlock when two
+  ranks pick different orders.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.core.api import BytePSError
+
+_NATIVE = {tf.float16, tf.float32, tf.float64, tf.int32, tf.int64, tf.uint8, tf.int8}
+_AS = {tf.int16: tf.int32, tf.uint16: tf.int32, tf.uint32: tf.int64}
+_COPY_AS = {tf.bool: tf.uint8, tf.uint64: tf.int64, **_AS}
+_COMPLEX = {tf.complex64: tf.float32, tf.complex128: tf.float64}
+_last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class CollectiveError(tf.errors.FailedPreconditionError, BytePSError):
+    """The ranks disagree (shapes, dtypes, root ranks, ...) or the job failed; the message
+    names the tensor and the ranks."""
+
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
+    """An argument is invalid for this operation (e.g. splits that do not add up)."""
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def as_tf_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, tf.errors.OpError):
+        return exc
+    if isinstance(exc, BytePSError):
+        return CollectiveError(str(exc))
+    if isinstance(exc, ValueError):
+        return InvalidArgument(str(exc))
+    return exc
+
+
+def to_wire(t: tf.Tensor, copy: bool):
+    """``(tensor in a dtype the core carries, original dtype or None)``."""
+    d = t.dtype
+    if d in _NATIVE:
+        return t, None
+    table = _COPY_AS if copy else _AS
+    if d in table:
+        return tf.cast(t, table[d]), d
+    if d.is_floating:                      # bfloat16, float8 kinds
+        return tf.cast(t, tf.float32), d
+    if copy and d in _COMPLEX:             # (..., 2) floats: the first dimension is kept
+        return tf.stack([tf.math.real(t), tf.math.imag(t)], axis=-1), d
+    return t, None                         # the core refuses it, naming the tensor
+
+
+def from_wire(t: tf.Tensor, dtype):
+    if dtype is None:
+        return t
+    if dtype in _COMPLEX:
+        return tf.complex(t[..., 0], t[..., 1])
+    return tf.cast(t, dtype)
+
+
+def eager() -> bool:
+    return tf.executing_eagerly()
+
+
+def _in_v1_graph() -> bool:
+    from tensorflow.python.framework import func_graph
+    return not isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph)
+
+
+def run(fn, inputs: list, specs: list, kind: str) -> list:
+    """``fn(*numpy arrays) -> list of numpy arrays`` on ``inputs``; ``specs`` holds one
+    ``(dtype, shape)`` per result.  Eager: called now; else one ``tf.numpy_function`` op."""
+    if eager():
+        try:
+            outs = fn(*[np.asarray(t.numpy()) for t in inputs])
+        except (BytePSError, ValueError) as exc:
+            raise as_tf_error(exc) from None
+        return [tf.convert_to_tensor(np.asarray(o, d.as_numpy_dtype))
+                for o, (d, _) in zip(outs, specs)]
+
+    def call(*arrays):
+        return [np.asarray(o, d.as_numpy_dtype) for o, (d, _) in zip(fn(*arrays), specs)]
+    graph = tf.compat.v1.get_default_graph()
+    deps = []
+    if _in_v1_graph() and graph in _last_op:
+        deps = [_last_op[graph]]
+    with tf.control_dependencies(deps):
+        outs = tf.numpy_function(call, list(inputs), [d for d, _ in specs], stateful=True,
+                                 name="BytePS" + kind)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    if outs and _in_v1_graph():
+        _last_op[graph] = outs[0].op
+    for o, (_, shape) in zip(outs, specs):
+        o.set_shape(shape)
+    return list(outs)
+
+
+def scalar_safe(a: np.ndarray) -> np.ndarray:
+    """The core carries arrays of at least one dimension."""
+    return a.reshape(1) if a.ndim == 0 else a

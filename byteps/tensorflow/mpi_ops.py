@@ -1,0 +1,367 @@
+"""Horovod's collectives for TensorFlow, over :mod:`byteps.core.collectives`.
+
+Every rule (op resolution, scaling, naming, agreement between ranks, row layouts) is the
+core's; this module converts tensors (:mod:`byteps.tensorflow._plumbing`) and registers
+gradients with ``tf.custom_gradient``, as Horovod registers them for its ops:
+
+* allreduce: the gradient is allreduced with the same op and scale factors;
+* allgather: the gradient is averaged, and each rank keeps its own rows;
+* broadcast: the gradient is averaged on the root and zero elsewhere;
+* reducescatter: the gradient (times the size for Sum, times the scale factors) is
+  allgathered;
+* alltoall: the gradient goes back with the received splits.
+
+The operations work eagerly, inside ``tf.function`` and in TF1 graphs.  Unnamed calls get
+a name from the core's counter when they are built (``tf.function`` and graphs: once, at
+tracing), so every rank must build its unnamed operations in the same order.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from byteps.core import api as core
+from byteps.core import collectives as coll
+from byteps.core.basics import global_only
+from byteps.tensorflow import _plumbing as P
+from byteps.tensorflow.compression import Compression
+
+Average, Sum, Adasum = coll.AVERAGE, coll.SUM, coll.ADASUM
+Min, Max, Product = coll.MIN, coll.MAX, coll.PRODUCT
+ReduceOp = coll.ReduceOp
+
+__all__ = ["Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
+           "allreduce", "alltoall", "broadcast", "broadcast_", "grouped_allgather",
+           "grouped_allreduce", "grouped_reducescatter", "local_rank_op",
+           "local_size_op", "process_set_included_op", "rank_op", "reducescatter",
+           "size_op"]
+
+
+def _op(average, op):
+    """Horovod's ``average``/``op`` -> an op for the core (validated now)."""
+    coll.resolve_op(average, op)
+    if op is None:
+        return Average if average is None or average else Sum
+    return op
+
+
+def _name(name, kind: str) -> str:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"{kind}: name must be a non-empty string, got {name!r}")
+    return name or coll.auto_name(kind)
+
+
+def _tensor(t, what: str):
+    if isinstance(t, tf.IndexedSlices) or isinstance(t, tf.SparseTensor):
+        raise TypeError(f"{what}: sparse tensors are not supported here; convert them with "
+                        f"tf.convert_to_tensor first")
+    return tf.convert_to_tensor(t)
+
+
+# ------------------------------------------------------------------ allreduce
+def _allreduce_dense(t, name, op, pre, post):
+    wired, dt = P.to_wire(t, copy=False)
+
+    @tf.custom_gradient
+    def fn(x):
+        def np_fn(a):
+            return [coll.allreduce(P.scalar_safe(a), name, op=op, prescale_factor=pre,
+                                   postscale_factor=post).reshape(a.shape)]
+        (y,) = P.run(np_fn, [x], [(x.dtype, x.shape)], "Allreduce")
+
+        def grad(dy):
+            return _allreduce_dense(dy, coll.auto_name("allreduce.grad"), op, pre, post)
+        return y, grad
+    return P.from_wire(fn(wired), dt)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False):
+    """Reduce ``tensor`` over every worker (default: average; ``op`` Sum, Average, Min, Max
+    or Product; prescale/postscale keep the dtype).  A ``tf.IndexedSlices`` is allgathered
+    (values and indices; divided by the size for Average), as Horovod does.
+    Differentiable."""
+    global_only(process_set, "allreduce")
+    op = _op(average, op)
+    name = _name(name, "allreduce")
+    if isinstance(tensor, tf.IndexedSlices):
+        if coll.resolve_op(None, op)[0]:
+            raise NotImplementedError(f"allreduce of tf.IndexedSlices: op={op!r} is not "
+                                      f"supported; use Average or Sum (or convert the "
+                                      f"slices to a dense tensor)")
+        with tf.device(device_sparse):
+            vals, ctx = compression.compress(tensor.values)
+            values = allgather(vals, name=name + ".values")
+            values = compression.decompress(values, ctx)
+            indices = allgather(tensor.indices, name=name + ".indices")
+            factor = prescale_factor * postscale_factor
+            if coll.resolve_op(None, op) == (0, True):        # Average
+                factor /= core.size()
+            if factor != 1.0:
+                values = values * tf.cast(factor, values.dtype) if values.dtype.is_floating \
+                    else tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
+            return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+    tensor = _tensor(tensor, "allreduce")
+    with tf.device(device_dense):
+        c, ctx = compression.compress(tensor)
+        out = _allreduce_dense(c, name, op, float(prescale_factor), float(postscale_factor))
+        return compression.decompress(out, ctx)
+
+
+def _grouped_dense(tensors, name, op, pre, post):
+    pairs = [P.to_wire(t, copy=False) for t in tensors]
+
+    @tf.custom_gradient
+    def fn(*xs):
+        def np_fn(*arrays):
+            rs = coll.grouped_allreduce([P.scalar_safe(a) for a in arrays], name, op=op,
+                                        prescale_factor=pre, postscale_factor=post)
+            return [r.reshape(a.shape) for r, a in zip(rs, arrays)]
+        ys = P.run(np_fn, list(xs), [(x.dtype, x.shape) for x in xs], "GroupedAllreduce")
+
+        def grad(*dys):
+            return _grouped_dense(list(dys), coll.auto_name("grouped_allreduce.grad"), op,
+                                  pre, post)
+        return ys, grad
+    if not tensors:
+        return []
+    outs = fn(*[w for w, _ in pairs])
+    return [P.from_wire(o, d) for o, (_, d) in zip(outs, pairs)]
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=None, ignore_name_scope=False,
+                      name=None):
+    """Reduce every tensor of ``tensors`` in one operation (a list); differentiable."""
+    global_only(process_set, "grouped_allreduce")
+    op = _op(average, op)
+    name = _name(name, "grouped_allreduce")
+    tensors = [_tensor(t, "grouped_allreduce") for t in tensors]
+    with tf.device(device_dense):
+        pairs = [compression.compress(t) for t in tensors]
+        outs = _grouped_dense([c for c, _ in pairs], name, op, float(prescale_factor),
+                              float(postscale_factor))
+        return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
+# ------------------------------------------------------------------ allgather
+def _own_rows(grad, x):
+    """Average ``grad`` over the ranks and keep this rank's rows (allgather's gradient)."""
+    g = allreduce(grad, op=Average)
+    dims = allgather(tf.reshape(tf.shape(x)[0], [1]))
+    parts = tf.split(g, tf.reshape(dims, [core.size()]), num=core.size(), axis=0)
+    return parts[core.rank()]
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
+    """Concatenate every worker's ``tensor`` along the first dimension (which may differ
+    between workers; the other dimensions and the dtype must agree).  Differentiable."""
+    global_only(process_set, "allgather")
+    tensor = _tensor(tensor, "allgather")
+    name = _name(name, "allgather")
+    wired, dt = P.to_wire(tensor, copy=True)
+
+    @tf.custom_gradient
+    def fn(x):
+        shape = tf.TensorShape([None]).concatenate(x.shape[1:]) \
+            if x.shape.rank is not None else x.shape
+        (y,) = P.run(lambda a: [coll.allgather(a, name)], [x], [(x.dtype, shape)],
+                     "Allgather")
+
+        def grad(dy):
+            return _own_rows(dy, x)
+        return y, grad
+    return P.from_wire(fn(wired), dt)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
+    """Allgather every tensor of ``tensors`` in one operation (a list); differentiable."""
+    global_only(process_set, "grouped_allgather")
+    tensors = [_tensor(t, "grouped_allgather") for t in tensors]
+    if not tensors:
+        return []
+    name = _name(name, "grouped_allgather")
+    pairs = [P.to_wire(t, copy=True) for t in tensors]
+
+    @tf.custom_gradient
+    def fn(*xs):
+        specs = [(x.dtype, tf.TensorShape([None]).concatenate(x.shape[1:])
+                  if x.shape.rank is not None else x.shape) for x in xs]
+        ys = P.run(lambda *arrays: coll.grouped_allgather(list(arrays), name), list(xs),
+                   specs, "GroupedAllgather")
+
+        def grad(*dys):
+            return [_own_rows(dy, x) for dy, x in zip(dys, xs)]
+        return ys, grad
+    outs = fn(*[w for w, _ in pairs])
+    return [P.from_wire(o, d) for o, (_, d) in zip(outs, pairs)]
+
+
+# ------------------------------------------------------------------ broadcast
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None,
+              scope: str = "", is_variable: bool = True):
+    """Rank ``root_rank``'s ``tensor`` on every worker (every worker must pass the same
+    root rank, shape and dtype; else every worker gets an error naming both ranks).
+    Differentiable.  ``scope`` and ``is_variable`` are the original BytePS arguments."""
+    global_only(process_set, "broadcast")
+    root = coll.check_root(root_rank, "broadcast")
+    tensor = _tensor(tensor, "broadcast")
+    name = _name((scope.rstrip("/") + "/" + name) if scope and name else name, "broadcast")
+    wired, dt = P.to_wire(tensor, copy=True)
+
+    @tf.custom_gradient
+    def fn(x):
+        def np_fn(a):
+            return [coll.broadcast(P.scalar_safe(a), root, name).reshape(a.shape)]
+        (y,) = P.run(np_fn, [x], [(x.dtype, x.shape)], "Broadcast")
+
+        def grad(dy):
+            g = allreduce(dy, op=Average)
+            return g if core.rank() == root else g * 0
+        return y, grad
+    return P.from_wire(fn(wired), dt)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=None):
+    """Overwrite every variable with rank ``root_rank``'s value; returns the variables
+    (eager) or the assign ops (graph)."""
+    global_only(process_set, "broadcast_")
+    base = _name(name, "broadcast_")
+    out = [v.assign(broadcast(v, root_rank, name=f"{base}.{i}"))
+           for i, v in enumerate(variables)]
+    return variables if P.eager() else out
+
+
+# ------------------------------------------------------------------ reducescatter
+def _scatter_op(op):
+    op = Average if op is None else op
+    if coll.resolve_op(None, op)[0]:
+        raise ValueError(f"reducescatter: op={op!r} is not supported; use Average or Sum "
+                         f"(as Horovod)")
+    return op
+
+
+def _scatter_grad(dy, op, pre, post):
+    factor = pre * post * (core.size() if coll.resolve_op(None, op) == (0, False) else 1)
+    if factor != 1.0:
+        dy = dy * tf.cast(factor, dy.dtype)
+    return allgather(dy)
+
+
+def _reducescatter(tensors, name, op, pre, post, kind):
+    pairs = [P.to_wire(t, copy=False) for t in tensors]
+
+    @tf.custom_gradient
+    def fn(*xs):
+        specs = [(x.dtype, tf.TensorShape([None]).concatenate(x.shape[1:])
+                  if x.shape.rank is not None else x.shape) for x in xs]
+        ys = P.run(lambda *arrays: coll.grouped_reducescatter(
+            list(arrays), name, op=op, prescale_factor=pre, postscale_factor=post),
+            list(xs), specs, kind)
+
+        def grad(*dys):
+            return [_scatter_grad(dy, op, pre, post) for dy in dys]
+        return ys, grad
+    outs = fn(*[w for w, _ in pairs])
+    return [P.from_wire(o, d) for o, (_, d) in zip(outs, pairs)]
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average,
+                  name=None, process_set=None, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduce ``tensor`` over every worker (Average or Sum) and return this worker's block
+    of rows (the first ``n % size`` workers get one row more).  Differentiable."""
+    global_only(process_set, "reducescatter")
+    op = _scatter_op(op)
+    name = _name(name, "reducescatter")
+    tensor = _tensor(tensor, "reducescatter")
+    with tf.device(device_dense):
+        c, ctx = compression.compress(tensor)
+        (out,) = _reducescatter([c], name, op, float(prescale_factor),
+                                float(postscale_factor), "Reducescatter")
+        return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=None, prescale_factor=1.0, postscale_factor=1.0,
+                          name=None):
+    """Reducescatter every tensor of ``tensors`` in one operation (a list)."""
+    global_only(process_set, "grouped_reducescatter")
+    op = _scatter_op(op)
+    name = _name(name, "grouped_reducescatter")
+    tensors = [_tensor(t, "grouped_reducescatter") for t in tensors]
+    if not tensors:
+        return []
+    with tf.device(device_dense):
+        pairs = [compression.compress(t) for t in tensors]
+        outs = _reducescatter([c for c, _ in pairs], name, op, float(prescale_factor),
+                              float(postscale_factor), "GroupedReducescatter")
+        return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
+# ------------------------------------------------------------------ alltoall
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
+    """Send ``splits[i]`` rows of ``tensor`` to worker ``i`` (equal parts without
+    ``splits``); returns the rows received, by sending rank, and, when ``splits`` is
+    given, the received splits (int32), as Horovod.  Differentiable."""
+    global_only(process_set, "alltoall")
+    tensor = _tensor(tensor, "alltoall")
+    name = _name(name, "alltoall")
+    wired, dt = P.to_wire(tensor, copy=True)
+    n = core.size()
+    split_t = None if splits is None else tf.cast(tf.reshape(tf.convert_to_tensor(splits),
+                                                             [-1]), tf.int64)
+
+    def np_fn(a, s=None):
+        out, received = coll.alltoall(a, None if s is None else s, name)
+        return [out, np.asarray(received, np.int32)]
+
+    @tf.custom_gradient
+    def fn(x):
+        shape = tf.TensorShape([None]).concatenate(x.shape[1:]) \
+            if x.shape.rank is not None else x.shape
+        ins = [x] if split_t is None else [x, split_t]
+        y, received = P.run(np_fn, ins, [(x.dtype, shape), (tf.int32, tf.TensorShape([n]))],
+                            "Alltoall")
+
+        def grad(dy, _=None):
+            g, _ = alltoall(dy, splits=received)
+            return g
+        return (y, received), grad
+    y, received = fn(wired)
+    y = P.from_wire(y, dt)
+    return y if splits is None else (y, received)
+
+
+# ------------------------------------------------------------------ the rest
+def _const(value: int, name):
+    return tf.constant(value, dtype=tf.int32, name=name)
+
+
+def size_op(process_set_id: int = 0, name=None):
+    """The number of workers, as an int32 tensor."""
+    if process_set_id:
+        global_only(type("ProcessSet", (), {"process_set_id": process_set_id})(), "size_op")
+    return _const(core.size(), name)
+
+
+def local_size_op(name=None):
+    """The number of workers on this host, as an int32 tensor."""
+    return _const(core.local_size(), name)
+
+
+def rank_op(name=None):
+    """This worker's rank, as an int32 tensor."""
+    return _const(core.rank(), name)
+
+
+def local_rank_op(name=None):
+    """This worker's rank on its host, as an int32 tensor."""
+    return _const(core.local_rank(), name)
+
+
+def process_set_included_op(process_set_id: int = 0, name=None):
+    """1: every worker is in the global process set (the only one byteps has)."""
+    return _const(1 if process_set_id == 0 else 0, name)

@@ -1,0 +1,46 @@
+"""Horovod's collectives through byteps.numpy (tests/scripts/coll_numpy.py): every op and
+dtype against numpy references, async handles, and errors that name the ranks, in real
+jobs of 2 and 3 workers; plus the dtype carrying rules without sockets."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from byteps.core.carry import carry
+from tests.conftest import assert_ok, read_results, run_script
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.uint16, np.uint32, np.uint64, np.bool_,
+                                   np.complex64, np.complex128])
+def test_carry_copies_exactly(dtype):
+    a = (np.arange(12).reshape(3, 4) * 7 - 20).astype(dtype)
+    wire, back = carry(a, copy=True)
+    assert wire.dtype.name in ("int32", "int64", "uint8", "float32", "float64")
+    assert wire.shape[0] == a.shape[0]              # rows stay rows (allgather, alltoall)
+    got = back(wire)
+    assert got.dtype == a.dtype and np.array_equal(got, a)
+
+
+def test_carry_reductions_wrap_like_the_dtype():
+    a = np.array([30000, -30000], np.int16)
+    wire, back = carry(a, copy=False)
+    assert wire.dtype == np.int32
+    assert np.array_equal(back(wire + wire), a + a)   # int16 arithmetic wraps the same way
+    b = np.array([True])
+    assert carry(b, copy=False)[0].dtype == np.bool_  # refused later by the core, by name
+
+
+@pytest.mark.parametrize("workers,servers", [(2, 1), (3, 2)])
+def test_numpy_collectives_in_a_job(tmp_path, workers, servers):
+    res = run_script("coll_numpy.py", tmp_path, workers=workers, servers=servers,
+                     timeout=120, BYTEPS_ENABLE_IPC=0)
+    assert_ok(res)
+    done = read_results(tmp_path)
+    assert sorted(done) == list(range(workers))
+    assert all(d == done[0] for d in done.values())
+    for check in ("build info", "product int16", "prescale/postscale int32",
+                  "allreduce_async", "allgather bool", "broadcast complex64 from 1",
+                  "reducescatter average", "alltoall splits", "allgather shape error",
+                  "broadcast root error", "alltoall splits error", "allreduce shape error",
+                  "collectives work after errors", "barrier"):
+        assert check in done[0], check
