@@ -15,7 +15,7 @@ The scheduler (byteps/scheduler/membership.py) announces membership changes with
 with :class:`WorkersChanged` (Horovod's ``HorovodInternalError``): :func:`run` restores
 the last commit, re-forms the group (:func:`reset`: leave, register again, new epoch,
 new dense ranks) and syncs the state from rank 0.  A worker that asks to join is let in
-at the next ``state.commit()``: every member agrees on it there (a max over the members)
+at the next ``state.commit()``: every member agrees on it there (a sum over the members)
 and raises :class:`HostsUpdatedInterrupt` at the same step; nothing is restored.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import logging
 import numpy as np
 
 from byteps.common.node import BytePSError
-from byteps.transport.wire import REDUCE_OPS, WireError, elastic_body
+from byteps.transport.wire import WireError, elastic_body
 
 log = logging.getLogger("byteps.worker")
 
@@ -83,6 +83,15 @@ def interrupt(engine, err: WorkersChanged) -> None:
         engine.join_event.set()
 
 
+def allow_stop(engine) -> None:
+    """A lost worker's interrupt must not keep this worker from leaving or exiting cleanly
+    (``shutdown()``, the end of the process, :func:`reset`): clear it."""
+    engine.elastic_resetting = True         # later ELASTIC messages only update the count
+    with engine.lock:
+        if isinstance(engine.fatal, WorkersChanged):
+            engine.fatal = None
+
+
 # ---------------------------------------------------------------------- user side
 def _state():
     from byteps.core import api
@@ -107,20 +116,20 @@ def _formed_gen(st) -> int:
 
 def check_host_updates(name: str = "elastic.host_updates") -> None:
     """Raise :class:`HostsUpdatedInterrupt` on every rank at once when a worker asked to
-    join: the highest change any member heard of (a max over the members) is compared
-    with the one this group was formed at.  A collective: every rank calls it at the same
+    join: whether any member heard of a change after the one this group was formed at (a
+    sum over the members).  A collective: every rank calls it at the same
     step (``state.commit()`` does)."""
     from byteps.core import api
     st = api._state()
     if st.engine is None:
         return
     formed = _formed_gen(st)
-    seen = max(formed, getattr(st.engine, "elastic_gen", 0))
-    agreed = api.synchronize(api.push_pull_async(np.array([seen], np.int64), name,
-                                                 average=False, op=REDUCE_OPS.index("max")))
-    if int(agreed[0]) > formed:
-        log.info("worker rank %d: workers asked to join (change %d): re-forming at this "
-                 "commit", st.rank, int(agreed[0]))
+    heard = int(getattr(st.engine, "elastic_gen", 0) > formed)
+    # a sum, not a max: also available in asynchronous mode (BYTEPS_ENABLE_ASYNC=1)
+    agreed = api.push_pull(np.array([heard], np.int64), name, average=False)
+    if int(agreed[0]) > 0:
+        log.info("worker rank %d: %d of %d worker(s) heard of workers asking to join: "
+                 "re-forming at this commit", st.rank, int(agreed[0]), st.size)
         raise HostsUpdatedInterrupt(skip_sync=False)
 
 
@@ -130,16 +139,15 @@ def reset() -> None:
     from byteps.core import api
     st = _state()
     if st is not None and st.engine is not None:
-        eng = st.engine
-        eng.elastic_resetting = True        # later ELASTIC messages only update the count
-        with eng.lock:
-            if isinstance(eng.fatal, WorkersChanged):
-                eng.fatal = None            # lets the engine stop (and send LEAVE) cleanly
+        allow_stop(st.engine)               # lets the engine stop (and send LEAVE) cleanly
         old = st.rank
     else:
         old = None
+    declared = dict(st.declared) if st is not None else {}
     api.shutdown()
     api.init()
+    # declare()d compression settings outlive the group (the servers keep the declarations)
+    api._state().declared.update(declared)
     log.info("elastic: worker rank %s is rank %d of %d in the re-formed group", old,
              api.rank(), api.size())
 
