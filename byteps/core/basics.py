@@ -4,56 +4,64 @@ Horovod scripts and test suites ask what the library was built with before anyth
 (``hvd.mpi_built()``, ``hvd.gloo_enabled()``, ...).  byteps answers truthfully: it uses
 neither MPI, Gloo, DDL nor oneCCL (its own parameter servers over ZeroMQ), and it is
 byteps.  What depends on the framework (CUDA, ROCm, NCCL) is answered by each plugin.
-The host layout (``cross_rank``, ``cross_size``, ``is_homogeneous``) comes from the core's
-ranks.
+The answers come from :func:`byteps.core.collectives.build_info`; the host layout
+(``cross_rank``, ``cross_size``, ``is_homogeneous``) from the core's ranks.
 """
 from __future__ import annotations
 
+import importlib.util
+
 from byteps.core import api
+
 
 __all__ = ["byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built", "gloo_built",
            "gloo_enabled", "global_only", "is_homogeneous", "mpi_built", "mpi_enabled",
-           "mpi_threads_supported", "start_timeline", "stop_timeline"]
+           "mpi_threads_supported", "process_set_kw", "start_timeline", "stop_timeline"]
+
+
+def _info() -> dict:
+    from byteps.core.collectives import build_info    # the one table of these facts
+    return build_info()
 
 
 def mpi_built() -> bool:
     """False: byteps does not use MPI."""
-    return False
+    return _info()["mpi_built"]
 
 
 def mpi_enabled() -> bool:
     """False: byteps does not use MPI."""
-    return False
+    return _info()["mpi_enabled"]
 
 
 def mpi_threads_supported() -> bool:
     """False: byteps does not use MPI."""
-    return False
+    return _info()["mpi_threads_supported"]
 
 
 def gloo_built() -> bool:
     """False: byteps does not use Gloo (its own parameter servers over ZeroMQ)."""
-    return False
+    return _info()["gloo_built"]
 
 
 def gloo_enabled() -> bool:
     """False: byteps does not use Gloo."""
-    return False
+    return _info()["gloo_enabled"]
 
 
 def ddl_built() -> bool:
     """False: no IBM DDL."""
-    return False
+    return _info()["ddl_built"]
 
 
 def ccl_built() -> bool:
     """False: no oneCCL."""
-    return False
+    return _info()["ccl_built"]
 
 
 def byteps_built() -> bool:
     """True."""
-    return True
+    return _info()["byteps_built"]
 
 
 def cross_rank() -> int:
@@ -81,11 +89,36 @@ def stop_timeline() -> None:
     api.stop_timeline()
 
 
+def process_set_kw(process_set, what: str) -> dict:
+    """The keyword arguments that carry ``process_set`` to :mod:`byteps.core.collectives`:
+    ``{}`` for None or the global set (id 0), ``{"process_set": ps}`` for another set when
+    the core has process sets (``byteps/core/process_sets.py``); otherwise a ValueError
+    naming the operation."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return {}
+    if importlib.util.find_spec("byteps.core.process_sets") is None:
+        raise ValueError(f"{what}: process_set={process_set!r} is not supported by this "
+                         f"byteps: every worker takes part; pass process_set=None (or the "
+                         f"global process set)")
+    return {"process_set": process_set}
+
+
 def global_only(process_set, what: str) -> None:
     """Accept ``process_set=None`` or the global process set (id 0); anything else raises
-    a ValueError naming the operation (until the core has process sets)."""
+    a ValueError naming the operation (for calls that have no process-set form)."""
     if process_set is None or getattr(process_set, "process_set_id", None) == 0:
         return
-    raise ValueError(f"{what}: process_set={process_set!r} is not supported by this byteps "
-                     f"plugin: every worker takes part; pass process_set=None (or the "
-                     f"global process set)")
+    raise ValueError(f"{what}: process_set={process_set!r} is not supported here: every "
+                     f"worker takes part; pass process_set=None (or the global process set)")
+
+
+try:        # the core's process sets, re-exported by every plugin (Horovod's names)
+    from byteps.core.process_sets import (  # noqa: F401
+        ProcessSet,
+        add_process_set,
+        global_process_set,
+        remove_process_set,
+    )
+    __all__ += ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
+except ImportError:         # a core without process sets: process_set_kw refuses them
+    pass

@@ -36,7 +36,7 @@ __all__ = ["BytePSError", "DistributedOptimizer", "DistributedTrainer", "broadca
            "byteps_declare_tensor", "byteps_push_pull", "init", "is_initialized",
            "join", "local_rank", "local_size", "parse_compression", "rank", "shutdown", "size",
            "nccl_built", "cuda_built", "rocm_built"] + list(_coll_names) + \
-    [n for n in _basics_names if n != "global_only"]
+    [n for n in _basics_names if n not in ("global_only", "process_set_kw")]
 
 
 def cuda_built() -> bool:

@@ -2,10 +2,10 @@
 dtypes the servers do not carry converted exactly (:mod:`byteps.core.carry`) and results
 given back in the input's dtype.
 
-Every operation takes ``process_set=`` (only the global set: every worker takes part) and
-has an ``*_async`` form whose handle :func:`synchronize` finishes (and :func:`poll` asks).
-Without ``name`` the core numbers the call, so every rank must make its unnamed calls in
-the same order.
+Every operation takes ``process_set=`` (passed to the core's process sets where the core has
+them; otherwise only the global set) and has an ``*_async`` form whose handle
+:func:`synchronize` finishes (and :func:`poll` asks).  Without ``name`` the core numbers the
+call, so every rank must make its unnamed calls in the same order.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from byteps.core import api as _api
 from byteps.core import collectives as _coll
-from byteps.core.basics import global_only
+from byteps.core.basics import process_set_kw
 from byteps.core.carry import carry
 
 Average, Sum, Adasum = _coll.AVERAGE, _coll.SUM, _coll.ADASUM
@@ -66,11 +66,11 @@ def allreduce_async(array, average=None, name=None, op=None, prescale_factor=1.0
                     postscale_factor=1.0, process_set=None) -> int:
     """Start reducing ``array`` over every worker (default: average; ``op`` Sum, Average,
     Min, Max or Product); the result keeps ``array``'s dtype and shape."""
-    global_only(process_set, "allreduce")
+    kw = process_set_kw(process_set, "allreduce")
     a = _array(array, "allreduce")
     wire, back = carry(a, copy=False)
     h = _coll.allreduce_async(_flat(wire), name, average, op, prescale_factor,
-                              postscale_factor)
+                              postscale_factor, **kw)
     return _register(h, lambda r: back(r).reshape(a.shape))
 
 
@@ -84,11 +84,11 @@ def allreduce(array, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(arrays, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None) -> int:
     """Start reducing every array of ``arrays`` (one handle; the result is a list)."""
-    global_only(process_set, "grouped_allreduce")
+    kw = process_set_kw(process_set, "grouped_allreduce")
     arrs = [_array(a, "grouped_allreduce") for a in arrays]
     wired = [carry(a, copy=False) for a in arrs]
     h = _coll.grouped_allreduce_async([_flat(w) for w, _ in wired], name, average, op,
-                                      prescale_factor, postscale_factor)
+                                      prescale_factor, postscale_factor, **kw)
     return _register(h, lambda rs: [b(r).reshape(a.shape)
                                     for r, (_, b), a in zip(rs, wired, arrs)])
 
@@ -103,9 +103,9 @@ def grouped_allreduce(arrays, average=None, name=None, op=None, prescale_factor=
 def allgather_async(array, name=None, process_set=None) -> int:
     """Start concatenating every worker's ``array`` along the first dimension (which may
     differ between workers; dtype and the other dimensions must agree)."""
-    global_only(process_set, "allgather")
+    kw = process_set_kw(process_set, "allgather")
     wire, back = carry(_array(array, "allgather"), copy=True)
-    return _register(_coll.allgather_async(wire, name), back)
+    return _register(_coll.allgather_async(wire, name, **kw), back)
 
 
 def allgather(array, name=None, process_set=None) -> np.ndarray:
@@ -114,9 +114,9 @@ def allgather(array, name=None, process_set=None) -> np.ndarray:
 
 def grouped_allgather_async(arrays, name=None, process_set=None) -> int:
     """Start an allgather of every array (one handle; the result is a list)."""
-    global_only(process_set, "grouped_allgather")
+    kw = process_set_kw(process_set, "grouped_allgather")
     wired = [carry(_array(a, "grouped_allgather"), copy=True) for a in arrays]
-    h = _coll.grouped_allgather_async([w for w, _ in wired], name)
+    h = _coll.grouped_allgather_async([w for w, _ in wired], name, **kw)
     return _register(h, lambda rs: [b(r) for r, (_, b) in zip(rs, wired)])
 
 
@@ -129,10 +129,10 @@ def broadcast_async(array, root_rank: int, name=None, process_set=None) -> int:
     """Start sending rank ``root_rank``'s ``array`` to every worker (every worker must pass
     the same root rank, shape and dtype, else every worker gets an error naming both
     ranks)."""
-    global_only(process_set, "broadcast")
+    kw = process_set_kw(process_set, "broadcast")
     a = _array(array, "broadcast")
     wire, back = carry(a, copy=True)
-    h = _coll.broadcast_async(_flat(wire), root_rank, name)
+    h = _coll.broadcast_async(_flat(wire), root_rank, name, **kw)
     return _register(h, lambda r: back(r.reshape(wire.shape)))
 
 
@@ -153,10 +153,10 @@ def reducescatter_async(array, name=None, op=Average, process_set=None, prescale
                         postscale_factor=1.0) -> int:
     """Start reducing ``array`` over every worker (Average or Sum); each worker gets its
     block of rows (the first ``n % size`` workers one row more)."""
-    global_only(process_set, "reducescatter")
+    kw = process_set_kw(process_set, "reducescatter")
     wire, back = carry(_array(array, "reducescatter"), copy=False)
     h = _coll.reducescatter_async(wire, name, None, _scatter_op(op), prescale_factor,
-                                  postscale_factor)
+                                  postscale_factor, **kw)
     return _register(h, back)
 
 
@@ -169,10 +169,10 @@ def reducescatter(array, name=None, op=Average, process_set=None, prescale_facto
 def grouped_reducescatter_async(arrays, name=None, op=Average, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start a reducescatter of every array (one handle; the result is a list)."""
-    global_only(process_set, "grouped_reducescatter")
+    kw = process_set_kw(process_set, "grouped_reducescatter")
     wired = [carry(_array(a, "grouped_reducescatter"), copy=False) for a in arrays]
     h = _coll.grouped_reducescatter_async([w for w, _ in wired], name, None, _scatter_op(op),
-                                          prescale_factor, postscale_factor)
+                                          prescale_factor, postscale_factor, **kw)
     return _register(h, lambda rs: [b(r) for r, (_, b) in zip(rs, wired)])
 
 
@@ -187,10 +187,10 @@ def alltoall_async(array, splits=None, name=None, process_set=None) -> int:
     """Start sending ``splits[i]`` rows of ``array`` to worker ``i`` (equal parts without
     ``splits``); the result is the rows received by sending rank, plus the received
     splits when ``splits`` is given (as Horovod)."""
-    global_only(process_set, "alltoall")
+    kw = process_set_kw(process_set, "alltoall")
     wire, back = carry(_array(array, "alltoall"), copy=True)
     sp = None if splits is None else np.asarray(splits)
-    h = _coll.alltoall_async(wire, sp, name)
+    h = _coll.alltoall_async(wire, sp, name, **kw)
     return _register(h, lambda r: back(r[0]) if splits is None else (back(r[0]), r[1]))
 
 
@@ -205,5 +205,8 @@ def _sync(handle: int):
 
 def barrier(process_set=None) -> None:
     """Wait until every worker reaches the barrier."""
-    global_only(process_set, "barrier")
-    _api.barrier()
+    kw = process_set_kw(process_set, "barrier")
+    if kw:
+        _coll.barrier(**kw)
+    else:
+        _api.barrier()

@@ -48,6 +48,8 @@ from byteps.core.basics import (
     start_timeline,
     stop_timeline,
 )
+from byteps.core.basics import __all__ as _basics_names
+from byteps.core.basics import *  # noqa: F401,F403  (process sets, where the core has them)
 from byteps.tensorflow import _ops, util  # noqa: F401  (hvd.util._executing_eagerly)
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.mpi_ops import (
@@ -88,7 +90,8 @@ __all__ = [
     "local_rank_op", "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "process_set_included_op", "rank_op", "reducescatter", "rocm_built",
     "size_op", "start_timeline", "stop_timeline",
-]
+] + [n for n in _basics_names if n in ("ProcessSet", "add_process_set", "global_process_set",
+                                       "remove_process_set")]
 
 
 def _scoped(scope: str, name: str) -> str:

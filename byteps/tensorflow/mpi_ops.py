@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from byteps.core import api as core
 from byteps.core import collectives as coll
-from byteps.core.basics import global_only
+from byteps.core.basics import process_set_kw
 from byteps.tensorflow import _plumbing as P
 from byteps.tensorflow.compression import Compression
 
@@ -45,10 +45,17 @@ def _op(average, op):
     return op
 
 
-def _name(name, kind: str) -> str:
+def _name(name, kind: str, kw: dict) -> str:
+    """``name``, or one from the core's counter (per process set) now, when built."""
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"{kind}: name must be a non-empty string, got {name!r}")
-    return name or coll.auto_name(kind)
+    return name or coll.auto_name(kind, **kw)
+
+
+def _members(kw: dict) -> tuple[int, int]:
+    """(size, this worker's index) of the process set in ``kw`` (default: every worker)."""
+    ps = kw.get("process_set")
+    return (core.size(), core.rank()) if ps is None else (ps.size(), ps.rank())
 
 
 def _tensor(t, what: str):
@@ -59,18 +66,19 @@ def _tensor(t, what: str):
 
 
 # ------------------------------------------------------------------ allreduce
-def _allreduce_dense(t, name, op, pre, post):
+def _allreduce_dense(t, name, op, pre, post, kw):
     wired, dt = P.to_wire(t, copy=False)
 
     @tf.custom_gradient
     def fn(x):
         def np_fn(a):
             return [coll.allreduce(P.scalar_safe(a), name, op=op, prescale_factor=pre,
-                                   postscale_factor=post).reshape(a.shape)]
+                                   postscale_factor=post, **kw).reshape(a.shape)]
         (y,) = P.run(np_fn, [x], [(x.dtype, x.shape)], "Allreduce")
 
         def grad(dy):
-            return _allreduce_dense(dy, coll.auto_name("allreduce.grad"), op, pre, post)
+            return _allreduce_dense(dy, coll.auto_name("allreduce.grad", **kw), op, pre, post,
+                                    kw)
         return y, grad
     return P.from_wire(fn(wired), dt)
 
@@ -82,9 +90,9 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     or Product; prescale/postscale keep the dtype).  A ``tf.IndexedSlices`` is allgathered
     (values and indices; divided by the size for Average), as Horovod does.
     Differentiable."""
-    global_only(process_set, "allreduce")
+    kw = process_set_kw(process_set, "allreduce")
     op = _op(average, op)
-    name = _name(name, "allreduce")
+    name = _name(name, "allreduce", kw)
     if isinstance(tensor, tf.IndexedSlices):
         if coll.resolve_op(None, op)[0]:
             raise NotImplementedError(f"allreduce of tf.IndexedSlices: op={op!r} is not "
@@ -92,12 +100,13 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
                                       f"slices to a dense tensor)")
         with tf.device(device_sparse):
             vals, ctx = compression.compress(tensor.values)
-            values = allgather(vals, name=name + ".values")
+            values = allgather(vals, name=name + ".values", process_set=process_set)
             values = compression.decompress(values, ctx)
-            indices = allgather(tensor.indices, name=name + ".indices")
+            indices = allgather(tensor.indices, name=name + ".indices",
+                                process_set=process_set)
             factor = prescale_factor * postscale_factor
             if coll.resolve_op(None, op) == (0, True):        # Average
-                factor /= core.size()
+                factor /= _members(kw)[0]
             if factor != 1.0:
                 values = values * tf.cast(factor, values.dtype) if values.dtype.is_floating \
                     else tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
@@ -105,24 +114,25 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     tensor = _tensor(tensor, "allreduce")
     with tf.device(device_dense):
         c, ctx = compression.compress(tensor)
-        out = _allreduce_dense(c, name, op, float(prescale_factor), float(postscale_factor))
+        out = _allreduce_dense(c, name, op, float(prescale_factor), float(postscale_factor),
+                               kw)
         return compression.decompress(out, ctx)
 
 
-def _grouped_dense(tensors, name, op, pre, post):
+def _grouped_dense(tensors, name, op, pre, post, kw):
     pairs = [P.to_wire(t, copy=False) for t in tensors]
 
     @tf.custom_gradient
     def fn(*xs):
         def np_fn(*arrays):
             rs = coll.grouped_allreduce([P.scalar_safe(a) for a in arrays], name, op=op,
-                                        prescale_factor=pre, postscale_factor=post)
+                                        prescale_factor=pre, postscale_factor=post, **kw)
             return [r.reshape(a.shape) for r, a in zip(rs, arrays)]
         ys = P.run(np_fn, list(xs), [(x.dtype, x.shape) for x in xs], "GroupedAllreduce")
 
         def grad(*dys):
-            return _grouped_dense(list(dys), coll.auto_name("grouped_allreduce.grad"), op,
-                                  pre, post)
+            return _grouped_dense(list(dys), coll.auto_name("grouped_allreduce.grad", **kw),
+                                  op, pre, post, kw)
         return ys, grad
     if not tensors:
         return []
@@ -135,65 +145,66 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       postscale_factor=1.0, process_set=None, ignore_name_scope=False,
                       name=None):
     """Reduce every tensor of ``tensors`` in one operation (a list); differentiable."""
-    global_only(process_set, "grouped_allreduce")
+    kw = process_set_kw(process_set, "grouped_allreduce")
     op = _op(average, op)
-    name = _name(name, "grouped_allreduce")
+    name = _name(name, "grouped_allreduce", kw)
     tensors = [_tensor(t, "grouped_allreduce") for t in tensors]
     with tf.device(device_dense):
         pairs = [compression.compress(t) for t in tensors]
         outs = _grouped_dense([c for c, _ in pairs], name, op, float(prescale_factor),
-                              float(postscale_factor))
+                              float(postscale_factor), kw)
         return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
 # ------------------------------------------------------------------ allgather
-def _own_rows(grad, x):
+def _own_rows(grad, x, process_set):
     """Average ``grad`` over the ranks and keep this rank's rows (allgather's gradient)."""
-    g = allreduce(grad, op=Average)
-    dims = allgather(tf.reshape(tf.shape(x)[0], [1]))
-    parts = tf.split(g, tf.reshape(dims, [core.size()]), num=core.size(), axis=0)
-    return parts[core.rank()]
+    n, me = _members(process_set_kw(process_set, "allgather"))
+    g = allreduce(grad, op=Average, process_set=process_set)
+    dims = allgather(tf.reshape(tf.shape(x)[0], [1]), process_set=process_set)
+    parts = tf.split(g, tf.reshape(dims, [n]), num=n, axis=0)
+    return parts[me]
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Concatenate every worker's ``tensor`` along the first dimension (which may differ
     between workers; the other dimensions and the dtype must agree).  Differentiable."""
-    global_only(process_set, "allgather")
+    kw = process_set_kw(process_set, "allgather")
     tensor = _tensor(tensor, "allgather")
-    name = _name(name, "allgather")
+    name = _name(name, "allgather", kw)
     wired, dt = P.to_wire(tensor, copy=True)
 
     @tf.custom_gradient
     def fn(x):
         shape = tf.TensorShape([None]).concatenate(x.shape[1:]) \
             if x.shape.rank is not None else x.shape
-        (y,) = P.run(lambda a: [coll.allgather(a, name)], [x], [(x.dtype, shape)],
+        (y,) = P.run(lambda a: [coll.allgather(a, name, **kw)], [x], [(x.dtype, shape)],
                      "Allgather")
 
         def grad(dy):
-            return _own_rows(dy, x)
+            return _own_rows(dy, x, process_set)
         return y, grad
     return P.from_wire(fn(wired), dt)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
     """Allgather every tensor of ``tensors`` in one operation (a list); differentiable."""
-    global_only(process_set, "grouped_allgather")
+    kw = process_set_kw(process_set, "grouped_allgather")
     tensors = [_tensor(t, "grouped_allgather") for t in tensors]
     if not tensors:
         return []
-    name = _name(name, "grouped_allgather")
+    name = _name(name, "grouped_allgather", kw)
     pairs = [P.to_wire(t, copy=True) for t in tensors]
 
     @tf.custom_gradient
     def fn(*xs):
         specs = [(x.dtype, tf.TensorShape([None]).concatenate(x.shape[1:])
                   if x.shape.rank is not None else x.shape) for x in xs]
-        ys = P.run(lambda *arrays: coll.grouped_allgather(list(arrays), name), list(xs),
+        ys = P.run(lambda *arrays: coll.grouped_allgather(list(arrays), name, **kw), list(xs),
                    specs, "GroupedAllgather")
 
         def grad(*dys):
-            return [_own_rows(dy, x) for dy, x in zip(dys, xs)]
+            return [_own_rows(dy, x, process_set) for dy, x in zip(dys, xs)]
         return ys, grad
     outs = fn(*[w for w, _ in pairs])
     return [P.from_wire(o, d) for o, (_, d) in zip(outs, pairs)]
@@ -205,20 +216,20 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     """Rank ``root_rank``'s ``tensor`` on every worker (every worker must pass the same
     root rank, shape and dtype; else every worker gets an error naming both ranks).
     Differentiable.  ``scope`` and ``is_variable`` are the original BytePS arguments."""
-    global_only(process_set, "broadcast")
+    kw = process_set_kw(process_set, "broadcast")
     root = coll.check_root(root_rank, "broadcast")
     tensor = _tensor(tensor, "broadcast")
-    name = _name((scope.rstrip("/") + "/" + name) if scope and name else name, "broadcast")
+    name = _name((scope.rstrip("/") + "/" + name) if scope and name else name, "broadcast", kw)
     wired, dt = P.to_wire(tensor, copy=True)
 
     @tf.custom_gradient
     def fn(x):
         def np_fn(a):
-            return [coll.broadcast(P.scalar_safe(a), root, name).reshape(a.shape)]
+            return [coll.broadcast(P.scalar_safe(a), root, name, **kw).reshape(a.shape)]
         (y,) = P.run(np_fn, [x], [(x.dtype, x.shape)], "Broadcast")
 
         def grad(dy):
-            g = allreduce(dy, op=Average)
+            g = allreduce(dy, op=Average, process_set=process_set)
             return g if core.rank() == root else g * 0
         return y, grad
     return P.from_wire(fn(wired), dt)
@@ -227,9 +238,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 def broadcast_(variables, root_rank, name=None, process_set=None):
     """Overwrite every variable with rank ``root_rank``'s value; returns the variables
     (eager) or the assign ops (graph)."""
-    global_only(process_set, "broadcast_")
-    base = _name(name, "broadcast_")
-    out = [v.assign(broadcast(v, root_rank, name=f"{base}.{i}"))
+    base = _name(name, "broadcast_", process_set_kw(process_set, "broadcast_"))
+    out = [v.assign(broadcast(v, root_rank, name=f"{base}.{i}", process_set=process_set))
            for i, v in enumerate(variables)]
     return variables if P.eager() else out
 
@@ -243,14 +253,16 @@ def _scatter_op(op):
     return op
 
 
-def _scatter_grad(dy, op, pre, post):
-    factor = pre * post * (core.size() if coll.resolve_op(None, op) == (0, False) else 1)
+def _scatter_grad(dy, op, pre, post, process_set):
+    n = _members(process_set_kw(process_set, "reducescatter"))[0]
+    factor = pre * post * (n if coll.resolve_op(None, op) == (0, False) else 1)
     if factor != 1.0:
         dy = dy * tf.cast(factor, dy.dtype)
-    return allgather(dy)
+    return allgather(dy, process_set=process_set)
 
 
-def _reducescatter(tensors, name, op, pre, post, kind):
+def _reducescatter(tensors, name, op, pre, post, kind, process_set):
+    kw = process_set_kw(process_set, "reducescatter")
     pairs = [P.to_wire(t, copy=False) for t in tensors]
 
     @tf.custom_gradient
@@ -258,11 +270,11 @@ def _reducescatter(tensors, name, op, pre, post, kind):
         specs = [(x.dtype, tf.TensorShape([None]).concatenate(x.shape[1:])
                   if x.shape.rank is not None else x.shape) for x in xs]
         ys = P.run(lambda *arrays: coll.grouped_reducescatter(
-            list(arrays), name, op=op, prescale_factor=pre, postscale_factor=post),
+            list(arrays), name, op=op, prescale_factor=pre, postscale_factor=post, **kw),
             list(xs), specs, kind)
 
         def grad(*dys):
-            return [_scatter_grad(dy, op, pre, post) for dy in dys]
+            return [_scatter_grad(dy, op, pre, post, process_set) for dy in dys]
         return ys, grad
     outs = fn(*[w for w, _ in pairs])
     return [P.from_wire(o, d) for o, (_, d) in zip(outs, pairs)]
@@ -273,14 +285,14 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
                   postscale_factor=1.0):
     """Reduce ``tensor`` over every worker (Average or Sum) and return this worker's block
     of rows (the first ``n % size`` workers get one row more).  Differentiable."""
-    global_only(process_set, "reducescatter")
+    kw = process_set_kw(process_set, "reducescatter")
     op = _scatter_op(op)
-    name = _name(name, "reducescatter")
+    name = _name(name, "reducescatter", kw)
     tensor = _tensor(tensor, "reducescatter")
     with tf.device(device_dense):
         c, ctx = compression.compress(tensor)
         (out,) = _reducescatter([c], name, op, float(prescale_factor),
-                                float(postscale_factor), "Reducescatter")
+                                float(postscale_factor), "Reducescatter", process_set)
         return compression.decompress(out, ctx)
 
 
@@ -288,16 +300,16 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0,
                           name=None):
     """Reducescatter every tensor of ``tensors`` in one operation (a list)."""
-    global_only(process_set, "grouped_reducescatter")
+    kw = process_set_kw(process_set, "grouped_reducescatter")
     op = _scatter_op(op)
-    name = _name(name, "grouped_reducescatter")
+    name = _name(name, "grouped_reducescatter", kw)
     tensors = [_tensor(t, "grouped_reducescatter") for t in tensors]
     if not tensors:
         return []
     with tf.device(device_dense):
         pairs = [compression.compress(t) for t in tensors]
         outs = _reducescatter([c for c, _ in pairs], name, op, float(prescale_factor),
-                              float(postscale_factor), "GroupedReducescatter")
+                              float(postscale_factor), "GroupedReducescatter", process_set)
         return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
@@ -306,16 +318,16 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     """Send ``splits[i]`` rows of ``tensor`` to worker ``i`` (equal parts without
     ``splits``); returns the rows received, by sending rank, and, when ``splits`` is
     given, the received splits (int32), as Horovod.  Differentiable."""
-    global_only(process_set, "alltoall")
+    kw = process_set_kw(process_set, "alltoall")
     tensor = _tensor(tensor, "alltoall")
-    name = _name(name, "alltoall")
+    name = _name(name, "alltoall", kw)
     wired, dt = P.to_wire(tensor, copy=True)
-    n = core.size()
+    n = _members(kw)[0]
     split_t = None if splits is None else tf.cast(tf.reshape(tf.convert_to_tensor(splits),
                                                              [-1]), tf.int64)
 
     def np_fn(a, s=None):
-        out, received = coll.alltoall(a, None if s is None else s, name)
+        out, received = coll.alltoall(a, None if s is None else s, name, **kw)
         return [out, np.asarray(received, np.int32)]
 
     @tf.custom_gradient
@@ -327,7 +339,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
                             "Alltoall")
 
         def grad(dy, _=None):
-            g, _ = alltoall(dy, splits=received)
+            g, _ = alltoall(dy, splits=received, process_set=process_set)
             return g
         return (y, received), grad
     y, received = fn(wired)
@@ -343,7 +355,8 @@ def _const(value: int, name):
 def size_op(process_set_id: int = 0, name=None):
     """The number of workers, as an int32 tensor."""
     if process_set_id:
-        global_only(type("ProcessSet", (), {"process_set_id": process_set_id})(), "size_op")
+        from byteps.core.process_sets import get_process_set
+        return _const(get_process_set(process_set_id).size(), name)
     return _const(core.size(), name)
 
 
@@ -363,5 +376,8 @@ def local_rank_op(name=None):
 
 
 def process_set_included_op(process_set_id: int = 0, name=None):
-    """1: every worker is in the global process set (the only one byteps has)."""
-    return _const(1 if process_set_id == 0 else 0, name)
+    """1 when this worker is in the process set ``process_set_id`` (0: the global set)."""
+    if process_set_id:
+        from byteps.core.process_sets import get_process_set
+        return _const(int(get_process_set(process_set_id).included()), name)
+    return _const(1, name)

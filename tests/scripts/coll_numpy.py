@@ -121,6 +121,21 @@ eq(bps.allgather(np.zeros((0, 3), np.int32)), np.zeros((0, 3), np.int32), "allga
 eq(bps.allgather(np.zeros((r % 2, 3), np.int32)), np.zeros((n // 2, 3), np.int32),
    "allgather some empty")
 
+# a process set of 2 of 3 ranks (where the core has process sets): passed through
+if n >= 3 and hasattr(bps, "add_process_set"):
+    ps = bps.add_process_set([0, 2])
+    if r in (0, 2):
+        eq(bps.allreduce(np.full(3, r, np.int16), op=bps.Sum, process_set=ps),
+           np.full(3, 2, np.int16), "set allreduce int16")
+        eq(bps.allgather(np.full((r + 1, 2), r, np.float32), process_set=ps),
+           np.concatenate([np.zeros((1, 2), np.float32), np.full((3, 2), 2, np.float32)]),
+           "set allgather")
+        eq(bps.broadcast(np.array([r, r], np.int64), 2, process_set=ps), np.array([2, 2]),
+           "set broadcast")
+        eq(bps.alltoall(np.array([r, r + 10]), process_set=ps), np.array([0, 2]) +
+           (0 if r == 0 else 10), "set alltoall")
+    bps.remove_process_set(ps)
+
 # errors: every rank gets the same error naming the ranks; nothing hangs
 raises(lambda: bps.allgather(np.ones((2, r + 1))), ["rank 1", "rank 0", "trailing"],
        "allgather shape error")
@@ -128,7 +143,7 @@ raises(lambda: bps.allgather(np.ones(2, np.float32 if r else np.int32)), ["dtype
        "allgather dtype error")
 raises(lambda: bps.broadcast(np.ones(3), r), ["root_rank", "rank 1"], "broadcast root error")
 raises(lambda: bps.broadcast(np.ones(3 + r), 0), ["shape", "rank 1"], "broadcast shape error")
-raises(lambda: bps.alltoall(np.ones(n), splits=[n + 1] + [0] * (n - 1) if r == 1 else None),
+raises(lambda: bps.alltoall(np.ones(n), splits=[n - 1] + [0] * (n - 1) if r == 1 else None),
        ["rank 1", "splits"], "alltoall splits error")
 raises(lambda: bps.alltoall(np.ones(n + 1)), ["divide"], "alltoall equal split error")
 raises(lambda: bps.reducescatter(np.ones((2, 2 + r))), ["rank 1"], "reducescatter shape error")

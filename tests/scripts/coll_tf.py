@@ -205,6 +205,23 @@ eq(bk.broadcast(np.array([r, r]), 1), np.array([1, 1]), "keras broadcast")
 eq(bk.reducescatter(np.ones((n, 2), np.float32), op=hvd.Sum), np.full((1, 2), n, np.float32),
    "keras reducescatter")
 
+# a process set of 2 of 3 ranks (where the core has process sets)
+if n >= 3 and hasattr(hvd, "add_process_set"):
+    ps = hvd.add_process_set([0, 2])
+    if r in (0, 2):
+        me = 0 if r == 0 else 1
+        eq(hvd.allreduce(tf.constant([r, 1]), op=hvd.Sum, process_set=ps),
+           np.array([2, 2], np.int32), "set allreduce")
+        w = tf.Variable(tf.ones([r + 1, 2]) * (r + 1))
+        with tf.GradientTape() as tape:
+            y = hvd.allgather(w, process_set=ps)
+            loss = tf.reduce_sum(y * tf.range(4.0)[:, None])
+        eq(tape.gradient(loss, w), np.repeat(np.arange(4.0, dtype=np.float32), 2)
+           .reshape(4, 2)[[0] if me == 0 else [1, 2, 3]], "set grad allgather")
+        eq(hvd.alltoall(tf.constant([r, r + 10]), process_set=ps),
+           np.array([0, 2], np.int32) + (0 if me == 0 else 10), "set alltoall")
+    hvd.remove_process_set(ps)
+
 # errors: every rank gets the same error naming the ranks; nothing hangs
 FP = tf.errors.FailedPreconditionError
 raises(lambda: hvd.allgather(tf.ones([2, r + 1])), (FP, hvd.BytePSError),
@@ -215,7 +232,7 @@ raises(lambda: hvd.alltoall(tf.ones(n, tf.int32 if r else tf.float32)), FP, ["dt
        "alltoall dtype error")
 raises(lambda: hvd.alltoall(tf.ones(n + 1)), tf.errors.InvalidArgumentError, ["divide"],
        "alltoall equal split error")
-raises(lambda: hvd.alltoall(tf.ones(n), splits=[n + 1] + [0] * (n - 1) if r == 1 else None),
+raises(lambda: hvd.alltoall(tf.ones(n), splits=[n - 1] + [0] * (n - 1) if r == 1 else None),
        FP, ["rank 1", "splits"], "alltoall splits error")
 raises(lambda: hvd.allreduce(tf.ones([3 + r]), name="mismatch"), FP, ["mismatch"],
        "allreduce shape error")
