@@ -125,8 +125,7 @@ class Server(TensorChecks, StallReports, Records):
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.sock, zmq.POLLIN)
         poller.register(self.wake_r, zmq.POLLIN)
-        if self.replica.sock is not None:
-            poller.register(self.replica.sock, zmq.POLLIN)
+        self.replica.watch(poller)
         next_scan = time.monotonic() + 1.0
         try:
             while self.exit_code is None:

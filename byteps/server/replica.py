@@ -58,6 +58,8 @@ class Replicator:
         self.srv = server
         self.replicas = server.cfg.server_replicas
         self.sock: zmq.Socket | None = None     # DEALER to the backup
+        self.poller: zmq.Poller | None = None   # the server's, which watches sock
+        self.closing = False                   # close sock at the next tick (failover)
         self.backup: dict | None = None
         self.ready = False                     # the backup answered HELLO (this epoch)
         self.degraded = False                  # a server died: no replication any more
@@ -101,9 +103,13 @@ class Replicator:
         backup = servers[(me + 1) % len(servers)]
         if self.backup is None or self.backup["node_id"] != backup["node_id"]:
             if self.sock is not None:
+                if self.poller is not None:
+                    self.poller.unregister(self.sock)
                 self.sock.close(0)
             ident = f"s{self.srv.link.node_id}/".encode() + secrets.token_hex(8).encode()
             self.sock = transport.connect(self.srv.ctx, backup["address"], ident)
+            if self.poller is not None:
+                self.poller.register(self.sock, zmq.POLLIN)
         self.backup, self.ready, self.hello_at = backup, False, 0.0
         if self.crash is not None and self.crash[0] != me:
             self.crash = None
@@ -123,8 +129,22 @@ class Replicator:
         self.queue.clear()
         self._release(waiting)
 
+    def watch(self, poller: zmq.Poller) -> None:
+        """The server's poller watches the backup's answers (HELLO_OK, REPLICA_OK)."""
+        self.poller = poller
+        if self.sock is not None:
+            poller.register(self.sock, zmq.POLLIN)
+
     def tick(self, now: float) -> None:
-        """Say HELLO to the backup until it answers (it may not have its book yet)."""
+        """Say HELLO to the backup until it answers (it may not have its book yet); after a
+        failover, close the socket to it (outside the poller's event loop)."""
+        if self.closing:
+            self.closing = False
+            if self.sock is not None:
+                if self.poller is not None:
+                    self.poller.unregister(self.sock)
+                self.sock.close(0)     # drops copies never sent to a dead backup, now
+                self.sock = None
         if self.active and not self.ready and now >= self.hello_at:
             self.hello_at = now + HELLO_RETRY_S
             self._send(Op.HELLO, {})
@@ -354,6 +374,7 @@ class Replicator:
                     f"this server owns its keys now ({self.stats['stored']} copies received); "
                     if owner else "")
         self.degraded = True
+        self.closing = True
         self.queue.clear()
         waiting = [it for items in self.parked.values() for it in items]
         waiting += [it[1:] for items in self.parked_async.values() for it in items]
