@@ -174,6 +174,8 @@ def shutdown() -> None:
         st.peers.close()
     if st.local is not None:
         st.local.close()
+    from byteps.core.elastic import allow_stop
+    allow_stop(st.engine)          # a lost worker's interrupt (elastic) does not block it
     st.engine.stop(leave=True)
     st.link.close(linger_ms=2000)     # the LEAVE must reach the scheduler
     st.ctx.term()
@@ -540,6 +542,9 @@ def _at_exit() -> None:
             _finish(st)
         if st is not None and st.local is not None:
             st.local.close(remove=bool(_FAILED))
+        if st is not None and st.engine is not None:
+            from byteps.core.elastic import allow_stop
+            allow_stop(st.engine)      # elastic: an interrupted epoch still exits cleanly
         if st is not None and st.engine is not None and st.engine.fatal is None:
             st.engine.stop(leave=False)
             st.link.send(Op.EXIT, body)

@@ -9,7 +9,7 @@ the job when a worker dies; it re-forms the group instead:
   ``bps.elastic.run`` restores the last commit, leaves (``LEAVE``) and registers again.
 * **a worker asks to join** (it registers after the job formed): the members get
   ``ELASTIC {removed: false}``; at their next ``state.commit()`` every member agrees on
-  it (a max over the members) and raises ``HostsUpdatedInterrupt`` at the same step,
+  it (a sum over the members) and raises ``HostsUpdatedInterrupt`` at the same step,
   then leaves and registers again.
 
 When every live member has registered again, the group re-forms: a new membership epoch,

@@ -94,6 +94,7 @@ class _PeerAlgorithm(Algorithm):
         self.comm = 0             # communication steps
         self.net = None
         self.flat: _Flat | None = None
+        self.rank, self.size = -1, 0          # set by init()
 
     def _setup(self, params: dict[str, np.ndarray]) -> bool:
         """True when there are peers to talk to."""
