@@ -154,9 +154,13 @@ def run_worker(args) -> None:
             medians[name].append(statistics.median(times))
             for k, v in phases.items():
                 breakdown[name][k].append(statistics.median(v))
+    from byteps.core import api as _api
+    tu = _api._STATE.tuner
     Path(f"{args.result_file}.{bps.rank()}").write_text(json.dumps(
         {"rank": bps.rank(), "size": bps.size(), "median_step_s": medians,
-         "median_phase_s": breakdown}))
+         "median_phase_s": breakdown,
+         "autotune": None if tu is None else {"state": tu.state, "choice": tu.choice,
+                                              "hold": tu.hold}}))
     bps.push_pull(torch.zeros(1), name="bench.barrier")
     if "ddp" in systems:
         torch.distributed.destroy_process_group()
@@ -174,6 +178,7 @@ def _run_job(args, result: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
+    env.update(kv.split("=", 1) for kv in args.env)
     if args.num_workers == 1:                # still go through the servers
         env["BYTEPS_FORCE_DISTRIBUTED"] = "1"
     cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "--num-workers",
@@ -231,7 +236,10 @@ def main() -> None:
                                                   f"deep_mlp with --overlap)")
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
     ap.add_argument("--num-iters", type=int, default=10, help="timed steps per round")
-    ap.add_argument("--num-warmup", type=int, default=3)
+    ap.add_argument("--num-warmup", type=int, default=18,
+                    help="untimed steps per system first (autotune decides within 16)")
+    ap.add_argument("--env", action="append", default=[],
+                    help="KEY=VALUE for the job (e.g. BYTEPS_AUTOTUNE=0)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per system")
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--num-servers", type=int, default=2)
@@ -271,6 +279,10 @@ def main() -> None:
     print("   ".join(f"ratio byteps/{k[len('ratio_byteps_vs_'):]}: {v:.2f}"
                      for k, v in out.items() if k.startswith("ratio_") and
                      not k.endswith("_per_round")) + "   (median of per-round ratios)")
+    at = rows[0].get("autotune")
+    if at:
+        print(f"autotune (rank 0): {at['state']}, partitions/window {at['choice']}, "
+              f"{'held until the wait' if at['hold'] else 'sent as pushed (overlap)'}")
     path = Path(args.json) if args.json else ROOT / "results" / \
         f"torch_synthetic-{args.model}{'-overlap' if args.overlap else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

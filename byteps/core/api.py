@@ -169,6 +169,8 @@ def shutdown() -> None:
         st, _STATE = _STATE, None
     if st is None or st.engine is None:
         return
+    if st.tuner is not None:
+        st.tuner.release()
     _finish(st)
     if st.peers is not None:
         st.peers.close()
@@ -369,7 +371,8 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     t.round += 1
     st.handles[hid] = h
     try:
-        st.engine.submit(tasks)
+        if st.tuner is None or not st.tuner.defer(tasks):   # autotune may hold them
+            st.engine.submit(tasks)
     except BytePSError:
         t.busy = None
         del st.handles[hid]
@@ -407,6 +410,8 @@ def poll(handle: int) -> bool:
     if handle in collectives.OPS:
         return collectives.OPS[handle].event.is_set()
     h = _handle(handle)
+    if _STATE is not None and _STATE.tuner is not None:
+        _STATE.tuner.release()        # partitions autotune held go out at the first wait
     return h.event.is_set()
 
 
@@ -420,6 +425,8 @@ def synchronize(handle: int) -> np.ndarray:
         return collectives.wait(handle)
     st = _state()
     h = _handle(handle)
+    if st.tuner is not None:
+        st.tuner.release()            # partitions autotune held go out at the first wait
     while not h.event.wait(0.5):
         if st.engine is not None and st.engine.fatal:
             st.engine.fail_handle(h, st.engine.fatal)
@@ -482,6 +489,8 @@ def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
 def barrier() -> None:
     """Wait until every worker reaches the barrier."""
     st = _state()
+    if st.tuner is not None:
+        st.tuner.release()
     if st.engine is not None:
         st.engine.barrier(f"barrier.{next(st.barrier_n)}")
 
@@ -501,6 +510,8 @@ def join(device: int = -1) -> int:
         raise BytePSError(f"worker rank {st.rank}: join() is not available with local "
                           f"reduction (BYTEPS_LOCAL_SIZE={st.cfg.local_size}); set "
                           f"BYTEPS_LOCAL_REDUCE=0 to use join()")
+    if st.tuner is not None:
+        st.tuner.release()
     for h in list(st.handles.values()):     # this rank's own operations finish first
         while not h.event.wait(0.5):
             if st.engine.fatal:

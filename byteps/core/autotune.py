@@ -30,6 +30,12 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
    stays unless another is at least 5 % faster.  Each exchange completes at the
    boundary where it starts (a few hundred bytes), and what it decides applies from
    that boundary on, on every rank.
+5. **Overlap or not** (k more steps): partitions pushed during a step are held until
+   the first wait (``synchronize``, ``poll``, ``barrier``, ``join``, ``step_done``:
+   for the plugins, the end of backward), then sent at once in priority order; held
+   for good if the summed median step time is at least 5 % lower than sending each
+   partition as soon as it is pushed (where communication takes CPU from backward,
+   e.g. more processes than cores).
 
 Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` in the path is
 replaced by the rank); the choice is logged at INFO.  Partitions are not tuned under local
@@ -45,6 +51,7 @@ import logging
 import math
 import os
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -236,6 +243,12 @@ class Tuner:
         self.applied_step: int | None = None
         self.changes: list[tuple] = []           # (step, partition bytes, credit bytes)
         self.rows: list[list] = []
+        # deferred sending: tasks pushed while ``hold`` wait until the next wait
+        # (synchronize, poll, barrier, join, step_done); chosen when measured faster
+        self.hold = False
+        self.held: list = []
+        self.lock = threading.Lock()
+        self.base: list[float] = []      # the chosen setting's step times (defer trial)
         path = cfg.autotune_log
         self.log_path = path.replace("{rank}", str(rank)) if path else None
 
@@ -256,7 +269,7 @@ class Tuner:
             self.probe.reset()
             self.engine.probe = self.probe
             return
-        if st in ("measure", "trial", "verify"):
+        if st in ("measure", "trial", "defer", "verify"):
             self.times[-1].append(dt)
             self.row(n, st, self.partition, self.engine.cfg.credit_bytes, measured=dt)
         if st == "measure" and n - self.start >= self.k:
@@ -274,6 +287,21 @@ class Tuner:
                 scores = np.array([statistics.median(t) if t else math.inf
                                    for t in self.times], np.float64)
                 self.choose(np.asarray(exchange(scores, NAME + ".choice"), np.float64), n)
+        elif st == "defer" and n - self.start >= self.k:
+            med = [statistics.median(t) if t else math.inf for t in (self.base, self.times[-1])]
+            scores = np.asarray(exchange(np.array(med, np.float64), NAME + ".defer"))
+            self.hold = pick(scores) == 1
+            self.state, self.start = "verify", n
+            self.times.append([])
+            self.row(n, "defer", self.partition, self.engine.cfg.credit_bytes,
+                     note=f"step time sent at once {scores[0]:.4f}, held until the wait "
+                     f"{scores[1]:.4f} (sum over ranks): "
+                     + ("held" if self.hold else "sent at once"))
+            log.info("autotune (rank %d, from step %d): %s", self.rank, n,
+                     "partitions wait for the first synchronize after backward (measured "
+                     "faster than overlapping it)" if self.hold else
+                     "partitions are sent as soon as they are pushed")
+            self.write()
         elif st == "verify" and n - self.start >= self.k:
             self.state = "done"
             self.write()
@@ -294,7 +322,7 @@ class Tuner:
             self.row(n, "model", size, "", predicted=t, bw=p.bandwidth, rtt=p.rtt,
                      note=f"{p.step_bytes:.0f} bytes per step")
         if len(p.trials) == 1:           # nothing to try: the window is the choice
-            self.finish(p.trials[0], n, [])
+            self.finish(0, n, [])
             return
         self.trial, self.start, self.state = 1, n, "trial"
         self.times.append([])
@@ -302,13 +330,18 @@ class Tuner:
         self.write()
 
     def choose(self, scores: np.ndarray, n: int) -> None:
-        self.finish(self.plan.trials[pick(scores)], n, list(scores))
+        self.finish(pick(scores), n, list(scores))
 
-    def finish(self, choice: tuple, n: int, scores: list) -> None:
+    def finish(self, best: int, n: int, scores: list) -> None:
+        """Apply trial ``best``; then try holding partitions until the wait (k steps)."""
+        choice = self.plan.trials[best]
         changed = choice[0] != self.initial
         self.set(n, *choice)
         self.choice, self.applied_step = choice, n
-        self.state, self.start = "verify", n
+        self.base = self.times[best]
+        with self.lock:
+            self.hold = True
+        self.state, self.start = "defer", n
         self.times.append([])
         p = self.plan
         self.row(n, "choice", choice[0], choice[1], bw=p.bandwidth, rtt=p.rtt,
@@ -320,6 +353,23 @@ class Tuner:
                  else "", p.bandwidth / 1e6, p.rtt * 1e3,
                  ", ".join(f"{a}/{b}" for a, b in p.trials))
         self.write()
+
+    def defer(self, tasks: list) -> bool:
+        """Keep ``tasks`` until the next wait when holding (True), else False."""
+        with self.lock:
+            if not self.hold:
+                return False
+            self.held.extend(tasks)
+            return True
+
+    def release(self) -> None:
+        """Send what was held (called by every waiting API call)."""
+        if not self.held:
+            return
+        with self.lock:
+            tasks, self.held = self.held, []
+        if tasks:
+            self.engine.submit(tasks)
 
     def set(self, n: int, partition: int, credit: int) -> None:
         """Switch to a setting (at a step boundary: the API re-cuts tensors lazily)."""
@@ -366,6 +416,7 @@ def start(cfg, st) -> Tuner | None:
 def boundary(st) -> None:
     """An explicit step ended (``step_done()``, outside the step counter's lock)."""
     tu = st.tuner
+    tu.release()
     tu.at_step(tu.step + 1, lambda x, name=None: _exchange(st, x, name))
     if st.cfg is not tu.engine.cfg:
         st.cfg = tu.engine.cfg
