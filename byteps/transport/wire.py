@@ -30,7 +30,6 @@ Nothing received is ever unpickled or evaluated.
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
 import time
 
@@ -142,7 +141,7 @@ def mac(secret: bytes | None, header: bytes) -> bytes:
     """HMAC-SHA256 of a header under the job secret, truncated to MAC_BYTES (b"" without)."""
     if not secret:
         return b""
-    return hmac.new(secret, header, hashlib.sha256).digest()[:MAC_BYTES]
+    return hmac.digest(secret, header, "sha256")[:MAC_BYTES]     # one-shot: half the cost
 
 
 def encode(job_id: str, sender: int, op: int, epoch: int, seq: int, body,
