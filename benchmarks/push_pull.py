@@ -31,10 +31,12 @@ for nbytes in sizes:
     n = max(2, min(iters, int(4e9 // max(nbytes, 1) // 8)))
     bps.push_pull(x, name=f"b{nbytes}")              # warm-up (declares, allocates)
     bps.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         api.push_pull(x, f"b{nbytes}", out=x, average=True)
     res[str(nbytes)] = (time.perf_counter() - t0) / n
+    # CPU seconds (every thread of this worker) per GB it moved (pushed + pulled)
+    res[f"cpu{nbytes}"] = (time.process_time() - c0) / (2 * nbytes * n / 1e9)
 # 200 small tensors submitted together
 small = [np.ones(4096, np.float32) for _ in range(200)]
 for rep in range(2):
@@ -57,10 +59,12 @@ for nbytes in sizes:
     x = torch.ones(nbytes // 4)
     n = max(2, min(iters, int(4e9 // max(nbytes, 1) // 8)))
     dist.all_reduce(x); dist.barrier()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         dist.all_reduce(x)
     res[str(nbytes)] = (time.perf_counter() - t0) / n
+    w = dist.get_world_size()     # a ring sends and receives 2(w-1)/w of the tensor each
+    res[f"cpu{nbytes}"] = (time.process_time() - c0) / (4 * (w - 1) / w * nbytes * n / 1e9)
 small = [torch.ones(4096) for _ in range(200)]
 for rep in range(2):
     dist.barrier()
@@ -194,13 +198,15 @@ def main() -> None:
             results["configs"][cfg] = {"byteps": bps, "gloo": gloo}
             print(f"\nW={w} S={s}  (time per op; ratio > 1 means byteps is faster)")
             print(f"{'size':>8} {'byteps ms':>10} {'gloo ms':>9} {'gloo/bps':>9} "
-                  f"{'zmq 1-way ms':>13} {'np.add ms':>10} {'srv sum/np.add':>15}")
+                  f"{'zmq 1-way ms':>13} {'np.add ms':>10} {'srv sum/np.add':>15} "
+                  f"{'CPU s/GB bps':>13} {'gloo':>6}")
             for n in sizes:
                 lim = results["limits"][str(n)]
                 b, g = bps[str(n)], gloo[str(n)]
                 print(f"{fmt_size(n):>8} {b * 1e3:10.2f} {g * 1e3:9.2f} {g / b:9.2f} "
                       f"{lim['zmq_s'] * 1e3:13.2f} {lim['np_add_s'] * 1e3:10.2f} "
-                      f"{lim['np_add_s'] / lim['server_sum_s']:15.2f}")
+                      f"{lim['np_add_s'] / lim['server_sum_s']:15.2f} "
+                      f"{bps[f'cpu{n}']:13.2f} {gloo[f'cpu{n}']:6.2f}")
             b, g = bps["small200"], gloo["small200"]
             print(f"{'200x16KB':>8} {b * 1e3:10.2f} {g * 1e3:9.2f} {g / b:9.2f}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
