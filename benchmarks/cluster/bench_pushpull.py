@@ -4,7 +4,7 @@ argv: size_bytes iters warmup.  Prints ``CLUSTER_RESULT {json}`` with the
 time of every timed iteration (seconds), this worker's telemetry and its CPU seconds
 (every thread of the process, the engine's included) over the timed iterations, with the
 bytes it moved meanwhile (pushed + pulled).  With autotune on (the default) the warm-up
-must cover its trials (about 1 + 4 x BYTEPS_AUTOTUNE_STEPS steps; each push_pull is one
+must cover its trials (1 + 5 x BYTEPS_AUTOTUNE_STEPS = 16 steps; each push_pull is one
 step here, marked with step_done()) for the timed iterations to run with the final
 choice.
 """
