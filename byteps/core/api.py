@@ -22,6 +22,7 @@ import zmq
 from byteps.core import autotune as _autotune
 from byteps.core import local as _local
 from byteps.core import metrics
+from byteps.core import redeclare as _redeclare
 from byteps.common.config import Config
 from byteps.core.engine import Engine, Handle, Task, comp_pipeline
 from byteps.common.logs import setup_logging
@@ -317,6 +318,8 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
         raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
                          f"shape {src.shape}")
+    if not asynchronous:                # a name used again with another layout: its own key
+        name = _redeclare.current(st, name, src)
     new = name not in st.tensors
     t = _tensor(st, name, src, compression_params, op)
     if new and asynchronous:
@@ -431,6 +434,7 @@ def synchronize(handle: int) -> np.ndarray:
         if st.engine is not None and st.engine.fatal:
             st.engine.fail_handle(h, st.engine.fatal)
     st.handles.pop(handle, None)
+    collectives.release(handle)         # a name reserved by collectives.allreduce_async
     if h.error is not None:
         raise BytePSError(str(h.error))
     return h.out

@@ -100,15 +100,18 @@ def scale(array: np.ndarray, factor: float) -> np.ndarray:
     return array * array.dtype.type(factor)
 
 
-_names = itertools.count()
+_names: dict[int, itertools.count] = {}
 _names_lock = threading.Lock()
 
 
-def auto_name(kind: str) -> str:
-    """A name for an unnamed call: ``<kind>.noname.<n>`` from one per-process counter, so
-    every rank must make its unnamed calls in the same order."""
+def auto_name(kind: str, process_set=None) -> str:
+    """A name for an unnamed call: ``<kind>.noname.<n>`` from one per-process counter per
+    process set (``.ps<id>`` added for a set other than the global one), so every rank of
+    a set must make its unnamed calls on that set in the same order."""
+    pid = getattr(process_set, "process_set_id", None) or 0
     with _names_lock:
-        return f"{kind}.noname.{next(_names)}"
+        n = next(_names.setdefault(pid, itertools.count()))
+    return f"{kind}.noname.{n}" if not pid else f"{kind}.noname.ps{pid}.{n}"
 
 
 def build_info() -> dict:
@@ -121,60 +124,23 @@ def build_info() -> dict:
 
 
 # ------------------------------------------------------------------ handles
-class _Op:
-    __slots__ = ("id", "event", "error", "result")
-
-    def __init__(self, hid: int):
-        self.id, self.event, self.error, self.result = hid, threading.Event(), None, None
-
-
-OPS: dict[int, _Op] = {}        # handle -> collective in flight (api.synchronize looks here)
-
-
-def _start(kind: str, fn) -> int:
-    """Run ``fn`` (blocking exchanges) on a thread of its own; returns its handle."""
-    st = api._state()
-    op = _Op(next(st.ids))
-
-    def run():
-        try:
-            op.result = fn()
-        except BaseException as exc:      # re-raised by wait() in the caller's thread
-            op.error = exc
-        finally:
-            op.event.set()
-    OPS[op.id] = op
-    if st.engine is None:                 # a local job: nothing to wait for
-        run()
-    else:
-        threading.Thread(target=run, name=f"bps-{kind}-{op.id}", daemon=True).start()
-    return op.id
-
-
-def wait(handle: int):
-    """Wait for a collective's handle and return its result (or raise its error)."""
-    op = OPS[handle]
-    op.event.wait()
-    OPS.pop(handle, None)
-    if op.error is not None:
-        raise op.error
-    return op.result
-
-
-def _sync(handle: int):
-    return api.synchronize(handle)
+from byteps.core.coll_handles import OPS, release, reset, wait  # noqa: E402,F401
+from byteps.core.coll_handles import reserved as _reserved  # noqa: E402
+from byteps.core.coll_handles import start as _start  # noqa: E402
+from byteps.core.coll_handles import sync as _sync  # noqa: E402
 
 
 # ------------------------------------------------------------------ agreement
 MAX_DIMS = 32
 _KIND, _DTYPE, _NDIM, _ROOT, _OP, _BAD, _DIMS = range(7)
 _SPLITS = _DIMS + MAX_DIMS
-_KINDS = {"allgather": 1, "broadcast": 2, "reducescatter": 3, "alltoall": 4}
+_KINDS = {"allgather": 1, "broadcast": 2, "reducescatter": 3, "alltoall": 4, "allreduce": 5,
+          "barrier": 6}
 
 
 def _row(kind: str, arr: np.ndarray, root: int = 0, op: int = 0, bad: int = 0,
-         splits=None) -> np.ndarray:
-    n = api.size()
+         splits=None, n: int | None = None) -> np.ndarray:
+    n = api.size() if n is None else n
     if arr.ndim > MAX_DIMS:
         raise ValueError(f"{kind}: at most {MAX_DIMS} dimensions, got {arr.ndim}")
     row = np.zeros(_SPLITS + n, np.int64)
@@ -193,16 +159,21 @@ def _meta_start(name: str, row: np.ndarray) -> int:
     return api.push_pull_async(meta, name + ".meta", average=False)
 
 
-def _check(kind: str, name: str, meta: np.ndarray, trailing: bool = True) -> None:
-    """Raise the same error on every rank when the ranks' rows disagree."""
+def _check(kind: str, name: str, meta: np.ndarray, trailing: bool = True,
+           ranks=None) -> None:
+    """Raise the same error on every rank when the ranks' rows disagree (``ranks``: the
+    global rank of each row; default row i is rank i)."""
+    rk = list(range(meta.shape[0])) if ranks is None else list(ranks)
+
     def first_diff(values, what, show=str):
         for r in range(1, len(values)):
             if values[r] != values[0]:
-                raise BytePSError(f"{kind} of {name!r}: rank {r} has {what} {show(values[r])} "
-                                  f"but rank 0 has {show(values[0])}; every rank must agree")
+                raise BytePSError(f"{kind} of {name!r}: rank {rk[r]} has {what} "
+                                  f"{show(values[r])} but rank {rk[0]} has {show(values[0])}; "
+                                  f"every rank must agree")
     bad = [r for r in range(meta.shape[0]) if meta[r, _BAD]]
     if bad:
-        raise BytePSError(f"{kind} of {name!r}: rank {bad[0]} passed invalid splits "
+        raise BytePSError(f"{kind} of {name!r}: rank {rk[bad[0]]} passed invalid splits "
                           f"{meta[bad[0], _SPLITS:].tolist()} (they must be one count >= 0 per "
                           f"rank summing to its first dimension)")
     first_diff([int(k) for k in meta[:, _KIND]], "operation",
@@ -222,121 +193,167 @@ def _shape_name(name: str, shape) -> str:
     return f"{name}.{'x'.join(map(str, shape)) or 'scalar'}"
 
 
+def _set(process_set):
+    """The registered non-global process set of ``process_set`` (None: every rank)."""
+    if process_set is None:
+        return None
+    from byteps.core import process_sets
+    return process_sets.resolve(process_set)
+
+
+def _on_set(ps, kind: str, name: str, fn) -> int:
+    """A set operation (byteps/core/set_ops.py) under ``name``, reserved until synchronized."""
+    from byteps.core import set_ops
+    return _reserved(kind, name, lambda: _start(kind, fn(set_ops)))
+
+
 # ------------------------------------------------------------------ allreduce
 def allreduce_async(array: np.ndarray, name: str | None = None, average=None, op=None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    priority: int = 0) -> int:
-    """Reduce ``array`` over every rank (default: average); returns a handle."""
+                    priority: int = 0, process_set=None) -> int:
+    """Reduce ``array`` over every rank of ``process_set`` (default: all; op default:
+    average); returns a handle."""
     wire, avg = resolve_op(average, op)
-    name = name or auto_name("allreduce")
+    ps = _set(process_set)
+    name = name or auto_name("allreduce", process_set)
+    a = api._contiguous(np.asarray(array))
+    if ps is not None:
+        return _on_set(ps, "allreduce", name, lambda so: so.allreduce(
+            ps, name, a, wire, avg, prescale_factor, postscale_factor))
     if prescale_factor == 1.0 and postscale_factor == 1.0:
-        return api.push_pull_async(np.asarray(array), name, average=avg, priority=priority,
-                                   op=wire)
-    src = scale(np.asarray(array), prescale_factor)
-    h = api.push_pull_async(src, name, average=avg, priority=priority, op=wire)
-    return _start("allreduce", lambda: scale(_sync(h), postscale_factor))
+        return _reserved("allreduce", name, lambda: api.push_pull_async(
+            a, name, average=avg, priority=priority, op=wire))
+    src = scale(a, prescale_factor)
+    return _reserved("allreduce", name, lambda: _start("allreduce", _then(
+        api.push_pull_async(src, name, average=avg, priority=priority, op=wire),
+        lambda r: scale(r, postscale_factor))))
+
+
+def _then(handle: int, fn):
+    return lambda: fn(_sync(handle))
 
 
 def allreduce(array, name=None, average=None, op=None, prescale_factor=1.0,
-              postscale_factor=1.0) -> np.ndarray:
+              postscale_factor=1.0, process_set=None) -> np.ndarray:
     """:func:`allreduce_async` + synchronize."""
-    return _sync(allreduce_async(array, name, average, op, prescale_factor, postscale_factor))
+    return _sync(allreduce_async(array, name, average, op, prescale_factor, postscale_factor,
+                                 process_set=process_set))
+
+
+def _grouped(kind: str, name: str, arrays: list, one) -> int:
+    """One handle over ``one(array, name_i)`` of every array (a list result)."""
+    hs = []
+    try:
+        for i, a in enumerate(arrays):
+            hs.append(one(a, f"{name}.{i}"))
+    except BaseException:
+        for h in hs:                      # the ones already started still complete
+            threading.Thread(target=_quiet_sync, args=(h,), daemon=True).start()
+        raise
+    return _start(kind, lambda: [_sync(h) for h in hs])
+
+
+def _quiet_sync(h: int) -> None:
+    try:
+        _sync(h)
+    except BaseException:
+        pass
 
 
 def grouped_allreduce_async(arrays: list, name: str | None = None, average=None, op=None,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set=None) -> int:
     """Reduce every array of ``arrays`` (one handle; the result is a list)."""
-    wire, avg = resolve_op(average, op)
-    name = name or auto_name("grouped_allreduce")
-    hs = [api.push_pull_async(scale(np.asarray(a), prescale_factor), f"{name}.{i}",
-                              average=avg, op=wire) for i, a in enumerate(arrays)]
-    return _start("grouped_allreduce", lambda: [scale(_sync(h), postscale_factor) for h in hs])
+    resolve_op(average, op)
+    name = name or auto_name("grouped_allreduce", process_set)
+    return _grouped("grouped_allreduce", name, list(arrays), lambda a, n: allreduce_async(
+        a, n, average, op, prescale_factor, postscale_factor, process_set=process_set))
 
 
 def grouped_allreduce(arrays, name=None, average=None, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0) -> list:
+                      postscale_factor=1.0, process_set=None) -> list:
     return _sync(grouped_allreduce_async(arrays, name, average, op, prescale_factor,
-                                         postscale_factor))
+                                         postscale_factor, process_set))
 
 
 # ------------------------------------------------------------------ allgather
-def _gather_plan(name: str, arrays: list) -> list:
-    """Exchange the layouts of ``arrays`` (every rank's first dimension) and check them."""
-    for a in arrays:
-        if a.ndim == 0:
-            raise ValueError(f"allgather of {name!r}: the tensor needs at least one dimension")
-    hs = [_meta_start(f"{name}.{i}", _row("allgather", a)) for i, a in enumerate(arrays)]
-    metas = [_sync(h) for h in hs]
-    for i, m in enumerate(metas):
-        _check("allgather", name if len(arrays) == 1 else f"{name}[{i}]", m)
-    return [m[:, _DIMS].copy() for m in metas]
-
-
-def _gather_data(name: str, a: np.ndarray, counts: np.ndarray) -> int:
+def _gather(name: str, a: np.ndarray) -> np.ndarray:
+    """Exchange the layouts (every rank's first dimension), check them, move the rows."""
+    if a.ndim == 0:
+        raise ValueError(f"allgather of {name!r}: the tensor needs at least one dimension")
+    meta = _sync(_meta_start(name, _row("allgather", a)))
+    _check("allgather", name, meta)
+    counts = meta[:, _DIMS]
     r = api.rank()
     total, start = int(counts.sum()), int(counts[:r].sum())
     buf = np.zeros((total, *a.shape[1:]), a.dtype)
     buf[start:start + a.shape[0]] = a
-    return api.push_pull_async(buf, _shape_name(name, buf.shape), average=False)
+    return _sync(api.push_pull_async(buf, _shape_name(name, buf.shape), average=False))
 
 
-def _grouped_gather(name: str, arrays: list) -> list:
-    counts = _gather_plan(name, arrays)
-    hs = [_gather_data(f"{name}.{i}", a, c) for i, (a, c) in enumerate(zip(arrays, counts))]
-    return [_sync(h) for h in hs]
-
-
-def allgather_async(array: np.ndarray, name: str | None = None) -> int:
+def allgather_async(array: np.ndarray, name: str | None = None, process_set=None) -> int:
     """Concatenate every rank's ``array`` along the first dimension (which may differ
     between ranks; dtype and the other dimensions must agree)."""
-    name = name or auto_name("allgather")
+    ps = _set(process_set)
+    name = name or auto_name("allgather", process_set)
     a = api._contiguous(np.asarray(array))
-    return _start("allgather", lambda: _grouped_gather(name, [a])[0])
+    if a.ndim == 0:
+        raise ValueError(f"allgather of {name!r}: the tensor needs at least one dimension")
+    if ps is not None:
+        return _on_set(ps, "allgather", name, lambda so: so.allgather(ps, name, a))
+    return _reserved("allgather", name, lambda: _start("allgather", lambda: _gather(name, a)))
 
 
-def allgather(array, name=None) -> np.ndarray:
-    return _sync(allgather_async(array, name))
+def allgather(array, name=None, process_set=None) -> np.ndarray:
+    return _sync(allgather_async(array, name, process_set))
 
 
-def grouped_allgather_async(arrays: list, name: str | None = None) -> int:
+def grouped_allgather_async(arrays: list, name: str | None = None, process_set=None) -> int:
     """:func:`allgather_async` of every array (one handle; the result is a list)."""
-    name = name or auto_name("grouped_allgather")
-    arrs = [api._contiguous(np.asarray(a)) for a in arrays]
-    return _start("grouped_allgather", lambda: _grouped_gather(name, arrs))
+    name = name or auto_name("grouped_allgather", process_set)
+    return _grouped("grouped_allgather", name, list(arrays),
+                    lambda a, n: allgather_async(a, n, process_set))
 
 
-def grouped_allgather(arrays, name=None) -> list:
-    return _sync(grouped_allgather_async(arrays, name))
+def grouped_allgather(arrays, name=None, process_set=None) -> list:
+    return _sync(grouped_allgather_async(arrays, name, process_set))
 
 
 # ------------------------------------------------------------------ broadcast
-def check_root(root_rank, what: str) -> int:
-    """A root rank valid in this job (the same check for every plugin)."""
+def check_root(root_rank, what: str, ps=None) -> int:
+    """A root rank valid in this job (and a member of ``ps``): the same check for every
+    plugin."""
     n = api.size()
     if isinstance(root_rank, (bool, np.bool_)) or not isinstance(root_rank, (int, np.integer)) \
             or not 0 <= root_rank < n:
         raise ValueError(f"{what}: root_rank={root_rank!r} is out of range for a job of {n} "
                          f"worker(s); use 0..{n - 1}")
+    if ps is not None and int(root_rank) not in ps.ranks:
+        raise ValueError(f"{what}: root_rank={root_rank} is not a member of {ps!r}")
     return int(root_rank)
 
 
-def broadcast_async(array: np.ndarray, root_rank: int, name: str | None = None) -> int:
+def broadcast_async(array: np.ndarray, root_rank: int, name: str | None = None,
+                    process_set=None) -> int:
     """Rank ``root_rank``'s ``array`` on every rank (checked: every rank must pass the
     same root rank, dtype and shape, else every rank gets an error naming both ranks)."""
-    root = check_root(root_rank, "broadcast")
-    name = name or auto_name("broadcast")
+    ps = _set(process_set)
+    root = check_root(root_rank, "broadcast", ps)
+    name = name or auto_name("broadcast", process_set)
     a = api._contiguous(np.asarray(array))
+    if ps is not None:
+        return _on_set(ps, "broadcast", name, lambda so: so.broadcast(ps, name, a, root))
 
     def run():
         meta = _sync(_meta_start(name, _row("broadcast", a, root=root)))
         _check("broadcast", name, meta, trailing=False)
         src = a if api.rank() == root else np.zeros_like(a)
         return _sync(api.push_pull_async(src, _shape_name(name, a.shape), average=False))
-    return _start("broadcast", run)
+    return _reserved("broadcast", name, lambda: _start("broadcast", run))
 
 
-def broadcast(array, root_rank: int, name=None) -> np.ndarray:
-    return _sync(broadcast_async(array, root_rank, name))
+def broadcast(array, root_rank: int, name=None, process_set=None) -> np.ndarray:
+    return _sync(broadcast_async(array, root_rank, name, process_set))
 
 
 # ------------------------------------------------------------------ reducescatter
@@ -352,101 +369,118 @@ def reducescatter_rows(n: int, size: int) -> list[tuple[int, int]]:
     return out
 
 
-def _grouped_scatter(name, arrays, wire, avg, pre, post) -> list:
-    for a in arrays:
-        if a.ndim == 0:
-            raise ValueError(f"reducescatter of {name!r}: the tensor needs at least one "
-                             f"dimension")
+def _scatter(name, a, wire, avg, pre, post) -> np.ndarray:
     code = len(REDUCE_OPS) if avg else wire      # average travels as its own code
-    hs = [_meta_start(f"{name}.{i}", _row("reducescatter", a, op=code))
-          for i, a in enumerate(arrays)]
-    for i, h in enumerate(hs):
-        meta = _sync(h)
-        _check("reducescatter", name if len(arrays) == 1 else f"{name}[{i}]", meta,
-               trailing=False)
-    hs = [api.push_pull_async(scale(a, pre), _shape_name(f"{name}.{i}", a.shape), average=avg,
-                              op=wire) for i, a in enumerate(arrays)]
-    r, n = api.rank(), api.size()
-    out = []
-    for a, h in zip(arrays, hs):
-        start, count = reducescatter_rows(a.shape[0], n)[r]
-        out.append(scale(_sync(h)[start:start + count].copy(), post))
-    return out
+    _check("reducescatter", name, _sync(_meta_start(name, _row("reducescatter", a, op=code))),
+           trailing=False)
+    got = _sync(api.push_pull_async(scale(a, pre), _shape_name(name, a.shape), average=avg,
+                                    op=wire))
+    start, count = reducescatter_rows(a.shape[0], api.size())[api.rank()]
+    return scale(got[start:start + count].copy(), post)
 
 
 def reducescatter_async(array: np.ndarray, name: str | None = None, average=None, op=None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set=None) -> int:
     """Reduce ``array`` over every rank (default: average) and give each rank its block of
     rows (:func:`reducescatter_rows`)."""
     wire, avg = resolve_op(average, op)
-    name = name or auto_name("reducescatter")
+    ps = _set(process_set)
+    name = name or auto_name("reducescatter", process_set)
     a = api._contiguous(np.asarray(array))
-    return _start("reducescatter", lambda: _grouped_scatter(name, [a], wire, avg,
-                                                            prescale_factor,
-                                                            postscale_factor)[0])
+    if a.ndim == 0:
+        raise ValueError(f"reducescatter of {name!r}: the tensor needs at least one dimension")
+    if ps is not None:
+        return _on_set(ps, "reducescatter", name, lambda so: so.reducescatter(
+            ps, name, a, wire, avg, prescale_factor, postscale_factor))
+    return _reserved("reducescatter", name, lambda: _start("reducescatter", lambda: _scatter(
+        name, a, wire, avg, prescale_factor, postscale_factor)))
 
 
 def reducescatter(array, name=None, average=None, op=None, prescale_factor=1.0,
-                  postscale_factor=1.0) -> np.ndarray:
+                  postscale_factor=1.0, process_set=None) -> np.ndarray:
     return _sync(reducescatter_async(array, name, average, op, prescale_factor,
-                                     postscale_factor))
+                                     postscale_factor, process_set))
 
 
 def grouped_reducescatter_async(arrays: list, name: str | None = None, average=None, op=None,
                                 prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0) -> int:
-    wire, avg = resolve_op(average, op)
-    name = name or auto_name("grouped_reducescatter")
-    arrs = [api._contiguous(np.asarray(a)) for a in arrays]
-    return _start("grouped_reducescatter",
-                  lambda: _grouped_scatter(name, arrs, wire, avg, prescale_factor,
-                                           postscale_factor))
+                                postscale_factor: float = 1.0, process_set=None) -> int:
+    resolve_op(average, op)
+    name = name or auto_name("grouped_reducescatter", process_set)
+    return _grouped("grouped_reducescatter", name, list(arrays), lambda a, n:
+                    reducescatter_async(a, n, average, op, prescale_factor, postscale_factor,
+                                        process_set))
 
 
 def grouped_reducescatter(arrays, name=None, average=None, op=None, prescale_factor=1.0,
-                          postscale_factor=1.0) -> list:
+                          postscale_factor=1.0, process_set=None) -> list:
     return _sync(grouped_reducescatter_async(arrays, name, average, op, prescale_factor,
-                                             postscale_factor))
+                                             postscale_factor, process_set))
 
 
 # ------------------------------------------------------------------ alltoall
-def alltoall_async(array: np.ndarray, splits=None, name: str | None = None) -> int:
-    """Send ``splits[i]`` consecutive rows of ``array`` to rank ``i`` (``splits=None``:
-    equal parts; the first dimension must divide by the number of ranks).  The result is
-    ``(received rows concatenated by sending rank, received_splits)``."""
-    name = name or auto_name("alltoall")
-    a = api._contiguous(np.asarray(array))
-    n = api.size()
+def alltoall_splits(name: str, a: np.ndarray, splits, n: int):
+    """(splits as int64[n], bad): equal parts without ``splits`` (a ValueError when the
+    first dimension does not divide), else the given ones (``bad`` when they do not fit,
+    reported to every rank by the agreement step)."""
     if a.ndim == 0:
         raise ValueError(f"alltoall of {name!r}: the tensor needs at least one dimension")
     if splits is None:
-        sp = np.full(n, a.shape[0] // n, np.int64)
-        bad = a.shape[0] % n != 0
-    else:
-        sp = np.asarray(splits, dtype=np.int64).reshape(-1)
-        bad = sp.size != n or bool((sp < 0).any()) or int(sp.sum()) != a.shape[0]
-        if sp.size != n:
-            sp = np.zeros(n, np.int64)
-    if bad and splits is None:
-        raise ValueError(f"alltoall of {name!r}: the first dimension ({a.shape[0]}) must "
-                         f"divide by the number of ranks ({n}) when no splits are given")
-
-    def run():
-        meta = _sync(_meta_start(name, _row("alltoall", a, bad=int(bad), splits=sp)))
-        _check("alltoall", name, meta)
-        s = meta[:, _SPLITS:]               # s[j, i]: rows rank j sends to rank i
-        r = api.rank()
-        total = int(s.sum())
-        starts = np.concatenate([[0], np.cumsum(s.reshape(-1))])  # of (j, i) row-major
-        buf = np.zeros((total, *a.shape[1:]), a.dtype)
-        mine = int(starts[r * n])
-        buf[mine:mine + a.shape[0]] = a
-        got = _sync(api.push_pull_async(buf, _shape_name(name, buf.shape), average=False))
-        parts = [got[int(starts[j * n + r]):int(starts[j * n + r]) + int(s[j, r])]
-                 for j in range(n)]
-        return np.concatenate(parts, axis=0), s[:, r].copy()
-    return _start("alltoall", run)
+        if a.shape[0] % n:
+            raise ValueError(f"alltoall of {name!r}: the first dimension ({a.shape[0]}) must "
+                             f"divide by the number of ranks ({n}) when no splits are given")
+        return np.full(n, a.shape[0] // n, np.int64), False
+    sp = np.asarray(splits)
+    if sp.dtype.kind not in "iu":
+        raise ValueError(f"alltoall of {name!r}: splits must be integers, got {sp.dtype}")
+    sp = sp.astype(np.int64).reshape(-1)
+    bad = sp.size != n or bool((sp < 0).any()) or int(sp.sum()) != a.shape[0]
+    if bad and (sp.size != n or int(sp.sum()) > a.shape[0]):
+        raise ValueError(f"alltoall of {name!r}: splits {sp.tolist()} do not fit: one count "
+                         f">= 0 per rank ({n}) summing to the first dimension ({a.shape[0]})")
+    return (np.zeros(n, np.int64) if sp.size != n else sp), bad
 
 
-def alltoall(array, splits=None, name=None) -> tuple[np.ndarray, np.ndarray]:
-    return _sync(alltoall_async(array, splits, name))
+def _alltoall(name, a, sp, bad):
+    n, r = api.size(), api.rank()
+    meta = _sync(_meta_start(name, _row("alltoall", a, bad=int(bad), splits=sp)))
+    _check("alltoall", name, meta)
+    s = meta[:, _SPLITS:]               # s[j, i]: rows rank j sends to rank i
+    starts = np.concatenate([[0], np.cumsum(s.reshape(-1))])  # of (j, i) row-major
+    buf = np.zeros((int(s.sum()), *a.shape[1:]), a.dtype)
+    mine = int(starts[r * n])
+    buf[mine:mine + a.shape[0]] = a
+    got = _sync(api.push_pull_async(buf, _shape_name(name, buf.shape), average=False))
+    parts = [got[int(starts[j * n + r]):int(starts[j * n + r]) + int(s[j, r])] for j in range(n)]
+    return np.concatenate(parts, axis=0), s[:, r].copy()
+
+
+def alltoall_async(array: np.ndarray, splits=None, name: str | None = None,
+                   process_set=None) -> int:
+    """Send ``splits[i]`` consecutive rows of ``array`` to rank ``i`` (``splits=None``:
+    equal parts; the first dimension must divide by the number of ranks).  The result is
+    ``(received rows concatenated by sending rank, received_splits)``."""
+    ps = _set(process_set)
+    name = name or auto_name("alltoall", process_set)
+    a = api._contiguous(np.asarray(array))
+    sp, bad = alltoall_splits(name, a, splits, api.size() if ps is None else len(ps.ranks))
+    if ps is not None:
+        return _on_set(ps, "alltoall", name, lambda so: so.alltoall(ps, name, a, sp, bad))
+    return _reserved("alltoall", name, lambda: _start("alltoall", lambda: _alltoall(
+        name, a, sp, bad)))
+
+
+def alltoall(array, splits=None, name=None, process_set=None) -> tuple[np.ndarray, np.ndarray]:
+    return _sync(alltoall_async(array, splits, name, process_set))
+
+
+# ------------------------------------------------------------------ barrier
+def barrier(process_set=None) -> None:
+    """Wait until every rank of ``process_set`` (default: every worker) gets here."""
+    ps = _set(process_set)
+    if ps is None:
+        api.barrier()
+        return
+    from byteps.core import set_ops
+    set_ops.barrier(ps)()

@@ -40,6 +40,7 @@ from byteps.torch.ops import (
 )
 from byteps.torch.optimizer import DistributedOptimizer
 from byteps.torch.qadam import QAdamOptimizer
+from byteps.torch.sync_batch_norm import SyncBatchNorm
 
 # The original BytePS API first; Horovod's names (allreduce, broadcast, allgather, ops, ...)
 # are there so that a Horovod script needs only its import changed.
@@ -48,7 +49,7 @@ __all__ = [
     "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "declare",
     "init", "is_initialized", "join", "local_rank", "local_size", "parallel", "poll",
     "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace", "rank",
-    "shutdown", "size", "synchronize",
+    "shutdown", "size", "synchronize", "SyncBatchNorm",
 ] + list(_horovod_names)
 
 

@@ -15,14 +15,13 @@ from byteps.core import collectives as _coll
 from byteps.core.collectives import ReduceOp, resolve_op
 from byteps.torch import _objects
 from byteps.torch.compression import Compression
-from byteps.torch.functions import _broadcast_bytes, broadcast_inplace
+from byteps.torch.functions import broadcast_inplace
 from byteps.torch.ops import (
     _auto_name,
     _handles,
     _lock,
     _wire_dtype,
     async_mode,
-    local_size,
     rank,
     size,
     synchronize,
@@ -30,15 +29,10 @@ from byteps.torch.ops import (
 
 __all__ = ["Adasum", "Average", "HorovodInternalError", "Max", "Min", "Product", "ReduceOp",
            "Sum", "allgather", "allgather_async", "allgather_object", "allreduce",
-           "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
-           "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-           "byteps_built", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-           "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allgather_async",
-           "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-           "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
-           "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-           "nccl_built", "reducescatter", "reducescatter_async", "rocm_built",
-           "start_timeline", "stop_timeline"]
+           "allreduce_", "allreduce_async", "allreduce_async_", "broadcast", "broadcast_",
+           "broadcast_async", "broadcast_async_", "grouped_allgather",
+           "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+           "grouped_allreduce_async", "grouped_allreduce_async_"]
 
 Average, Sum, Adasum = _coll.AVERAGE, _coll.SUM, _coll.ADASUM
 Min, Max, Product = _coll.MIN, _coll.MAX, _coll.PRODUCT
@@ -54,10 +48,14 @@ def resolve_average(average, op) -> bool:
     return avg
 
 
-def _no_process_set(process_set) -> None:
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise ValueError("process_set is not supported by byteps: every worker takes part "
-                         "(pass None or the global process set)")
+def _set_size(process_set) -> int:
+    ps = _coll._set(process_set)
+    return size() if ps is None else len(ps.ranks)
+
+
+def _set_rank(process_set) -> int:
+    ps = _coll._set(process_set)
+    return rank() if ps is None else ps.ranks.index(rank())
 
 
 # ------------------------------------------------------------------ tensors <-> arrays
@@ -108,41 +106,39 @@ def _flat(a: np.ndarray) -> np.ndarray:
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None) -> int:
     """Start an allreduce (default op Average); ``synchronize(handle)`` returns the result."""
-    _no_process_set(process_set)
     h = _coll.allreduce_async(_flat(_np(tensor, "allreduce")), name, average, op,
-                              prescale_factor, postscale_factor)
+                              prescale_factor, postscale_factor, process_set=process_set)
     return _register(h, lambda r: _torch(r, tensor).reshape(tensor.shape))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> int:
     """In-place allreduce_async: ``synchronize`` writes the result into ``tensor``."""
-    _no_process_set(process_set)
     h = _coll.allreduce_async(_flat(_np(tensor, "allreduce")), name, average, op,
-                              prescale_factor, postscale_factor)
+                              prescale_factor, postscale_factor, process_set=process_set)
     return _register(h, lambda r: _into([tensor])([r])[0])
 
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, average, name, op, pre, post):
-        ctx.args = (average, op, pre, post)
-        return synchronize(allreduce_async(tensor, average, name, op, pre, post))
+    def forward(ctx, tensor, average, name, op, pre, post, ps):
+        ctx.args = (average, op, pre, post, ps)
+        return synchronize(allreduce_async(tensor, average, name, op, pre, post, ps))
 
     @staticmethod
     def backward(ctx, grad):
-        average, op, pre, post = ctx.args
-        return (synchronize(allreduce_async(grad.contiguous(), average, None, op, pre, post)),
-                None, None, None, None, None)
+        average, op, pre, post, ps = ctx.args
+        return (synchronize(allreduce_async(grad.contiguous(), average, None, op, pre, post,
+                                            ps)), None, None, None, None, None, None)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Horovod's allreduce (default op Average; Sum, Min, Max, Product); differentiable."""
-    _no_process_set(process_set)
     resolve_op(average, op)                      # refuse bad arguments before compressing
     compressed, cctx = compression.compress(tensor)
-    out = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor)
+    out = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor,
+                           process_set)
     return compression.decompress(out, cctx)
 
 
@@ -156,10 +152,10 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None) -> int:
     """Start an allreduce of every tensor; ``synchronize`` returns a list."""
-    _no_process_set(process_set)
     tensors = list(tensors)
     h = _coll.grouped_allreduce_async([_flat(_np(t, "grouped_allreduce")) for t in tensors],
-                                      name, average, op, prescale_factor, postscale_factor)
+                                      name, average, op, prescale_factor, postscale_factor,
+                                      process_set)
     return _register(h, lambda rs: [_torch(r, t).reshape(t.shape)
                                     for r, t in zip(rs, tensors)])
 
@@ -167,36 +163,35 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None) -> int:
     """In-place grouped_allreduce_async."""
-    _no_process_set(process_set)
     tensors = list(tensors)
     h = _coll.grouped_allreduce_async([_flat(_np(t, "grouped_allreduce")) for t in tensors],
-                                      name, average, op, prescale_factor, postscale_factor)
+                                      name, average, op, prescale_factor, postscale_factor,
+                                      process_set)
     return _register(h, _into(tensors))
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, average, name, op, pre, post, *tensors):
-        ctx.args = (average, op, pre, post)
+    def forward(ctx, average, name, op, pre, post, ps, *tensors):
+        ctx.args = (average, op, pre, post, ps)
         return tuple(synchronize(grouped_allreduce_async(tensors, average, name, op, pre,
-                                                         post)))
+                                                         post, ps)))
 
     @staticmethod
     def backward(ctx, *grads):
-        average, op, pre, post = ctx.args
+        average, op, pre, post, ps = ctx.args
         out = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], average,
-                                                  None, op, pre, post))
-        return (None, None, None, None, None, *out)
+                                                  None, op, pre, post, ps))
+        return (None, None, None, None, None, None, *out)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> list:
     """Allreduce every tensor of ``tensors`` in one operation; differentiable."""
-    _no_process_set(process_set)
     resolve_op(average, op)
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
-                                   *[c for c, _ in pairs])
+                                   process_set, *[c for c, _ in pairs])
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
 
 
@@ -210,36 +205,36 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 # ------------------------------------------------------------------ allgather
 def allgather_async(tensor, name=None, process_set=None) -> int:
     """Start an allgather (first dimensions may differ between ranks)."""
-    _no_process_set(process_set)
-    return _register(_coll.allgather_async(_np(tensor, "allgather"), name),
+    return _register(_coll.allgather_async(_np(tensor, "allgather"), name, process_set),
                      lambda r: _torch(r, tensor))
 
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.dim = tensor.shape[0] if tensor.dim() else 1
-        return synchronize(allgather_async(tensor, name))
+    def forward(ctx, tensor, name, ps):
+        ctx.dim, ctx.ps = (tensor.shape[0] if tensor.dim() else 1), ps
+        return synchronize(allgather_async(tensor, name, ps))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = synchronize(allreduce_async(grad.contiguous(), average=True))
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64)))
-        offset = int(dims[:rank()].sum())
-        return reduced.narrow(0, offset, ctx.dim), None
+        # as Horovod: the gathered gradient is summed over the ranks, each takes its rows
+        reduced = synchronize(allreduce_async(grad.contiguous(), op=Sum, process_set=ctx.ps))
+        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64),
+                                           process_set=ctx.ps))
+        offset = int(dims[:_set_rank(ctx.ps)].sum())
+        return reduced.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(tensor, name=None, process_set=None):
     """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ); differentiable."""
-    _no_process_set(process_set)
-    return _Allgather.apply(tensor, name)
+    return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None) -> int:
     """Start an allgather of every tensor; ``synchronize`` returns a list."""
-    _no_process_set(process_set)
     tensors = list(tensors)
-    h = _coll.grouped_allgather_async([_np(t, "grouped_allgather") for t in tensors], name)
+    h = _coll.grouped_allgather_async([_np(t, "grouped_allgather") for t in tensors], name,
+                                      process_set)
     return _register(h, lambda rs: [_torch(r, t) for r, t in zip(rs, tensors)])
 
 
@@ -250,249 +245,63 @@ def grouped_allgather(tensors, name=None, process_set=None) -> list:
 
 def allgather_object(obj, name=None, process_set=None) -> list:
     """Every rank's ``obj`` as a list by rank (msgpack, never pickle; see broadcast_object)."""
-    _no_process_set(process_set)
-    name = "allgather_object." + (name or _auto_name("gather_obj"))
-    data = _objects.encode(obj)
-    out = []
-    for root in range(size()):
-        raw = _broadcast_bytes(data if root == rank() else None, root, f"{name}.{root}")
-        out.append(_objects.decode(raw))
+    name = "allgather_object." + (name or _coll.auto_name("gather_obj", process_set))
+    data = np.frombuffer(_objects.encode(obj), np.uint8)
+    lens = _coll.allgather(np.array([data.size], np.int64), name + ".len", process_set)
+    blob = _coll.allgather(data, name + ".data", process_set)
+    out, start = [], 0
+    for n in lens.tolist():
+        out.append(_objects.decode(blob[start:start + n].tobytes()))
+        start += n
     return out
 
 
 # ------------------------------------------------------------------ broadcast
 def broadcast_async(tensor, root_rank: int, name=None, process_set=None) -> int:
     """Start a broadcast of rank ``root_rank``'s ``tensor``; ``synchronize`` returns it."""
-    _no_process_set(process_set)
-    return _register(_coll.broadcast_async(_np(tensor, "broadcast"), root_rank, name),
-                     lambda r: _torch(r, tensor))
+    return _register(_coll.broadcast_async(_np(tensor, "broadcast"), root_rank, name,
+                                           process_set), lambda r: _torch(r, tensor))
 
 
 def broadcast_async_(tensor, root_rank: int, name=None, process_set=None) -> int:
     """In-place broadcast_async: ``synchronize`` writes the root's value into ``tensor``."""
-    _no_process_set(process_set)
-    return _register(_coll.broadcast_async(_np(tensor, "broadcast"), root_rank, name),
-                     lambda r: _into([tensor])([r])[0])
+    return _register(_coll.broadcast_async(_np(tensor, "broadcast"), root_rank, name,
+                                           process_set), lambda r: _into([tensor])([r])[0])
 
 
 def broadcast_(tensor, root_rank: int, name=None, process_set=None):
     """Overwrite ``tensor`` with rank ``root_rank``'s value; returns it."""
-    _no_process_set(process_set)
-    if async_mode():       # servers add pushes at once: the root pushes, a barrier, the rest pull
+    if async_mode() and _coll._set(process_set) is None:
+        # servers add pushes at once: the root pushes, a barrier, the rest pull
         _coll.check_root(root_rank, "broadcast")
         broadcast_inplace([("broadcast." + (name or _auto_name("bcast")), tensor)], root_rank)
         return tensor
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+    def forward(ctx, tensor, root_rank, name, ps):
+        ctx.root, ctx.ps = root_rank, ps
+        return synchronize(broadcast_async(tensor, root_rank, name, ps))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = synchronize(allreduce_async(grad.contiguous(), average=True))
+        # as Horovod: the gradients are summed and go to the root only
+        reduced = synchronize(allreduce_async(grad.contiguous(), op=Sum, process_set=ctx.ps))
         if rank() != ctx.root:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor, root_rank: int, name=None, process_set=None):
     """Return rank ``root_rank``'s ``tensor`` (a new tensor) on every rank; differentiable."""
-    _no_process_set(process_set)
-    if async_mode():
+    if async_mode() and _coll._set(process_set) is None:
         return broadcast_(tensor.detach().clone(), root_rank, name)
-    return _Broadcast.apply(tensor, root_rank, name)
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
-# ------------------------------------------------------------------ reducescatter
-def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
-                        postscale_factor=1.0) -> int:
-    """Start a reducescatter; ``synchronize`` returns this rank's block of rows."""
-    _no_process_set(process_set)
-    h = _coll.reducescatter_async(_np(tensor, "reducescatter"), name, None, op,
-                                  prescale_factor, postscale_factor)
-    return _register(h, lambda r: _torch(r, tensor))
+from byteps.torch.compat_more import *  # noqa: E402,F401,F403  (reducescatter, alltoall, ...)
+from byteps.torch.compat_more import __all__ as _more  # noqa: E402
 
-
-class _Reducescatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, name, op, pre, post):
-        ctx.args = (op, pre, post)
-        return synchronize(reducescatter_async(tensor, name, op, None, pre, post))
-
-    @staticmethod
-    def backward(ctx, grad):
-        op, pre, post = ctx.args
-        # Horovod's convention (as for allreduce): the gradient is reduced with the same
-        # op, so with Sum every rank's identical gathered gradient counts size() times
-        g = synchronize(allgather_async(grad.contiguous()))
-        factor = pre * post * (size() if resolve_op(None, op) == (0, False) else 1)
-        return (g * factor if factor != 1 else g), None, None, None, None
-
-
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  process_set=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduce ``tensor`` over every rank and return this rank's block of rows (the first
-    ``n % size`` ranks get one row more); differentiable."""
-    _no_process_set(process_set)
-    wire, _ = resolve_op(None, op)
-    if wire:
-        raise ValueError(f"reducescatter: op={op!r} is not supported; use hvd.Average or "
-                         f"hvd.Sum (as Horovod)")
-    compressed, cctx = compression.compress(tensor)
-    out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor)
-    return compression.decompress(out, cctx)
-
-
-def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None,
-                                prescale_factor=1.0, postscale_factor=1.0) -> int:
-    """Start a reducescatter of every tensor; ``synchronize`` returns a list."""
-    _no_process_set(process_set)
-    tensors = list(tensors)
-    h = _coll.grouped_reducescatter_async([_np(t, "grouped_reducescatter") for t in tensors],
-                                          name, None, op, prescale_factor, postscale_factor)
-    return _register(h, lambda rs: [_torch(r, t) for r, t in zip(rs, tensors)])
-
-
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          process_set=None, prescale_factor=1.0, postscale_factor=1.0) -> list:
-    """Reducescatter every tensor of ``tensors`` in one operation."""
-    pairs = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_reducescatter_async([c for c, _ in pairs], name, op, process_set,
-                                                   prescale_factor, postscale_factor))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
-
-
-# ------------------------------------------------------------------ alltoall
-def _splits(splits):
-    if splits is None:
-        return None
-    if isinstance(splits, torch.Tensor):
-        return splits.detach().cpu().numpy()
-    return np.asarray(splits)
-
-
-def alltoall_async(tensor, splits=None, name=None, process_set=None) -> int:
-    """Start an alltoall; ``synchronize`` returns ``(output, received_splits)``."""
-    _no_process_set(process_set)
-    h = _coll.alltoall_async(_np(tensor, "alltoall"), _splits(splits), name)
-    return _register(h, lambda r: (_torch(r[0], tensor),
-                                   torch.from_numpy(r[1].astype(np.int32))))
-
-
-class _Alltoall(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, splits, name):
-        out, received = synchronize(alltoall_async(tensor, splits, name))
-        ctx.received = received
-        ctx.mark_non_differentiable(received)
-        return out, received
-
-    @staticmethod
-    def backward(ctx, grad, _):
-        g, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received))
-        return g, None, None
-
-
-def alltoall(tensor, splits=None, name=None, process_set=None):
-    """Send ``splits[i]`` rows to rank ``i`` (equal parts without ``splits``); returns the
-    received rows by sending rank, plus ``received_splits`` when ``splits`` is given;
-    differentiable."""
-    _no_process_set(process_set)
-    out, received = _Alltoall.apply(tensor, splits, name)
-    return out if splits is None else (out, received)
-
-
-# ------------------------------------------------------------------ the rest
-def barrier(process_set=None) -> None:
-    """Wait until every worker reaches the barrier."""
-    _no_process_set(process_set)
-    _core.barrier()
-
-
-def cross_rank() -> int:
-    """Index of this worker's host."""
-    return rank() // local_size()
-
-
-def cross_size() -> int:
-    """Number of worker hosts."""
-    return size() // local_size()
-
-
-def is_homogeneous() -> bool:
-    """True when every host runs the same number of workers."""
-    return size() % local_size() == 0
-
-
-def _cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-def mpi_built() -> bool:
-    """False: byteps does not use MPI."""
-    return _coll.build_info()["mpi_built"]
-
-
-def mpi_enabled() -> bool:
-    """False: byteps does not use MPI."""
-    return _coll.build_info()["mpi_enabled"]
-
-
-def mpi_threads_supported() -> bool:
-    """False: byteps does not use MPI."""
-    return _coll.build_info()["mpi_threads_supported"]
-
-
-def gloo_built() -> bool:
-    """False: byteps does not use Gloo (its own parameter servers over ZeroMQ)."""
-    return _coll.build_info()["gloo_built"]
-
-
-def gloo_enabled() -> bool:
-    """False: byteps does not use Gloo."""
-    return _coll.build_info()["gloo_enabled"]
-
-
-def nccl_built() -> bool:
-    """True where CUDA is available (GPU tensors are handled), else False."""
-    return _cuda()
-
-
-def cuda_built() -> bool:
-    """True where CUDA is available to torch (GPU tensors are staged through host memory)."""
-    return _cuda()
-
-
-def rocm_built() -> bool:
-    """True where torch runs on ROCm with a GPU available."""
-    return _cuda() and getattr(torch.version, "hip", None) is not None
-
-
-def ddl_built() -> bool:
-    """False: no IBM DDL."""
-    return _coll.build_info()["ddl_built"]
-
-
-def ccl_built() -> bool:
-    """False: no oneCCL."""
-    return _coll.build_info()["ccl_built"]
-
-
-def byteps_built() -> bool:
-    """True."""
-    return True
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Horovod's timeline: record this worker's trace and write it to ``file_path`` at
-    :func:`stop_timeline` (Chrome trace JSON, docs/timeline.md)."""
-    _core.start_timeline(file_path, mark_cycles)
-
-
-def stop_timeline() -> None:
-    """Stop the timeline started by :func:`start_timeline` and write it."""
-    _core.stop_timeline()
+__all__ = __all__ + list(_more)

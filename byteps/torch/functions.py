@@ -31,13 +31,21 @@ def _check_root(root_rank: int, what: str) -> None:
                          f"worker(s); use 0..{n - 1}")
 
 
-def broadcast_inplace(tensors: list, root_rank: int) -> None:
+def broadcast_inplace(tensors: list, root_rank: int, process_set=None) -> None:
     """Overwrite every ``(name, tensor)`` with the root's value, in place.
 
     One synchronous sum in which the other ranks contribute zeros, in async mode too
     (only the asynchronous algorithms' keys are asynchronous on the servers,
-    docs/algorithms.md).
+    docs/algorithms.md).  With a ``process_set`` other than the global one, a broadcast
+    among its ranks (byteps.core.process_sets).
     """
+    from byteps.core import collectives
+    if collectives._set(process_set) is not None:
+        from byteps.torch import compat
+        hs = [compat.broadcast_async_(t, root_rank, name, process_set) for name, t in tensors]
+        for h in hs:
+            synchronize(h)
+        return
     me = rank()
     rounds = 1
     with torch.no_grad():
@@ -56,7 +64,8 @@ def broadcast_inplace(tensors: list, root_rank: int) -> None:
                 synchronize(h)
 
 
-def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> None:
+def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.",
+                         process_set=None) -> None:
     """Overwrite ``params`` on every rank with rank ``root_rank``'s values, in place.
 
     ``params`` is a ``state_dict()`` (dict), a list or iterator of
@@ -88,23 +97,23 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.") -> 
         seen.add(ident)
         todo.append((name, p))
     broadcast_inplace([(prefix + name if name is not None else _auto_name("broadcast"), p)
-                       for name, p in todo], root_rank)
+                       for name, p in todo], root_rank, process_set)
 
 
-def _broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
+def _broadcast_bytes(data: bytes | None, root_rank: int, name: str, process_set=None) -> bytes:
     is_root = rank() == root_rank
     n = torch.tensor([len(data) if is_root else 0], dtype=torch.int64)
-    broadcast_inplace([(name + ".len", n)], root_rank)
+    broadcast_inplace([(name + ".len", n)], root_rank, process_set)
     length = int(n[0])
     if not length:
         return b""
     buf = torch.from_numpy(np.frombuffer(data, np.uint8).copy()) if is_root else \
         torch.zeros(length, dtype=torch.uint8)
-    broadcast_inplace([(f"{name}.data.{length}", buf)], root_rank)
+    broadcast_inplace([(f"{name}.data.{length}", buf)], root_rank, process_set)
     return buf.numpy().tobytes()
 
 
-def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=None):
     """Return rank ``root_rank``'s ``obj`` on every rank.
 
     ``obj`` may nest dicts, lists and tuples of None, bool, int, float, str,
@@ -114,9 +123,11 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
     broadcast_object in the same order.
     """
     _check_root(root_rank, "broadcast_object")
-    name = "broadcast_object." + (name if name is not None else _auto_name("obj"))
+    from byteps.core import collectives
+    name = "broadcast_object." + (name if name is not None else
+                                  collectives.auto_name("obj", process_set))
     data = _objects.encode(obj) if rank() == root_rank else None
-    raw = _broadcast_bytes(data, root_rank, name)
+    raw = _broadcast_bytes(data, root_rank, name, process_set)
     try:
         return _objects.decode(raw)
     except ValueError as exc:
@@ -124,7 +135,8 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
                                 f"{root_rank} is malformed: {exc}") from None
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "OptimizerState.") -> None:
+def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "OptimizerState.",
+                              model=None, process_set=None) -> None:
     """Make every rank's optimizer state and hyper-parameters equal to rank ``root_rank``'s.
 
     Works for any ``torch.optim`` optimizer, also before the first step (an
@@ -148,7 +160,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Optimize
     if me == root_rank:
         data = _objects.encode(optimizer.state_dict(), slots=tensors,
                                min_slot_numel=_SLOT_NUMEL)
-    raw = _broadcast_bytes(data, root_rank, prefix + "meta")
+    raw = _broadcast_bytes(data, root_rank, prefix + "meta", process_set)
     try:
         sd = _objects.decode(raw, allow_slots=True)
         slots = _collect_slots(sd, [])
@@ -170,7 +182,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Optimize
         else:
             t = torch.zeros(s.shape, dtype=getattr(torch, s.dtype))
         values.append(t)
-    broadcast_inplace([(_slot_name(prefix, s), t) for s, t in zip(slots, values)], root_rank)
+    broadcast_inplace([(_slot_name(prefix, s), t) for s, t in zip(slots, values)], root_rank,
+                      process_set)
     if me == root_rank:
         return
     state = _objects.fill_slots(sd, values)

@@ -48,12 +48,27 @@ _handles: dict[int, _Pending] = {}
 _staging: dict[tuple, torch.Tensor] = {}
 
 
-def init(lazy: bool = True) -> None:
+def init(lazy: bool = True, process_sets=None, comm=None) -> None:
     """Join the job described by the ``DMLC_*``/``BYTEPS_*`` environment.
 
     Without those variables this is a local job of size 1 (no network).
-    ``lazy`` is accepted for compatibility with the original BytePS.
+    ``lazy`` is accepted for compatibility with the original BytePS.  ``process_sets``
+    (Horovod's): a list of rank lists or ``ProcessSet``s registered at once (every rank
+    passes the same), or ``"dynamic"`` (accepted: sets may always be added later).
+    ``comm`` (an MPI communicator) is refused: byteps does not use MPI.
     """
+    if comm is not None:
+        raise ValueError("init(comm=...): byteps does not use MPI; the job is described by "
+                         "the DMLC_*/BYTEPS_* environment (bpslaunch)")
+    _init(lazy)
+    if process_sets is not None and not isinstance(process_sets, str):
+        from byteps.core import process_sets as _ps
+        for s in process_sets:
+            if not (isinstance(s, _ps.ProcessSet) and s.process_set_id is not None):
+                _ps.add_process_set(s)
+
+
+def _init(lazy: bool) -> None:
     if not _core.is_initialized():
         # torch.optim imports torch._dynamo (~800 modules, seconds on a loaded machine)
         # on first use; do it before the engine thread has heartbeats to send, so a long
@@ -63,6 +78,19 @@ def init(lazy: bool = True) -> None:
         except ImportError:
             pass
     _core.init()
+    _export_horovod_env()
+
+
+def _export_horovod_env() -> None:
+    """Set HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ... as Horovod's launcher does
+    for each worker (where not set already), so scripts that read them find this job's
+    ranks."""
+    import os
+    ls = max(1, _core.local_size())
+    for k, v in (("RANK", _core.rank()), ("SIZE", _core.size()),
+                 ("LOCAL_RANK", _core.local_rank()), ("LOCAL_SIZE", ls),
+                 ("CROSS_RANK", _core.rank() // ls), ("CROSS_SIZE", _core.size() // ls)):
+        os.environ.setdefault(f"HOROVOD_{k}", str(v))
 
 
 def shutdown() -> None:
@@ -70,6 +98,9 @@ def shutdown() -> None:
     with _lock:
         _handles.clear()
         _staging.clear()
+    from byteps.core import process_sets as _ps
+    _ps.reset()
+    _collectives.reset()
     _core.shutdown()
 
 

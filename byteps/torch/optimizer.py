@@ -149,6 +149,15 @@ class _DistributedOptimizer:
     def _bps_push(self, p):
         if p.grad.is_sparse and self._bps_sparse_as_dense:
             p.grad = p.grad.to_dense()
+        ps = getattr(self, "_bps_process_set", None)
+        if p.grad.is_sparse or ps is not None:    # Horovod's sparse allreduce; process sets
+            from byteps.torch import compat
+            avg = compat.Average if self._bps_average else compat.Sum
+            if p.grad.is_sparse:
+                return compat.sparse_allreduce_async(p.grad, "Gradient." + self._bps_names[p],
+                                                     avg, ps), _SPARSE
+            return compat.allreduce_async_(p.grad, name="Gradient." + self._bps_names[p],
+                                           op=avg, process_set=ps), _OWN_TENSOR
         if self._bps_cparams and self.param_groups[0]["lr"] != self._bps_lr:
             self._bps_lr = self.param_groups[0]["lr"]   # lr-aware error feedback
             _core.set_compression_lr(float(self._bps_lr))
@@ -183,6 +192,10 @@ class _DistributedOptimizer:
             try:
                 for p, (handle, ctx) in self._bps_handles.items():
                     out = synchronize(handle)
+                    if ctx is _SPARSE:
+                        p.grad = out
+                        self._bps_delay[p] = self._bps_bpps
+                        continue
                     if ctx is _OWN_TENSOR:      # averaged in place; the gradient stays
                         self._bps_delay[p] = self._bps_bpps
                         continue
@@ -213,9 +226,9 @@ class _DistributedOptimizer:
             return self._bps_alg_step(closure)
         if self._bps_should_sync:
             if self._bps_synchronized and not self._bps_handles:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "skip_synchronize(); gradients are not reduced twice",
-                              stacklevel=2)
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(); gradients are not "
+                              "reduced twice", stacklevel=2)
             else:
                 self.synchronize()
         self._bps_synchronized = False
@@ -233,6 +246,7 @@ class _DistributedOptimizer:
 
 
 _OWN_TENSOR = object()     # marks a push_pull of an optimizer's own tensor (QAdam)
+_SPARSE = object()         # marks a sparse gradient's allreduce (the result replaces .grad)
 _VIEWABLE = (torch.float32, torch.float64, torch.float16)
 
 
@@ -290,7 +304,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     value; the result is the same average, so it only changes rounding in
     Horovod and is ignored here); ``num_groups``/``groups`` (ignored: small
     tensors are fused automatically); ``sparse_as_dense`` (sparse gradients
-    are densified; without it they raise); ``process_set`` must be None.
+    are densified; without it they are gathered, as Horovod's
+    ``sparse_allreduce_async``); ``process_set`` (gradients averaged among
+    that set's ranks, byteps.core.process_sets).
 
     With ``BYTEPS_ENABLE_ASYNC=1`` (asynchronous training, as in the original)
     the servers hold the parameters: they are seeded with rank 0's values when
@@ -325,8 +341,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not gradient_predivide_factor > 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got "
                          f"{gradient_predivide_factor!r}")
-    if process_set is not None:
-        raise ValueError("process_set is not supported: every worker takes part")
     if staleness != 0:
         raise ValueError(f"staleness={staleness!r} is not supported; use 0 (synchronous "
                          f"training)")
@@ -345,6 +359,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
                           if k not in ("step", "zero_grad", "synchronize")})
     dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
+    from byteps.core import collectives as _coll
+    dist._bps_process_set = _coll._set(process_set)
+    if dist._bps_process_set is not None and (compression_params or algorithm is not None):
+        raise ValueError("process_set cannot be combined with compression_params or an "
+                         "algorithm (they run over the servers, with every worker)")
     compression, compression_params = _core_compression(dist, compression, compression_params)
     if algorithm is not None and not getattr(algorithm, "plugin_gradients", False) and \
             (compression_params or backward_passes_per_step != 1):

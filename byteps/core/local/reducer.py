@@ -119,6 +119,7 @@ class LocalReducer:
                               len(self.groups) if self.two_level else 1, self.me,
                               fixed_chunk=self.network or pre is not None)
             except ValueError as exc:
+                _fail_peers(path, tensor.name, self.me)   # the other local ranks fail too
                 raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
             if seg.fallback:
                 self.markers.append(warn_once(self.dir, self.prefix, "%s", seg.fallback))
@@ -516,3 +517,21 @@ class LocalReducer:
                 log.warning("tensor %r (round %d) waited %.0f s in the local reduction of host "
                             "%s; local rank(s) %s have not contributed chunk %d", op.tensor.name,
                             op.round, now - op.started, self.cfg.host_id, late or "none", j)
+
+
+def _fail_peers(path: str, name: str, me: int) -> None:
+    """A local rank that cannot use another one's shared buffer of ``name`` (another shape
+    or dtype) marks its own share of that buffer failed, in the buffer's layout, so the
+    local ranks waiting for it fail their push_pull naming it instead of waiting forever
+    (their reduction threads look at these counters at least every 200 ms)."""
+    from byteps.core.local.shm import HEADER
+    from byteps.transport.wire import DTYPES
+    try:
+        with open(path, "rb") as f:
+            hdr = [int(x) for x in np.frombuffer(f.read(HEADER * 8), np.int64)]
+        seg = Segment(path, name, DTYPES[hdr[2]], hdr[2], hdr[3], hdr[4], hdr[7], hdr[6], me)
+    except (OSError, ValueError, IndexError) as exc:
+        log.debug("cannot mark %r failed in %s: %s", name, path, exc)
+        return
+    seg.done[me, :] = -1
+    seg.close()

@@ -1,0 +1,115 @@
+"""Handles of the collectives in :mod:`byteps.core.collectives` and the names they hold.
+
+An operation of more than one exchange runs on a thread of its own (:func:`start`), so
+ranks may synchronize their handles in any order; :func:`wait` returns its result.  A
+name is held for one kind of operation from its start until its handle is synchronized
+(Horovod's duplicate-name rule, raised as a ValueError in the caller's thread, so every
+rank raises at the same call).
+"""
+from __future__ import annotations
+
+import threading
+
+from byteps.core import api
+
+class _Op:
+    __slots__ = ("id", "event", "error", "result")
+
+    def __init__(self, hid: int):
+        self.id, self.event, self.error, self.result = hid, threading.Event(), None, None
+
+
+OPS: dict[int, _Op] = {}        # handle -> collective in flight (api.synchronize looks here)
+_BUSY: dict[tuple, int] = {}    # (kind, name) -> handle, until that handle is synchronized
+_BUSY_BY_HANDLE: dict[int, tuple] = {}
+_busy_lock = threading.Lock()
+
+
+def _claim(kind: str, name: str) -> tuple:
+    """Reserve ``name`` for one ``kind`` of operation until its handle is synchronized:
+    Horovod's duplicate-name rule, raised in the caller's thread (so every rank raises at
+    the same call) as a ValueError."""
+    key = (kind, name)
+    with _busy_lock:
+        if key in _BUSY:
+            raise api.NameInFlightError(
+                f"{kind} {name!r} is already in flight on rank {api.rank()} (handle "
+                f"{_BUSY[key]}); synchronize() it before using the name again, or use a "
+                f"distinct name")
+        _BUSY[key] = 0
+    return key
+
+
+def _bind(key: tuple, handle: int) -> int:
+    with _busy_lock:
+        _BUSY[key] = handle
+        _BUSY_BY_HANDLE[handle] = key
+    return handle
+
+
+def _unclaim(key: tuple) -> None:
+    with _busy_lock:
+        if _BUSY.get(key) == 0:
+            del _BUSY[key]
+
+
+def release(handle: int) -> None:
+    """Free the name reserved by ``handle`` (api.synchronize calls this)."""
+    with _busy_lock:
+        key = _BUSY_BY_HANDLE.pop(handle, None)
+        if key is not None and _BUSY.get(key) == handle:
+            del _BUSY[key]
+
+
+def reset() -> None:
+    """Forget reserved names and unfinished handles (shutdown)."""
+    with _busy_lock:
+        _BUSY.clear()
+        _BUSY_BY_HANDLE.clear()
+    OPS.clear()
+
+
+def reserved(kind: str, name: str, begin) -> int:
+    """``begin()`` (returns a handle) with ``name`` reserved for ``kind`` until the handle
+    is synchronized."""
+    key = _claim(kind, name)
+    try:
+        return _bind(key, begin())
+    except BaseException:
+        _unclaim(key)
+        raise
+
+
+def start(kind: str, fn) -> int:
+    """Run ``fn`` (blocking exchanges) on a thread of its own; returns its handle."""
+    st = api._state()
+    op = _Op(next(st.ids))
+
+    def run():
+        try:
+            op.result = fn()
+        except BaseException as exc:      # re-raised by wait() in the caller's thread
+            op.error = exc
+        finally:
+            op.event.set()
+    OPS[op.id] = op
+    if st.engine is None:                 # a local job: nothing to wait for
+        run()
+    else:
+        threading.Thread(target=run, name=f"bps-{kind}-{op.id}", daemon=True).start()
+    return op.id
+
+
+def wait(handle: int):
+    """Wait for a collective's handle and return its result (or raise its error)."""
+    op = OPS[handle]
+    op.event.wait()
+    OPS.pop(handle, None)
+    release(handle)
+    if op.error is not None:
+        raise op.error
+    return op.result
+
+
+def sync(handle: int):
+    return api.synchronize(handle)

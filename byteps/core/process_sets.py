@@ -1,0 +1,323 @@
+"""Process sets: collectives among a subset of the workers (Horovod's ``process_set=``).
+
+``add_process_set(ranks)`` is called by every worker with the same ranks (checked: ranks
+that disagree all get an error naming them) and returns a :class:`ProcessSet` whose id is
+the same on every rank.  The global set (id 0, every rank) uses the parameter servers as
+every other collective does.  A smaller set cannot: a server's round waits for every
+worker.  Its operations therefore travel over the worker-to-worker links of
+:mod:`byteps.core.peers` (``BYTEPS_ENABLE_PEERS=1``, the default), as a star around the
+set's lowest rank (its *leader*):
+
+1. every member sends the leader one metadata row (operation, dtype, shape, root rank,
+   op, splits: the rows :mod:`byteps.core.collectives` exchanges on the global path), then
+   its data;
+2. the leader checks that the rows agree (else every member gets the same error naming
+   both ranks), computes every member's result (a sum, min, max, product or average,
+   a concatenation, the root's array, a block of rows) and sends each member a fixed-size
+   reply header (status, result layout, received splits) and the result (or the error).
+
+Rounds, errors and barriers are per set: each set numbers its own operations (every
+member must issue the set's operations in the same order, as in Horovod), and all of a
+process's set operations run in order on one thread, so a rank in two sets never waits
+for itself.  Nothing received is unpickled; every header is checked (sizes, dtype codes,
+dimensions) before a payload is viewed.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+
+from byteps.core import api
+from byteps.core.node import BytePSError
+from byteps.transport.wire import DTYPES, dtype_code
+
+__all__ = ["ProcessSet", "add_process_set", "global_process_set", "get_process_set",
+           "remove_process_set", "resolve", "run"]
+
+KIND = 8                       # peer message kind of process-set traffic
+_MAX_DIMS = 32
+_OK, _ERR = 0, 1
+
+
+class ProcessSet:
+    """A set of worker ranks that run collectives together (Horovod's ``ProcessSet``).
+
+    ``ProcessSet(ranks)`` only describes the set; :func:`add_process_set` registers it
+    (on every rank) and gives it its ``process_set_id``."""
+
+    def __init__(self, ranks=None):
+        self.ranks = None if ranks is None else _ranks(ranks)
+        self.process_set_id = None
+        self.ops = 0                       # operations issued so far (the message tags)
+
+    def size(self) -> int:
+        """Number of ranks in the set."""
+        return len(self._members())
+
+    def rank(self) -> int:
+        """This worker's index in the set (-1 when it is not a member)."""
+        m = self._members()
+        r = api.rank()
+        return m.index(r) if r in m else -1
+
+    def included(self) -> bool:
+        """True when this worker is a member."""
+        return api.rank() in self._members()
+
+    def _members(self) -> list:
+        if self.process_set_id == 0:
+            return list(range(api.size()))
+        if self.ranks is None or self.process_set_id is None:
+            raise ValueError(f"{self!r} is not registered; call add_process_set() on every "
+                             f"rank first")
+        return self.ranks
+
+    def __repr__(self) -> str:
+        ranks = "all" if self.process_set_id == 0 else self.ranks
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={ranks})"
+
+
+global_process_set = ProcessSet()
+global_process_set.process_set_id = 0
+_SETS: dict[int, ProcessSet] = {}
+_next_id = [1]
+_lock = threading.Lock()
+
+
+def _ranks(ranks) -> list:
+    if hasattr(ranks, "ranks") and isinstance(ranks, ProcessSet):
+        ranks = ranks.ranks
+    try:
+        out = sorted(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise ValueError(f"process set ranks must be integers, got {ranks!r}") from None
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"process set ranks must be distinct and not empty, got {ranks!r}")
+    return out
+
+
+def add_process_set(ranks) -> ProcessSet:
+    """Register the set of ``ranks`` (a list or a :class:`ProcessSet`) on every rank.
+
+    Every worker must call it, in the same order, with the same ranks; ranks that pass
+    different ones get an error naming both.  Returns the registered set."""
+    ps = ranks if isinstance(ranks, ProcessSet) else ProcessSet(ranks)
+    if ps.ranks is None:
+        raise ValueError("add_process_set: give the ranks of the set")
+    n = api.size()
+    bad = [r for r in ps.ranks if not 0 <= r < n]
+    if bad:
+        raise ValueError(f"add_process_set: ranks {bad} are out of range for a job of {n} "
+                         f"worker(s)")
+    _agree("add_process_set", ps.ranks)
+    with _lock:
+        if ps.ranks == list(range(n)):
+            raise ValueError("add_process_set: a set of every rank is the global process set "
+                             "(hvd.global_process_set)")
+        dup = [s for s in _SETS.values() if s.ranks == ps.ranks]
+        if dup:
+            raise ValueError(f"add_process_set: {dup[0]!r} already has ranks {ps.ranks}")
+        ps.process_set_id, ps.ops = _next_id[0], 0
+        _next_id[0] += 1
+        _SETS[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister ``process_set`` on every rank (every worker calls it); False for the
+    global set or a set that is not registered."""
+    pid = getattr(process_set, "process_set_id", None)
+    if pid in (None, 0) or pid not in _SETS:
+        return False
+    _agree("remove_process_set", [pid])
+    with _lock:
+        _SETS.pop(pid, None)
+    process_set.process_set_id = None
+    return True
+
+
+def get_process_set(pid: int) -> ProcessSet:
+    """The registered set with id ``pid``."""
+    if pid == 0:
+        return global_process_set
+    try:
+        return _SETS[pid]
+    except KeyError:
+        raise ValueError(f"no process set with id {pid} (registered: "
+                         f"{sorted(_SETS)})") from None
+
+
+def reset() -> None:
+    """Forget every set (shutdown)."""
+    with _lock:
+        _SETS.clear()
+        _next_id[0] = 1
+
+
+def _agree(what: str, values: list) -> None:
+    """Every rank passes the same ``values`` (checked with one global sum)."""
+    n, r = api.size(), api.rank()
+    if n == 1:
+        return
+    meta = np.zeros((n, 2 + n), np.int64)
+    meta[r, 0], meta[r, 1] = len(values), api.size()
+    row = np.full(n, -1, np.int64)
+    row[:len(values)] = values[:n]
+    meta[r, 2:] = row
+    got = api.push_pull(meta, f"process_set.{what}", average=False)
+    for k in range(1, n):
+        if not np.array_equal(got[k], got[0]):
+            show = [int(v) for v in got[k, 2:2 + int(got[k, 0])]]
+            show0 = [int(v) for v in got[0, 2:2 + int(got[0, 0])]]
+            raise BytePSError(f"{what}: rank {k} passed {show} but rank 0 passed {show0}; "
+                              f"every rank must call {what} with the same ranks, in the same "
+                              f"order")
+
+
+def resolve(process_set) -> ProcessSet | None:
+    """None for the global set (the servers' path); the registered set otherwise.
+    Raises ValueError when this rank is not a member."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return None
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, got {process_set!r}")
+    pid = process_set.process_set_id
+    if pid is None or _SETS.get(pid) is not process_set:
+        raise ValueError(f"{process_set!r} is not registered (or was removed); call "
+                         f"add_process_set() on every rank")
+    if api.rank() not in process_set.ranks:
+        raise ValueError(f"rank {api.rank()} is not a member of {process_set!r}: only its "
+                         f"ranks may call its operations")
+    return process_set
+
+
+# ------------------------------------------------------------------ the star
+class _Worker:
+    """One thread per process that runs the set operations in the order they were
+    issued (see the module docstring)."""
+
+    def __init__(self):
+        self.q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, name="bps-process-sets", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            fn = self.q.get()
+            fn()
+
+
+_worker: list = []
+
+
+def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what: str):
+    """One set operation: returns a function that waits for and returns its result.
+
+    ``row``: this rank's metadata row (int64, the same length on every member);
+    ``data``: its array; ``compute(rows, arrays, ranks)`` (on the leader) returns every
+    member's ``(result array, extra int64 row)`` or raises BytePSError;
+    ``finish(result, extra)`` turns the reply into the caller's result."""
+    st = api._state()
+    with _lock:
+        tag = ps.ops
+        ps.ops += 1
+        if not _worker:
+            _worker.append(_Worker())
+    done, box = threading.Event(), {}
+
+    def job():
+        try:
+            box["r"] = _exchange(st, ps, tag, row, data, compute, finish, what)
+        except BaseException as exc:
+            box["e"] = exc
+        finally:
+            done.set()
+    _worker[0].q.put(job)
+
+    def wait():
+        done.wait()
+        if "e" in box:
+            raise box["e"]
+        return box["r"]
+    return wait
+
+
+def _exchange(st, ps, tag, row, data, compute, finish, what):
+    ranks, me = ps.ranks, st.rank
+    leader = ranks[0]
+    slot = (1 << 31) - 1 - ps.process_set_id
+    net = st.peers
+    if len(ranks) > 1 and net is None:
+        raise BytePSError(f"{what} on {ps!r}: process sets need the worker-to-worker links; "
+                          f"run every worker with BYTEPS_ENABLE_PEERS=1 (the default)")
+    data = np.ascontiguousarray(data)
+    hdr_len = 4 + _MAX_DIMS + len(ranks)
+    if me != leader:
+        net.send(leader, tag * 4, slot, KIND, 0, row)
+        net.send(leader, tag * 4 + 1, slot, KIND, 0, data)
+        hdr = np.frombuffer(net.recv(leader, tag * 4 + 2, slot, KIND, 0, hdr_len * 8, what),
+                            np.int64).copy()
+        status, nbytes, code, ndim = (int(v) for v in hdr[:4])
+        if status not in (_OK, _ERR) or not 0 <= nbytes < 1 << 40 or \
+                not 0 <= ndim <= _MAX_DIMS or not 0 <= code < len(DTYPES):
+            raise BytePSError(f"{what}: malformed reply from the set's leader (rank {leader})")
+        payload = net.recv(leader, tag * 4 + 3, slot, KIND, 0, nbytes, what)
+        if status == _ERR:
+            raise BytePSError(bytes(payload).decode("utf-8", "replace"))
+        shape = tuple(int(v) for v in hdr[4:4 + ndim])
+        if any(s < 0 for s in shape) or \
+                int(np.prod(shape, dtype=np.int64)) * DTYPES[code].itemsize != nbytes:
+            raise BytePSError(f"{what}: reply from the set's leader (rank {leader}) has "
+                              f"{nbytes} bytes for shape {shape}")
+        res = np.frombuffer(payload, DTYPES[code]).reshape(shape).copy()
+        return finish(res, hdr[4 + _MAX_DIMS:].copy())
+    rows, arrays = [row], [data]
+    for r in ranks[1:]:
+        got = net.recv(r, tag * 4, slot, KIND, 0, row.nbytes, what)
+        rows.append(np.frombuffer(got, np.int64).copy())
+    err, results = None, None
+    try:
+        meta = np.stack(rows)
+        for i, r in enumerate(ranks[1:], 1):
+            arrays.append(_payload(net, r, tag, slot, meta[i], what))
+        results = compute(meta, arrays, ranks)
+    except BytePSError as exc:
+        err = str(exc)
+    for i, r in enumerate(ranks[1:], 1):
+        hdr = np.zeros(hdr_len, np.int64)
+        if err is not None:
+            msg = np.frombuffer(err.encode(), np.uint8)
+            hdr[:2] = [_ERR, msg.nbytes]
+            net.send(r, tag * 4 + 2, slot, KIND, 0, hdr)
+            net.send(r, tag * 4 + 3, slot, KIND, 0, msg)
+            continue
+        res, extra = results[i]
+        res = np.ascontiguousarray(res)
+        hdr[:4] = [_OK, res.nbytes, dtype_code(res.dtype, what), res.ndim]
+        hdr[4:4 + res.ndim] = res.shape
+        if extra is not None:
+            hdr[4 + _MAX_DIMS:4 + _MAX_DIMS + len(extra)] = extra
+        net.send(r, tag * 4 + 2, slot, KIND, 0, hdr)
+        net.send(r, tag * 4 + 3, slot, KIND, 0, res)
+    if err is not None:
+        raise BytePSError(err)
+    res, extra = results[0]
+    out_extra = np.zeros(len(ranks), np.int64)
+    if extra is not None:
+        out_extra[:len(extra)] = extra
+    return finish(np.ascontiguousarray(res), out_extra)
+
+
+def _payload(net, r, tag, slot, row, what) -> np.ndarray:
+    """The data a member sent, sized from its own metadata row (checked first)."""
+    from byteps.core import collectives as c
+    code, ndim = int(row[c._DTYPE]), int(row[c._NDIM])
+    if not 0 <= code < len(DTYPES) or not 0 <= ndim <= _MAX_DIMS:
+        raise BytePSError(f"{what}: rank {r} sent a malformed metadata row")
+    shape = tuple(int(v) for v in row[c._DIMS:c._DIMS + ndim])
+    if any(s < 0 for s in shape):
+        raise BytePSError(f"{what}: rank {r} sent a malformed shape {shape}")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[code].itemsize
+    buf = net.recv(r, tag * 4 + 1, slot, KIND, 0, nbytes, what)
+    return np.frombuffer(buf, DTYPES[code]).reshape(shape).copy()

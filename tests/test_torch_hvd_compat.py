@@ -1,0 +1,69 @@
+"""Horovod compatibility of byteps.torch (tests/scripts/hvd_torch_compat.py): names reused
+with new shapes, duplicate names, autograd of every collective, SyncBatchNorm, sparse
+gradients, process sets of 2 of 3 ranks, and errors that name ranks without hanging; with
+3 workers and with 2 local ranks reducing through shared memory (--local-size 2)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from byteps.core import process_sets
+from tests.conftest import assert_ok, read_results, run_script
+
+ALWAYS = ["HOROVOD_RANK/SIZE", "duplicate allgather name", "name free after sync",
+          "int prescale/postscale dtype", "allgather grad", "alltoall grad",
+          "reducescatter grad", "SyncBatchNorm input grad", "SyncBatchNorm running_var",
+          "sparse_allreduce_async", "sparse embedding step", "allreduce shape error",
+          "collectives work after errors"]
+SETS = ["set allreduce", "set alltoall", "set shape error names global ranks",
+        "set works after error", "set optimizer keeps members equal", "non-member refused",
+        "global after set ops", "add_process_set disagreement", "remove_process_set"]
+
+
+@pytest.mark.parametrize("workers,launcher_args", [
+    (3, ()), (2, ("--hosts", "1", "--local-size", "2"))], ids=["3workers", "local2"])
+def test_horovod_compat_in_a_job(tmp_path, workers, launcher_args):
+    res = run_script("hvd_torch_compat.py", tmp_path, workers=workers, servers=2,
+                     timeout=150, launcher_args=launcher_args, BYTEPS_ENABLE_IPC=0)
+    assert_ok(res)
+    done = read_results(tmp_path)
+    assert sorted(done) == list(range(workers))
+    want = ALWAYS + (SETS if workers >= 3 else [])
+    for r, checks in done.items():
+        missing = [c for c in want if c not in checks and not (c == "non-member refused")]
+        assert not missing, f"rank {r}: {missing}\n{json.dumps(checks)}"
+    if workers >= 3:
+        assert "non-member refused" in done[1] and "set allreduce" in done[0]
+
+
+def test_process_set_rules_without_a_job():
+    import byteps.torch as hvd
+    hvd.init()                        # a local job of one worker
+    try:
+        with pytest.raises(ValueError, match="distinct"):
+            hvd.add_process_set([0, 0])
+        with pytest.raises(ValueError, match="out of range"):
+            hvd.add_process_set([0, 3])
+        with pytest.raises(ValueError, match="global process set"):
+            hvd.add_process_set([0])
+        assert hvd.global_process_set.process_set_id == 0
+        assert hvd.global_process_set.included() and hvd.global_process_set.size() == 1
+        assert not hvd.remove_process_set(hvd.global_process_set)
+        with pytest.raises(ValueError, match="not registered"):
+            hvd.allreduce(torch.ones(2), process_set=process_sets.ProcessSet([0]))
+        # a name reused with another layout in a local job
+        a = hvd.allreduce(torch.ones(3), name="re", op=hvd.Sum)
+        b = hvd.allreduce(torch.ones(2, 2, dtype=torch.int64), name="re", op=hvd.Sum)
+        assert a.shape == (3,) and b.dtype == torch.int64 and b.shape == (2, 2)
+        sp = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.tensor([2.0]), (3,))
+        out = hvd.synchronize(hvd.sparse_allreduce_async(sp, "sp1", hvd.Average))
+        assert np.array_equal(out.to_dense().numpy(), [0, 2.0, 0])
+        x = torch.randn(4, 3, 2, requires_grad=True)
+        y = hvd.SyncBatchNorm(3)(x)
+        ref = torch.nn.BatchNorm1d(3)(x)
+        assert torch.allclose(y, ref, atol=1e-6)
+    finally:
+        hvd.shutdown()
