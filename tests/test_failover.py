@@ -55,13 +55,16 @@ def test_server_sigkill_with_replicas_is_bit_exact(tmp_path, reference):
     """An undisturbed run (no replication) against: rank 0 SIGKILLs the last server right
     after starting step 12; that server answers one worker's round 12 of a partition and
     then SIGKILLs itself (the other worker needs the backup's copy of that round: it would
-    wait forever without it); and the SIGKILL with 5% of the messages to servers and
-    workers dropped (resends and the failover's resends deduplicated together)."""
+    wait forever without it); the SIGKILL with 5% of the messages to servers and workers
+    dropped (resends and the failover's resends deduplicated together); and the SIGKILL
+    followed by shutdown() and init() on every rank (the re-formed group's address book
+    marks the dead server lost: the workers never greet it)."""
     a, digest = reference
     for name, kill, env in (("killed", KILL, {}),
                             ("crashed", -1, {"BYTEPS_TEST_SERVER_CRASH": f"1:{KILL}"}),
                             ("lossy", KILL, {"BYTEPS_TEST_DROP_RATE": 0.05,
-                                             "BYTEPS_RESEND_TIMEOUT_S": 0.2})):
+                                             "BYTEPS_RESEND_TIMEOUT_S": 0.2}),
+                            ("reinit", KILL, {"FAILOVER_REINIT_AT": KILL + 5})):
         res, out, ranks = _job(tmp_path, name, kill, BYTEPS_SERVER_REPLICAS=1, **env)
         log = res.stdout + res.stderr
         assert res.returncode == 0, log[-4000:]

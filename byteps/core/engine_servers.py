@@ -18,9 +18,9 @@ class ServersMixin:
 
     def hello(self) -> None:
         """Greet every server until each answers HELLO_OK (one may not know the epoch yet)."""
-        for s in self.servers:
-            self.send(s, Op.HELLO, {})
-        waiting = set(range(len(self.servers)))
+        waiting = set(range(len(self.servers))) - self.failover.dead    # failover: lost ones
+        for i in waiting:
+            self.send(self.servers[i], Op.HELLO, {})
         deadline = time.monotonic() + self.cfg.startup_timeout
         pause = 0.02
         again = time.monotonic() + pause

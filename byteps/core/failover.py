@@ -27,6 +27,9 @@ class WorkerFailover:
         self.enabled = engine.cfg.server_replicas > 0 and n >= 2
         self.route = list(range(n))     # server index -> index of its current owner
         self.dead: set[int] = set()
+        lost = [i for i, s in enumerate(engine.server_info) if s.get("lost") is True]
+        if lost and self.enabled:      # a group re-formed after a failover: never greet it
+            self._mark(lost[0])
 
     def grace(self, i: int) -> float | None:
         """How long server ``i``'s connection may stay closed before this worker gives up
@@ -36,6 +39,18 @@ class WorkerFailover:
             return None
         g = down_grace(self.engine.cfg)
         return g + self.engine.cfg.heartbeat_timeout if self.enabled else g
+
+    def _mark(self, i: int) -> int:
+        """Server ``i`` is dead: its partitions (and those it took over) go to the next live
+        server of the address book; returns that server's index."""
+        self.dead.add(i)
+        n = len(self.route)
+        for k in range(n):
+            j = k
+            while j in self.dead:
+                j = (j + 1) % n
+            self.route[k] = j
+        return self.route[i]
 
     def on_failover(self, body: dict) -> None:
         """The scheduler's FAILOVER: move everything bound for the dead server."""
@@ -54,14 +69,7 @@ class WorkerFailover:
                               f"BYTEPS_SERVER_REPLICAS=1; set it on every node")
         if i in self.dead:
             return
-        self.dead.add(i)
-        n = len(self.route)
-        for k in range(n):
-            j = k
-            while j in self.dead:
-                j = (j + 1) % n
-            self.route[k] = j
-        new = self.route[i]
+        new = self._mark(i)
         moved: list = []
         for t in eng.inflight.values():
             if t.server == i:

@@ -331,7 +331,8 @@ class Scheduler:
 
     def book(self) -> dict:
         pub = ("node_id", "rank", "host", "host_id", "pid", "local_rank", "local_size", "machine")
-        return {"servers": [{**{k: s[k] for k in pub}, "address": s["address"], "role": "server"}
+        return {"servers": [{**{k: s[k] for k in pub}, "address": s["address"], "role": "server",
+                             **({"lost": True} if s.get("lost") else {})}    # failover.py
                             for s in self.servers.values()],
                 "workers": sorted(({**{k: w[k] for k in pub}, "role": "worker",
                                     "address": w.get("address")}     # peers (decentralized)

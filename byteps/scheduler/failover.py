@@ -4,7 +4,9 @@ When a server is declared dead (its connection closed and stayed closed, or its
 heartbeats stopped) and replication is on, the job goes on: the scheduler tells every
 live node ``FAILOVER {dead, reason}`` (its backup, the next server of the address book,
 owns its keys from now on; byteps/server/replica.py, byteps/core/failover.py), tells the
-dead node (if it is merely unreachable) to end, and stops watching it.  A second server
+dead node (if it is merely unreachable) to end, and stops watching it.  Address books of a
+re-formed group (``shutdown()`` and ``init()`` again, elastic membership) mark it
+``lost``: new engines route around it from the start.  A second server
 death, or any death without replication, ends the job as before (docs/fault_tolerance.md).
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Failover:
             return False
         self.lost = dict(dead)
         s.exited.add(ident)                 # no more heartbeat checks, broadcasts skip it
+        s.servers[ident]["lost"] = True     # later address books say so (a re-formed group)
         log.warning("%s; BYTEPS_SERVER_REPLICAS=%d: its backup server owns its keys, the "
                     "workers resend their rounds in flight, training goes on", reason,
                     s.cfg.server_replicas)

@@ -98,6 +98,8 @@ class Replicator:
         self.seqs.forget()
         self.peers.clear()
         self.reset()
+        if any(s.get("lost") is True for s in servers):    # re-formed after a failover
+            self.degraded = True
         if self.replicas < 1 or len(servers) < 2 or me < 0 or self.degraded:
             return
         backup = servers[(me + 1) % len(servers)]

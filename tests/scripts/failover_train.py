@@ -7,9 +7,10 @@ integer sums are exact in any order) and checks the final values against the exa
 of every rank's deltas: a push added twice or lost after a failover shows.
 
 With ``kill_step >= 0`` rank 0 sends SIGKILL to the last server of the address book
-right after starting that step's push_pulls (their partitions are in flight).  Each rank
-writes out_dir/rank<r>.json (digest of the final parameters, steps, error) and rank 0
-out_dir/params.npz.
+right after starting that step's push_pulls (their partitions are in flight).
+FAILOVER_REINIT_AT=N: every rank calls shutdown() and init() after step N (the group
+re-forms; the same steps follow).  Each rank writes out_dir/rank<r>.json (digest of the
+final parameters, steps, error) and rank 0 out_dir/params.npz.
 """
 import hashlib
 import json
@@ -26,6 +27,7 @@ out_dir, steps, kill_step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 SHAPES = {"layer0.w": (200_000,), "layer1.w": (300, 70), "bias": (17,), "fp16.w": (70_000,)}
 COMP = {"fp16.w": {"compressor": "fp16"}}
 ASYNC = os.environ.get("BYTEPS_ENABLE_ASYNC") == "1"
+REINIT_AT = int(os.environ.get("FAILOVER_REINIT_AT", "-1"))   # shutdown() + init() there
 
 bps.init()
 r, n = bps.rank(), bps.size()
@@ -86,6 +88,9 @@ try:
         for k, h in handles.items():
             params[k] -= np.float32(0.1) * bps.synchronize(h)
         res["steps"] = step + 1
+        if step + 1 == REINIT_AT:        # the group re-forms (a new epoch) without the server
+            bps.shutdown()
+            bps.init()
         time.sleep(0.01)
     res["digest"] = hashlib.sha256(b"".join(params[k].tobytes() for k in SHAPES)).hexdigest()
     if r == 0:
