@@ -17,12 +17,13 @@ from byteps.numpy import collectives as _np_coll
 
 Average, Sum, Adasum = _np_coll.Average, _np_coll.Sum, _np_coll.Adasum
 Min, Max, Product = _np_coll.Min, _np_coll.Max, _np_coll.Product
+broadcast_object, allgather_object = _np_coll.broadcast_object, _np_coll.allgather_object
 ReduceOp = _np_coll.ReduceOp
 
-__all__ = ["Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
-           "allreduce", "allreduce_", "alltoall", "broadcast", "broadcast_",
-           "grouped_allgather", "grouped_allreduce", "grouped_allreduce_",
-           "grouped_reducescatter", "reducescatter"]
+__all__ = ["Adasum", "allgather", "allgather_object", "allreduce", "allreduce_", "alltoall",
+           "Average", "broadcast", "broadcast_", "broadcast_object", "grouped_allgather",
+           "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter", "Max", "Min",
+           "Product", "ReduceOp", "reducescatter", "Sum"]
 
 
 def _host(t, what: str) -> np.ndarray:

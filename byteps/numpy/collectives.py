@@ -16,17 +16,19 @@ import numpy as np
 from byteps.core import api as _api
 from byteps.core import collectives as _coll
 from byteps.core.basics import process_set_kw
+from byteps.core import objects as _objects
 from byteps.core.carry import carry
 
 Average, Sum, Adasum = _coll.AVERAGE, _coll.SUM, _coll.ADASUM
 Min, Max, Product = _coll.MIN, _coll.MAX, _coll.PRODUCT
 ReduceOp = _coll.ReduceOp
 
-__all__ = ["Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
-           "allgather_async", "allreduce", "allreduce_async", "alltoall", "alltoall_async",
-           "broadcast", "broadcast_async", "grouped_allgather", "grouped_allgather_async",
+__all__ = ["Adasum", "allgather", "allgather_async", "allgather_object", "allreduce",
+           "allreduce_async", "alltoall", "alltoall_async", "Average", "broadcast",
+           "broadcast_async", "broadcast_object", "grouped_allgather", "grouped_allgather_async",
            "grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter",
-           "grouped_reducescatter_async", "reducescatter", "reducescatter_async"]
+           "grouped_reducescatter_async", "Max", "Min", "Product", "ReduceOp", "reducescatter",
+           "reducescatter_async", "Sum"]
 
 _lock = threading.Lock()
 _finish: dict[int, object] = {}      # handle -> turns the core's result into the user's
@@ -196,6 +198,19 @@ def alltoall_async(array, splits=None, name=None, process_set=None) -> int:
 
 def alltoall(array, splits=None, name=None, process_set=None):
     return _sync(alltoall_async(array, splits, name, process_set))
+
+
+def broadcast_object(obj, root_rank: int = 0, name=None, process_set=None):
+    """Rank ``root_rank``'s ``obj`` on every rank (msgpack, never pickle: None, bools,
+    numbers, str, bytes, lists, dicts, numpy arrays; tuples arrive as lists)."""
+    return _objects.broadcast_object(obj, root_rank, name,
+                                     **process_set_kw(process_set, "broadcast_object"))
+
+
+def allgather_object(obj, name=None, process_set=None) -> list:
+    """Every rank's ``obj``, as a list in rank order (msgpack, never pickle)."""
+    return _objects.allgather_object(obj, name,
+                                     **process_set_kw(process_set, "allgather_object"))
 
 
 def _sync(handle: int):

@@ -52,6 +52,7 @@ from byteps.core.basics import __all__ as _basics_names
 from byteps.core.basics import *  # noqa: F401,F403  (process sets, where the core has them)
 from byteps.tensorflow import _ops, util  # noqa: F401  (hvd.util._executing_eagerly)
 from byteps.tensorflow.compression import Compression
+from byteps.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn
 from byteps.tensorflow.mpi_ops import (
     Adasum,
     Average,
@@ -84,7 +85,8 @@ __all__ = [
     "size",
     # Horovod's names (byteps/tensorflow/mpi_ops.py, byteps/core/basics.py; docs/tensorflow.md)
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
-    "allreduce", "alltoall", "broadcast", "broadcast_", "byteps_built", "ccl_built",
+    "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_object",
+    "broadcast_object_fn", "byteps_built", "ccl_built",
     "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "is_homogeneous",
     "local_rank_op", "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported",

@@ -121,6 +121,17 @@ eq(bps.allgather(np.zeros((0, 3), np.int32)), np.zeros((0, 3), np.int32), "allga
 eq(bps.allgather(np.zeros((r % 2, 3), np.int32)), np.zeros((n // 2, 3), np.int32),
    "allgather some empty")
 
+# objects (msgpack, never pickle)
+got = bps.broadcast_object({"hello": 123, 0: [1, 2], "a": np.arange(3) * r} if r == n - 1
+                           else None, root_rank=n - 1)
+assert got["hello"] == 123 and got[0] == [1, 2] and got["a"].tolist() == [0, n - 1, 2 * n - 2]
+done.append("broadcast_object")
+assert bps.allgather_object({"r": r, "x": [r] * r}) == [{"r": k, "x": [k] * k}
+                                                        for k in range(n)]
+done.append("allgather_object")
+raises(lambda: bps.broadcast_object(object() if r == 0 else None, 0), ["rank 0"],
+       "broadcast_object unencodable", (bps.BytePSError, TypeError))
+
 # a process set of 2 of 3 ranks (where the core has process sets): passed through
 if n >= 3 and hasattr(bps, "add_process_set"):
     ps = bps.add_process_set([0, 2])

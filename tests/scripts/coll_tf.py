@@ -222,6 +222,12 @@ if n >= 3 and hasattr(hvd, "add_process_set"):
            np.array([0, 2], np.int32) + (0 if me == 0 else 10), "set alltoall")
     hvd.remove_process_set(ps)
 
+# objects (msgpack, never pickle)
+assert hvd.broadcast_object({"hello": 123, 0: [1, 2]} if r == 0 else {}, root_rank=0) == \
+    {"hello": 123, 0: [1, 2]}
+assert hvd.allgather_object({"m": r}) == [{"m": k} for k in range(n)]
+done.append("objects")
+
 # errors: every rank gets the same error naming the ranks; nothing hangs
 FP = tf.errors.FailedPreconditionError
 raises(lambda: hvd.allgather(tf.ones([2, r + 1])), (FP, hvd.BytePSError),

@@ -1,0 +1,74 @@
+"""Horovod's ``broadcast_object`` and ``allgather_object`` on plain Python values, for every
+plugin (framework-free).
+
+Values travel as msgpack (the core's codec, :func:`byteps.core.elastic_state.encode`:
+None, bools, numbers, strings, bytes, lists, dicts, numpy arrays), never pickle, over the
+checked collectives of :mod:`byteps.core.collectives`: a broadcast first agrees on the
+root rank and the length, an allgather on every rank's length.  Tuples arrive as lists.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from byteps.core import api
+from byteps.core import collectives as coll
+from byteps.core.elastic_state import decode, encode
+
+__all__ = ["allgather_object", "broadcast_object"]
+
+
+def _decode(raw: bytes, what: str, rank: int):
+    try:
+        return decode(raw)
+    except ValueError as exc:
+        raise api.BytePSError(f"{what} on rank {api.rank()}: the data from rank {rank} is "
+                              f"malformed: {exc}") from None
+
+
+def _encode(obj):
+    """(bytes, None), or (b"", the error) when ``obj`` cannot be sent: the other ranks are
+    told (a length of -1) instead of being left waiting."""
+    try:
+        return encode(obj), None
+    except (TypeError, ValueError, OverflowError) as exc:
+        return b"", exc
+
+
+def _failed(what: str, rank: int, err):
+    if err is not None and api.rank() == rank:
+        raise TypeError(f"{what}: cannot send the object of rank {rank}: {err}") from err
+    return api.BytePSError(f"{what}: rank {rank} could not encode its object (msgpack: "
+                           f"None, bool, numbers, str, bytes, lists, dicts, numpy arrays)")
+
+
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None, **kw):
+    """Rank ``root_rank``'s ``obj`` on every rank (``kw``: ``process_set=``)."""
+    root = coll.check_root(root_rank, "broadcast_object")
+    name = name or coll.auto_name("broadcast_object", **kw)
+    data, err = _encode(obj) if api.rank() == root else (b"", None)
+    n = coll.broadcast(np.array([-1 if err else len(data)], np.int64), root, f"{name}.len",
+                      **kw)
+    length = int(n[0])
+    if length < 0:
+        raise _failed("broadcast_object", root, err)
+    buf = np.frombuffer(data, np.uint8) if api.rank() == root else np.zeros(length, np.uint8)
+    if length:
+        buf = coll.broadcast(buf, root, f"{name}.data", **kw)
+    return _decode(buf.tobytes(), "broadcast_object", root)
+
+
+def allgather_object(obj, name: str | None = None, **kw) -> list:
+    """Every rank's ``obj``, as a list in rank order (``kw``: ``process_set=``)."""
+    name = name or coll.auto_name("allgather_object", **kw)
+    data, err = _encode(obj)
+    lengths = coll.allgather(np.array([-1 if err else len(data)], np.int64), f"{name}.len",
+                             **kw)
+    bad = [r for r, n in enumerate(lengths.tolist()) if n < 0]
+    if bad:
+        raise _failed("allgather_object", bad[0], err if err is not None else None)
+    raw = coll.allgather(np.frombuffer(data, np.uint8), f"{name}.data", **kw)
+    out, start = [], 0
+    for r, n in enumerate(lengths.tolist()):
+        out.append(_decode(raw[start:start + n].tobytes(), "allgather_object", r))
+        start += n
+    return out
