@@ -12,6 +12,9 @@
 Tensors travel through the framework-free core (``byteps.core.api``) as
 numpy arrays; inside ``tf.function`` that happens in ``tf.numpy_function``
 ops, so XLA (``jit_compile=True``) cannot compile a step that communicates.
+Horovod's collectives (``allreduce``, ``allgather``, ``broadcast``,
+``reducescatter``, ``alltoall``, grouped forms, with gradients) are in
+:mod:`byteps.tensorflow.mpi_ops`, so ``import byteps.tensorflow as hvd`` works.
 """
 from __future__ import annotations
 
