@@ -17,10 +17,14 @@ ALWAYS = ["HOROVOD_RANK/SIZE", "duplicate allgather name", "name free after sync
           "int prescale/postscale dtype", "allgather grad", "alltoall grad",
           "reducescatter grad", "SyncBatchNorm input grad", "SyncBatchNorm running_var",
           "sparse_allreduce_async", "sparse embedding step", "allreduce shape error",
+          "allreduce same-size shape error",
           "collectives work after errors"]
-SETS = ["set allreduce", "set alltoall", "set shape error names global ranks",
-        "set works after error", "set optimizer keeps members equal", "non-member refused",
-        "global after set ops", "add_process_set disagreement", "remove_process_set"]
+SET_MEMBERS = ["set allreduce", "set max", "set allgather", "set broadcast",
+               "set reducescatter", "set alltoall", "set grouped_allreduce",
+               "set shape error names global ranks", "set works after error",
+               "set allgather grad", "set optimizer keeps members equal",
+               "set allgather_object"]
+SET_ALL = ["global after set ops", "add_process_set disagreement", "remove_process_set"]
 
 
 @pytest.mark.parametrize("workers,launcher_args", [
@@ -31,12 +35,12 @@ def test_horovod_compat_in_a_job(tmp_path, workers, launcher_args):
     assert_ok(res)
     done = read_results(tmp_path)
     assert sorted(done) == list(range(workers))
-    want = ALWAYS + (SETS if workers >= 3 else [])
     for r, checks in done.items():
-        missing = [c for c in want if c not in checks and not (c == "non-member refused")]
+        want = list(ALWAYS)
+        if workers >= 3:        # the set is the first and the last rank
+            want += SET_ALL + (SET_MEMBERS if r in (0, workers - 1) else ["non-member refused"])
+        missing = [c for c in want if c not in checks]
         assert not missing, f"rank {r}: {missing}\n{json.dumps(checks)}"
-    if workers >= 3:
-        assert "non-member refused" in done[1] and "set allreduce" in done[0]
 
 
 def test_process_set_rules_without_a_job():

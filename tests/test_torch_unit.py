@@ -67,8 +67,8 @@ def test_push_pull_errors():
     with pytest.raises(TypeError, match="torch.Tensor"):
         bps.push_pull_async(np.ones(2), name="u.np")
     bps.push_pull(torch.ones(2), name="u.shape")
-    with pytest.raises(bps.BytePSError, match="u.shape"):
-        bps.push_pull(torch.ones(3), name="u.shape")
+    # as Horovod, a name may be used again with another shape (byteps/core/redeclare.py)
+    assert bps.push_pull(torch.ones(3), name="u.shape").shape == (3,)
     with pytest.raises(ValueError, match="handle"):
         bps.synchronize(987654)
 

@@ -149,6 +149,8 @@ assert opt._parameter_names[emb.weight] == "weight"
 if n > 1:
     raises(lambda: hvd.allreduce(torch.zeros(3 + r), name="bad.shape"), RuntimeError,
            ["bad.shape", "rank"], "allreduce shape error")
+    raises(lambda: hvd.allreduce(torch.zeros((2, 6) if r == 0 else (3, 4)), name="bad.dims"),
+           RuntimeError, ["bad.dims"], "allreduce same-size shape error")
     raises(lambda: hvd.allgather(torch.zeros(2, 2 + r)), RuntimeError, ["rank 1", "rank 0"],
            "allgather shape error")
     raises(lambda: hvd.broadcast(torch.zeros(2), r), RuntimeError, ["root_rank"],

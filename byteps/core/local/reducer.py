@@ -117,7 +117,8 @@ class LocalReducer:
             try:   # without a network stage the chunks may shrink to fit a small /dev/shm
                 seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
                               len(self.groups) if self.two_level else 1, self.me,
-                              fixed_chunk=self.network or pre is not None)
+                              fixed_chunk=self.network or pre is not None,
+                              shape_tag=shape_tag(tensor.shape))
             except ValueError as exc:
                 _fail_peers(path, tensor.name, self.me)   # the other local ranks fail too
                 raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
@@ -529,9 +530,18 @@ def _fail_peers(path: str, name: str, me: int) -> None:
     try:
         with open(path, "rb") as f:
             hdr = [int(x) for x in np.frombuffer(f.read(HEADER * 8), np.int64)]
-        seg = Segment(path, name, DTYPES[hdr[2]], hdr[2], hdr[3], hdr[4], hdr[7], hdr[6], me)
+        seg = Segment(path, name, DTYPES[hdr[2]], hdr[2], hdr[3], hdr[4], hdr[7], hdr[6], me,
+                      shape_tag=hdr[9])
     except (OSError, ValueError, IndexError) as exc:
         log.debug("cannot mark %r failed in %s: %s", name, path, exc)
         return
     seg.done[me, :] = -1
     seg.close()
+
+
+def shape_tag(shape) -> int:
+    """A 62-bit fingerprint of a tensor's shape, kept in its shared buffer's header so that
+    local ranks pushing the same number of elements in another shape are told apart."""
+    import hashlib
+    raw = ",".join(map(str, shape)).encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 2

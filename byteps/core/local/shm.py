@@ -134,7 +134,7 @@ class Segment:
 
     def __init__(self, path: str, name: str, dtype: np.dtype, dtype_code: int, n: int,
                  local_size: int, chunk: int, groups: int, local_rank: int,
-                 fixed_chunk: bool = True):
+                 fixed_chunk: bool = True, shape_tag: int = 0):
         self.path, self.name = path, name
         self.dtype = np.dtype(dtype)
         self.n, self.L, self.G = n, local_size, groups
@@ -143,11 +143,13 @@ class Segment:
         want = [MAGIC, VERSION, dtype_code, n, local_size, -(-n // chunk) if n else 0, groups,
                 chunk]
         self.created = False
+        self.shape_tag = shape_tag
         self.owner: int | None = None   # small tensor: the one local rank that reduces it
         self.mm = self._create_or_open(want, chunk)
         buf = self.mm
         hdr = [int(x) for x in np.frombuffer(buf, np.int64, HEADER, 0)]
-        same = hdr[:5] == want[:5] and hdr[6] == groups
+        # header slot 9: a fingerprint of the shape (same element count, other shape)
+        same = hdr[:5] == want[:5] and hdr[6] == groups and hdr[9] == shape_tag
         if same and not fixed_chunk and hdr[7] > 0:
             want[5], want[7] = hdr[5], hdr[7]          # adopt the creator's smaller chunks
         if not same or hdr[:8] != want:
@@ -156,7 +158,8 @@ class Segment:
                 f"tensor {name!r}: local rank {local_rank} uses {n} x {self.dtype.name} "
                 f"(local size {local_size}, chunk {chunk}, groups {groups}) but another local "
                 f"rank of this host created its shared buffer with {hdr[3]} elements of dtype "
-                f"code {hdr[2]} (local size {hdr[4]}, chunk {hdr[7]}, groups {hdr[6]}); every "
+                f"code {hdr[2]}{'' if hdr[9] == shape_tag else ' in another shape'} (local "
+                f"size {hdr[4]}, chunk {hdr[7]}, groups {hdr[6]}); every "
                 f"local rank must push the same shape and dtype under one name and use the same "
                 f"BYTEPS_PARTITION_BYTES / BYTEPS_PCIE_SWITCH_SIZE")
         self.chunk = hdr[7]
@@ -257,7 +260,8 @@ class Segment:
                     raise
             time.sleep(pause)
             pause *= 2
-        header = header[:5] + [-(-self.n // c) if self.n else 0, header[6], c, w, 0]
+        header = header[:5] + [-(-self.n // c) if self.n else 0, header[6], c, w,
+                               self.shape_tag]
         np.frombuffer(mm, np.int64, HEADER, 0)[:] = header
         try:
             os.link(tmp, self.path)
