@@ -14,9 +14,10 @@ import importlib.util
 from byteps.core import api
 
 
-__all__ = ["byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built", "gloo_built",
-           "gloo_enabled", "global_only", "is_homogeneous", "mpi_built", "mpi_enabled",
-           "mpi_threads_supported", "process_set_kw", "start_timeline", "stop_timeline"]
+__all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built",
+           "gloo_built", "gloo_enabled", "global_only", "is_homogeneous", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported", "process_set_kw", "start_timeline",
+           "stop_timeline"]
 
 
 def _info() -> dict:
@@ -101,6 +102,16 @@ def process_set_kw(process_set, what: str) -> dict:
                          f"byteps: every worker takes part; pass process_set=None (or the "
                          f"global process set)")
     return {"process_set": process_set}
+
+
+def barrier(process_set=None) -> None:
+    """Wait until every worker (of ``process_set``) reaches the barrier."""
+    kw = process_set_kw(process_set, "barrier")
+    if kw:
+        from byteps.core import collectives
+        collectives.barrier(**kw)
+    else:
+        api.barrier()
 
 
 def global_only(process_set, what: str) -> None:

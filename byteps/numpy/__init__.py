@@ -28,7 +28,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "barrier", "join", "BytePSError", "step_done", "DistributedOptimizer", "algorithms",
            "nccl_built", "cuda_built", "rocm_built"] + \
     [n for n in _coll_names + _basics_names
-     if n not in ("broadcast", "global_only", "process_set_kw")]
+     if n not in ("barrier", "broadcast", "global_only", "process_set_kw")]
 
 from byteps.core import algorithms  # noqa: E402
 from byteps.numpy.optimizer import DistributedOptimizer  # noqa: E402

@@ -13,9 +13,8 @@ import threading
 
 import numpy as np
 
-from byteps.core import api as _api
 from byteps.core import collectives as _coll
-from byteps.core.basics import process_set_kw
+from byteps.core.basics import barrier, process_set_kw  # noqa: F401  (barrier: exported)
 from byteps.core import objects as _objects
 from byteps.core.carry import carry
 
@@ -216,12 +215,3 @@ def allgather_object(obj, name=None, process_set=None) -> list:
 def _sync(handle: int):
     from byteps.numpy import synchronize
     return synchronize(handle)
-
-
-def barrier(process_set=None) -> None:
-    """Wait until every worker reaches the barrier."""
-    kw = process_set_kw(process_set, "barrier")
-    if kw:
-        _coll.barrier(**kw)
-    else:
-        _api.barrier()

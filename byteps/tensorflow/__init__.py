@@ -26,7 +26,6 @@ except ImportError as _exc:
 
 from byteps.core.api import (
     BytePSError,
-    barrier,
     init,
     is_initialized,
     join,
@@ -37,6 +36,7 @@ from byteps.core.api import (
     size,
 )
 from byteps.core.basics import (
+    barrier,
     byteps_built,
     ccl_built,
     cross_rank,
