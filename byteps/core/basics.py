@@ -10,19 +10,36 @@ The answers come from :func:`byteps.core.collectives.build_info`; the host layou
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from byteps.core import api
 
 
 __all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built",
-           "gloo_built", "gloo_enabled", "global_only", "is_homogeneous", "mpi_built",
-           "mpi_enabled", "mpi_threads_supported", "process_set_kw", "start_timeline",
-           "stop_timeline"]
+           "export_horovod_env", "global_only", "gloo_built", "gloo_enabled", "init",
+           "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "process_set_kw",
+           "start_timeline", "stop_timeline"]
 
 
 def _info() -> dict:
     from byteps.core.collectives import build_info    # the one table of these facts
     return build_info()
+
+
+def export_horovod_env() -> None:
+    """Set HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ... as Horovod's launcher does for
+    each worker (where not set already), so scripts that read them find this job's ranks."""
+    ls = max(1, api.local_size())
+    for k, v in (("RANK", api.rank()), ("SIZE", api.size()), ("LOCAL_RANK", api.local_rank()),
+                 ("LOCAL_SIZE", ls), ("CROSS_RANK", api.rank() // ls),
+                 ("CROSS_SIZE", api.size() // ls)):
+        os.environ.setdefault(f"HOROVOD_{k}", str(v))
+
+
+def init(lazy: bool = False) -> None:
+    """Join the job (the core's ``init``), then :func:`export_horovod_env`."""
+    api.init(lazy)
+    export_horovod_env()
 
 
 def mpi_built() -> bool:

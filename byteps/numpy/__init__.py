@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.core import api as _api
-from byteps.core.api import (BytePSError, declare, init, is_initialized, join, local_rank,
+from byteps.core.api import (BytePSError, declare, is_initialized, join, local_rank,
                              local_size, poll, rank, shutdown, size)
+from byteps.core.basics import init
 from byteps.core.basics import __all__ as _basics_names
 from byteps.core.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
 from byteps.numpy import collectives as _coll

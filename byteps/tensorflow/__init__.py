@@ -26,7 +26,6 @@ except ImportError as _exc:
 
 from byteps.core.api import (
     BytePSError,
-    init,
     is_initialized,
     join,
     local_rank,
@@ -36,6 +35,7 @@ from byteps.core.api import (
     size,
 )
 from byteps.core.basics import (
+    init,
     barrier,
     byteps_built,
     ccl_built,

@@ -16,7 +16,6 @@ from byteps import _keras as _impl
 from byteps._keras.qadam import qadam_factory as _qadam_factory
 from byteps.core.api import (
     BytePSError,
-    init,
     is_initialized,
     local_rank,
     local_size,
@@ -24,6 +23,7 @@ from byteps.core.api import (
     shutdown,
     size,
 )
+from byteps.core.basics import init
 from byteps.tensorflow import (
     Adasum,
     Average,
