@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import threading
 
-from byteps.core import api
-
 class _Op:
     __slots__ = ("id", "event", "error", "result")
 
@@ -113,3 +111,6 @@ def wait(handle: int):
 
 def sync(handle: int):
     return api.synchronize(handle)
+
+
+from byteps.core import api  # noqa: E402  (last: api imports collectives, which imports this)

@@ -32,7 +32,6 @@ import threading
 
 import numpy as np
 
-from byteps.core import api
 from byteps.common.errors import BytePSError
 from byteps.transport.wire import DTYPES, REDUCE_OPS, dtype_code
 
@@ -121,13 +120,6 @@ def build_info() -> dict:
             "gloo_built": False, "gloo_enabled": False, "nccl_built": False,
             "ddl_built": False, "ccl_built": False, "cuda_built": False,
             "rocm_built": False, "byteps_built": True}
-
-
-# ------------------------------------------------------------------ handles
-from byteps.core.coll_handles import OPS, release, reset, wait  # noqa: E402,F401
-from byteps.core.coll_handles import reserved as _reserved  # noqa: E402
-from byteps.core.coll_handles import start as _start  # noqa: E402
-from byteps.core.coll_handles import sync as _sync  # noqa: E402
 
 
 # ------------------------------------------------------------------ agreement
@@ -484,3 +476,13 @@ def barrier(process_set=None) -> None:
         return
     from byteps.core import set_ops
     set_ops.barrier(ps)()
+
+
+# ------------------------------------------------------------------ handles, api
+# imported last: byteps.core.api re-exports this module's names at its end, so whichever
+# of the two is imported first, the other finds what it needs
+from byteps.core import api  # noqa: E402
+from byteps.core.coll_handles import OPS, release, reset, wait  # noqa: E402,F401
+from byteps.core.coll_handles import reserved as _reserved  # noqa: E402
+from byteps.core.coll_handles import start as _start  # noqa: E402
+from byteps.core.coll_handles import sync as _sync  # noqa: E402
