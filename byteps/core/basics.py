@@ -18,7 +18,7 @@ from byteps.core import api
 __all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built",
            "export_horovod_env", "global_only", "gloo_built", "gloo_enabled", "init",
            "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "process_set_kw",
-           "start_timeline", "stop_timeline"]
+           "shutdown", "start_timeline", "stop_timeline"]
 
 
 def _info() -> dict:
@@ -40,6 +40,18 @@ def init(lazy: bool = False) -> None:
     """Join the job (the core's ``init``), then :func:`export_horovod_env`."""
     api.init(lazy)
     export_horovod_env()
+
+
+def shutdown() -> None:
+    """Leave the job (the core's ``shutdown``), forgetting process sets and unfinished
+    collective handles, so that ``init()`` starts afresh (as byteps.torch does)."""
+    from byteps.core import collectives
+    if importlib.util.find_spec("byteps.core.process_sets") is not None:
+        from byteps.core import process_sets
+        process_sets.reset()
+    if hasattr(collectives, "reset"):
+        collectives.reset()
+    api.shutdown()
 
 
 def mpi_built() -> bool:

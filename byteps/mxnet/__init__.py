@@ -18,13 +18,12 @@ from byteps.core.api import (
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
 )
 from byteps.mxnet._mx import mx  # noqa: F401  (restores torch's thread count)
 from byteps.core.basics import __all__ as _basics_names
 from byteps.core.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
-from byteps.core.basics import init
+from byteps.core.basics import init, shutdown
 from byteps.mxnet.collectives import __all__ as _coll_names
 from byteps.mxnet.collectives import *  # noqa: F401,F403  (Horovod's collectives)
 from byteps.mxnet.compression import parse_compression
@@ -36,7 +35,7 @@ __all__ = ["BytePSError", "DistributedOptimizer", "DistributedTrainer", "broadca
            "byteps_declare_tensor", "byteps_push_pull", "init", "is_initialized",
            "join", "local_rank", "local_size", "parse_compression", "rank", "shutdown", "size",
            "nccl_built", "cuda_built", "rocm_built"] + list(_coll_names) + \
-    [n for n in _basics_names if n not in ("global_only", "process_set_kw")]
+    [n for n in _basics_names if n not in ("global_only", "process_set_kw", "init", "shutdown")]
 
 
 def cuda_built() -> bool:

@@ -15,8 +15,8 @@ import numpy as np
 
 from byteps.core import api as _api
 from byteps.core.api import (BytePSError, declare, is_initialized, join, local_rank,
-                             local_size, poll, rank, shutdown, size)
-from byteps.core.basics import init
+                             local_size, poll, rank, size)
+from byteps.core.basics import init, shutdown
 from byteps.core.basics import __all__ as _basics_names
 from byteps.core.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
 from byteps.numpy import collectives as _coll
@@ -29,7 +29,7 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "barrier", "join", "BytePSError", "step_done", "DistributedOptimizer", "algorithms",
            "nccl_built", "cuda_built", "rocm_built"] + \
     [n for n in _coll_names + _basics_names
-     if n not in ("barrier", "broadcast", "global_only", "process_set_kw")]
+     if n not in ("barrier", "broadcast", "global_only", "process_set_kw", "init", "shutdown")]
 
 from byteps.core import algorithms  # noqa: E402
 from byteps.numpy.optimizer import DistributedOptimizer  # noqa: E402

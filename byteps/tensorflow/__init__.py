@@ -31,10 +31,10 @@ from byteps.core.api import (
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
 )
 from byteps.core.basics import (
+    shutdown,
     init,
     barrier,
     byteps_built,

@@ -20,10 +20,9 @@ from byteps.core.api import (
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
 )
-from byteps.core.basics import init
+from byteps.core.basics import init, shutdown
 from byteps.tensorflow import (
     Adasum,
     Average,
