@@ -165,9 +165,13 @@ def _check(kind: str, name: str, meta: np.ndarray, trailing: bool = True,
                                   f"every rank must agree")
     bad = [r for r in range(meta.shape[0]) if meta[r, _BAD]]
     if bad:
-        raise BytePSError(f"{kind} of {name!r}: rank {rk[bad[0]]} passed invalid splits "
-                          f"{meta[bad[0], _SPLITS:].tolist()} (they must be one count >= 0 per "
-                          f"rank summing to its first dimension)")
+        r = bad[0]
+        raise BadArgumentError(
+            f"{kind} of {name!r}: rank {rk[r]} passed invalid splits (got "
+            f"{meta[r, _SPLITS:].tolist()} for a first dimension of {int(meta[r, _DIMS])}; "
+            f"splits must be integers, one count >= 0 per rank, summing to the first "
+            f"dimension; without splits the first dimension must divide by the number of "
+            f"ranks)")
     first_diff([int(k) for k in meta[:, _KIND]], "operation",
                lambda k: {v: n for n, v in _KINDS.items()}.get(k, k))
     first_diff([int(d) for d in meta[:, _DTYPE]], "dtype", lambda d: DTYPES[d].name)
@@ -179,6 +183,11 @@ def _check(kind: str, name: str, meta: np.ndarray, trailing: bool = True,
     lo = 1 if trailing else 0
     first_diff([tuple(meta[r, _DIMS + lo:_DIMS + nd].tolist()) for r in range(len(meta))],
                "trailing dimensions" if trailing else "shape")
+
+
+class BadArgumentError(BytePSError, ValueError):
+    """A rank passed arguments no rank can use (e.g. alltoall splits): raised on every rank
+    by the agreement step, naming that rank (a ValueError, as in Horovod)."""
 
 
 def _shape_name(name: str, shape) -> str:
@@ -413,25 +422,21 @@ def grouped_reducescatter(arrays, name=None, average=None, op=None, prescale_fac
 
 # ------------------------------------------------------------------ alltoall
 def alltoall_splits(name: str, a: np.ndarray, splits, n: int):
-    """(splits as int64[n], bad): equal parts without ``splits`` (a ValueError when the
-    first dimension does not divide), else the given ones (``bad`` when they do not fit,
-    reported to every rank by the agreement step)."""
+    """(splits as int64[n], bad): equal parts without ``splits``, else the given ones.
+    ``bad`` (a first dimension that does not divide, splits that are not integers, not
+    one count >= 0 per rank or not summing to the first dimension) is reported to every
+    rank by the agreement step, as a :class:`BadArgumentError` naming this rank."""
     if a.ndim == 0:
         raise ValueError(f"alltoall of {name!r}: the tensor needs at least one dimension")
     if splits is None:
-        if a.shape[0] % n:
-            raise ValueError(f"alltoall of {name!r}: the first dimension ({a.shape[0]}) must "
-                             f"divide by the number of ranks ({n}) when no splits are given")
-        return np.full(n, a.shape[0] // n, np.int64), False
+        return np.full(n, a.shape[0] // n, np.int64), a.shape[0] % n != 0
     sp = np.asarray(splits)
     if sp.dtype.kind not in "iu":
-        raise ValueError(f"alltoall of {name!r}: splits must be integers, got {sp.dtype}")
+        return np.zeros(n, np.int64), True
     sp = sp.astype(np.int64).reshape(-1)
-    bad = sp.size != n or bool((sp < 0).any()) or int(sp.sum()) != a.shape[0]
-    if bad and (sp.size != n or int(sp.sum()) > a.shape[0]):
-        raise ValueError(f"alltoall of {name!r}: splits {sp.tolist()} do not fit: one count "
-                         f">= 0 per rank ({n}) summing to the first dimension ({a.shape[0]})")
-    return (np.zeros(n, np.int64) if sp.size != n else sp), bad
+    if sp.size != n:
+        return np.zeros(n, np.int64), True
+    return sp, bool((sp < 0).any()) or int(sp.sum()) != a.shape[0]
 
 
 def _alltoall(name, a, sp, bad):

@@ -217,8 +217,10 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # as Horovod: the gathered gradient is summed over the ranks, each takes its rows
-        reduced = synchronize(allreduce_async(grad.contiguous(), op=Sum, process_set=ctx.ps))
+        # as Horovod (>= 0.23): the gathered gradient is averaged over the ranks, each
+        # takes its own rows
+        reduced = synchronize(allreduce_async(grad.contiguous(), average=True,
+                                              process_set=ctx.ps))
         dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64),
                                            process_set=ctx.ps))
         offset = int(dims[:_set_rank(ctx.ps)].sum())
@@ -287,8 +289,9 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # as Horovod: the gradients are summed and go to the root only
-        reduced = synchronize(allreduce_async(grad.contiguous(), op=Sum, process_set=ctx.ps))
+        # as Horovod (>= 0.23): the gradients are averaged and go to the root only
+        reduced = synchronize(allreduce_async(grad.contiguous(), average=True,
+                                              process_set=ctx.ps))
         if rank() != ctx.root:
             reduced = reduced * 0
         return reduced, None, None, None
