@@ -8,10 +8,11 @@ An operation is a function of numpy arrays (calling :mod:`byteps.core.collective
   float32, int16/uint16 as int32, bool as uint8 for copies, complex as float pairs);
 * errors: when eager, a disagreement between ranks (the core's BytePSError) is raised as
   :class:`CollectiveError`, a ``tf.errors.FailedPreconditionError`` that is also a
-  BytePSError, and an invalid argument found during the exchange (e.g. splits) as
-  :class:`InvalidArgument`, a ``tf.errors.InvalidArgumentError`` that is also a
-  ValueError (Horovod's classes).  Inside a graph TensorFlow turns a ValueError into
-  InvalidArgumentError and anything else into UnknownError, keeping the message;
+  BytePSError, and an invalid argument found during the exchange (e.g. alltoall splits
+  that do not fit, reported by the core on every rank) as :class:`InvalidArgument`, a
+  ``tf.errors.InvalidArgumentError`` that is also a ValueError (Horovod's classes).
+  Inside a graph TensorFlow turns a ValueError into InvalidArgumentError and anything
+  else into UnknownError, keeping the message;
 * order: in a TF1 graph every byteps op gets a control dependency on the previous one,
   so that every rank runs them in creation order (``tf.function`` already runs stateful
   ops in program order); ops that wait for other ranks could otherwise deadlock when two
@@ -49,12 +50,15 @@ class InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
 
 
 def as_tf_error(exc: BaseException) -> BaseException:
+    """The core's ValueErrors (also its BadArgumentError: splits no rank can use, reported
+    on every rank) as InvalidArgumentError, other BytePSErrors as FailedPreconditionError,
+    as Horovod."""
     if isinstance(exc, tf.errors.OpError):
         return exc
-    if isinstance(exc, BytePSError):
-        return CollectiveError(str(exc))
     if isinstance(exc, ValueError):
         return InvalidArgument(str(exc))
+    if isinstance(exc, BytePSError):
+        return CollectiveError(str(exc))
     return exc
 
 

@@ -5,9 +5,9 @@ core's; this module converts tensors (:mod:`byteps.tensorflow._plumbing`) and re
 gradients with ``tf.custom_gradient``, as Horovod registers them for its ops:
 
 * allreduce: the gradient is allreduced with the same op and scale factors;
-* allgather: the gradient is summed over the ranks, and each rank keeps its own rows;
-* broadcast: the gradient is summed over the ranks on the root and zero elsewhere
-  (allgather and broadcast as byteps.torch and Horovod's own test suites);
+* allgather: the gradient is averaged over the ranks, and each rank keeps its own rows;
+* broadcast: the gradient is averaged over the ranks on the root and zero elsewhere
+  (allgather and broadcast as Horovod >= 0.23 and byteps.torch);
 * reducescatter: the gradient (times the size for Sum, times the scale factors) is
   allgathered;
 * alltoall: the gradient goes back with the received splits.
@@ -159,9 +159,9 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 
 # ------------------------------------------------------------------ allgather
 def _own_rows(grad, x, process_set):
-    """Sum ``grad`` over the ranks and keep this rank's rows (allgather's gradient)."""
+    """Average ``grad`` over the ranks and keep this rank's rows (allgather's gradient)."""
     n, me = _members(process_set_kw(process_set, "allgather"))
-    g = allreduce(grad, op=Sum, process_set=process_set)
+    g = allreduce(grad, op=Average, process_set=process_set)
     dims = allgather(tf.reshape(tf.shape(x)[0], [1]), process_set=process_set)
     parts = tf.split(g, tf.reshape(dims, [n]), num=n, axis=0)
     return parts[me]
@@ -230,7 +230,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
         (y,) = P.run(np_fn, [x], [(x.dtype, x.shape)], "Broadcast")
 
         def grad(dy):
-            g = allreduce(dy, op=Sum, process_set=process_set)
+            g = allreduce(dy, op=Average, process_set=process_set)
             return g if core.rank() == root else g * 0
         return y, grad
     return P.from_wire(fn(wired), dt)
