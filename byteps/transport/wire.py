@@ -92,8 +92,6 @@ DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 DTYPE_NAMES = ", ".join(d.name for d in DTYPES)
 
 
-class WireError(ValueError):
-    """A received message is malformed; it is dropped."""
 class Entry(NamedTuple):
     """A data entry ``[key, part, round, flags, dtype, length]`` with named fields; msgpack
     sends it as that list (``Entry._make(e)`` names the fields of one received and
@@ -107,6 +105,8 @@ class Entry(NamedTuple):
     length: int      # elements
 
 
+class WireError(ValueError):
+    """A received message is malformed; it is dropped."""
 
 
 class VersionMismatch(WireError):
