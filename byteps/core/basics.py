@@ -28,12 +28,14 @@ def _info() -> dict:
 
 def export_horovod_env() -> None:
     """Set HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ... as Horovod's launcher does for
-    each worker (where not set already), so scripts that read them find this job's ranks."""
+    each worker, so scripts that read them find this job's ranks.  Always overwritten: a
+    value inherited from a parent process (one that ran its own ``init()``, e.g. a test
+    runner) would name another job's ranks."""
     ls = max(1, api.local_size())
     for k, v in (("RANK", api.rank()), ("SIZE", api.size()), ("LOCAL_RANK", api.local_rank()),
                  ("LOCAL_SIZE", ls), ("CROSS_RANK", api.rank() // ls),
                  ("CROSS_SIZE", api.size() // ls)):
-        os.environ.setdefault(f"HOROVOD_{k}", str(v))
+        os.environ[f"HOROVOD_{k}"] = str(v)
 
 
 def init(lazy: bool = False) -> None:

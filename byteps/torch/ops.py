@@ -82,15 +82,9 @@ def _init(lazy: bool) -> None:
 
 
 def _export_horovod_env() -> None:
-    """Set HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, ... as Horovod's launcher does
-    for each worker (where not set already), so scripts that read them find this job's
-    ranks."""
-    import os
-    ls = max(1, _core.local_size())
-    for k, v in (("RANK", _core.rank()), ("SIZE", _core.size()),
-                 ("LOCAL_RANK", _core.local_rank()), ("LOCAL_SIZE", ls),
-                 ("CROSS_RANK", _core.rank() // ls), ("CROSS_SIZE", _core.size() // ls)):
-        os.environ.setdefault(f"HOROVOD_{k}", str(v))
+    """HOROVOD_RANK, HOROVOD_SIZE, ... for this job (the core's rule, byteps.core.basics)."""
+    from byteps.core.basics import export_horovod_env
+    export_horovod_env()
 
 
 def shutdown() -> None:
