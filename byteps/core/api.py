@@ -8,12 +8,10 @@ without a network (like the original BytePS).
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import itertools
 import logging
 import os
-import sys
 import threading
 
 import numpy as np
@@ -29,7 +27,7 @@ from byteps.common.logs import setup_logging
 from byteps.common.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
 from byteps.core.torchrun import warn_if_torchrun_without_byteps
-from byteps.transport.wire import ASYNC, REDUCE_OPS, Op, dtype_code, encode, new_seq
+from byteps.transport.wire import ASYNC, REDUCE_OPS, dtype_code
 
 log = logging.getLogger("byteps.worker")
 
@@ -157,7 +155,8 @@ def init(lazy: bool = False) -> None:
                 raise
             _LAST_LINK = {"cfg": cfg, "node_id": st.link.node_id, "epoch": st.link.epoch,
                           "identity": ident}
-            _install_exit_hooks()
+            from byteps.core.api_exit import install_exit_hooks
+            install_exit_hooks()
         _STATE = st
         if st.engine is not None:
             metrics.start_worker(cfg, st.rank)   # BYTEPS_METRICS_PORT, bpslaunch's live view
@@ -528,60 +527,6 @@ def join(device: int = -1) -> int:
             st.tuner.saved.clear()            # (also those of keys autotune left behind)
         st.barrier_n = itertools.count()
     return last
-
-
-# ------------------------------------------------------------------ process exit
-_HOOKED = False
-
-
-def _install_exit_hooks() -> None:
-    global _HOOKED
-    if _HOOKED:
-        return
-    _HOOKED = True
-    prev = sys.excepthook
-
-    def hook(tp, val, tb):
-        _FAILED.append(f"{tp.__name__}: {val}")
-        prev(tp, val, tb)
-    sys.excepthook = hook
-    atexit.register(_at_exit)
-
-
-def _at_exit() -> None:
-    """Tell the scheduler this worker process ends (ok, or with its error)."""
-    st = _STATE
-    body = {"ok": not _FAILED, "reason": _FAILED[0] if _FAILED else ""}
-    try:
-        if st is not None and st.engine is not None:
-            _finish(st)
-        if st is not None and st.local is not None:
-            st.local.close(remove=bool(_FAILED))
-        if st is not None and st.engine is not None:
-            from byteps.core.elastic import allow_stop
-            allow_stop(st.engine)      # elastic: an interrupted epoch still exits cleanly
-        if st is not None and st.engine is not None and st.engine.fatal is None:
-            st.engine.stop(leave=False)
-            st.link.send(Op.EXIT, body)
-            st.link.close(linger_ms=1000)
-            # end ZeroMQ's I/O threads before the interpreter frees the buffers of
-            # messages they might still hold
-            st.ctx.destroy(linger=0)
-            return
-        if st is None and _LAST_LINK is not None:
-            cfg = _LAST_LINK["cfg"]
-            ctx = zmq.Context()      # own context: term() below waits until EXIT is out
-            s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 2000)
-            s.setsockopt(zmq.IDENTITY, _LAST_LINK["identity"])
-            s.connect(f"tcp://{cfg.root_uri}:{cfg.root_port}")
-            s.send_multipart(encode(cfg.job_id, _LAST_LINK["node_id"], Op.EXIT,
-                                    _LAST_LINK["epoch"], new_seq(), body,
-                                    cfg.job_secret.encode() if cfg.job_secret else None))
-            s.close()
-            ctx.term()
-    except Exception as exc:  # exiting anyway; never mask the real error
-        log.debug("exit notification failed: %s", exc)
 
 
 def _identity(cfg: Config) -> bytes:

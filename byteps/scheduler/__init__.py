@@ -26,6 +26,8 @@ from byteps.common.metrics import serve_scheduler
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                                 require_secret)
 from byteps.scheduler import membership
+from byteps.scheduler.checks import _check_local_reduce, _check_tuning, _pushers
+from byteps.scheduler.departures import DeparturesMixin
 from byteps.scheduler.failover import Failover
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
@@ -33,7 +35,7 @@ from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireEr
 log = logging.getLogger("byteps.scheduler")
 
 
-class Scheduler:
+class Scheduler(DeparturesMixin):
     def __init__(self, cfg: Config):
         require_secret(cfg, "scheduler")
         self.cfg = cfg
@@ -378,112 +380,6 @@ class Scheduler:
             log.info("workers re-formed the job: epoch %d", self.epoch)
             self.send_books(list(self.servers) + list(self.workers))
 
-    # ---------------------------------------------------------------- barriers, exits
-    def barrier(self, ident: bytes, body: dict) -> None:
-        name = body.get("name")
-        if not isinstance(name, str):
-            return self.drops.warn("bad barrier", "name must be a string")
-        why = self.gone_reason()
-        if why:
-            return self.send(ident, Op.BARRIER_DONE, {"name": name, "error": why})
-        got = self.barriers.setdefault(name, set())
-        got.add(ident)
-        if len(got | set(self.joined)) >= len(self.workers):
-            del self.barriers[name]
-            for w in got:
-                self.send(w, Op.BARRIER_DONE, {"name": name})
-
-    # ---------------------------------------------------------------- join, departures
-    def tell_servers(self, **body) -> int:
-        """Send the servers the membership of this epoch (joined ranks, ranks gone)."""
-        self.members_id += 1
-        body.setdefault("joined", sorted(self.joined.values()))
-        body.setdefault("gone", [])
-        for ident in self.servers:
-            self.send(ident, Op.MEMBERS, {**body, "id": self.members_id})
-        return self.members_id
-
-    def gone_reason(self) -> str | None:
-        """Why a collective can never complete: a worker left without join()."""
-        for ident, why in self.gone.items():
-            if ident not in self.joined:
-                return why
-        return None
-
-    def worker_gone(self, ident: bytes, node: dict, how: str) -> None:
-        """A worker called shutdown() or exited 0 while others may still train: the servers
-        fail rounds it never pushed, pending join()s and barriers fail, naming it."""
-        if ident in self.gone or not self.formed:
-            return
-        why = f"{describe(dict(node, role='worker'))} {how}"
-        self.gone[ident] = why
-        if all(w in self.gone for w in self.workers):
-            return                     # everyone is done: nothing waits (or a re-init)
-        log.info("%s", why)
-        self.tell_servers(gone=[[node["rank"], why]])
-        if ident in self.joined:
-            return
-        for w in self.joined:
-            self.send(w, Op.JOIN_DONE, {"error": f"join() cannot complete: {why} without "
-                                                 f"calling join()"})
-        for name, got in list(self.barriers.items()):
-            for w in got:
-                self.send(w, Op.BARRIER_DONE, {"name": name, "error": why})
-        self.barriers.clear()
-
-    def join(self, ident: bytes, node: dict) -> None:
-        """A worker ran out of data.  The servers count it as pushing zeros; when every worker
-        has joined, they reset their rounds and then every join() returns the last rank."""
-        if ident in self.joined or self.join_reset is not None:
-            return
-        why = self.gone_reason()
-        if why:
-            return self.send(ident, Op.JOIN_DONE, {"error": f"join() cannot complete: {why} "
-                                                            f"without calling join()"})
-        self.joined[ident] = node["rank"]
-        log.info("%s joined (%d of %d)", describe(dict(node, role="worker")), len(self.joined),
-                 len(self.workers))
-        if len(self.joined) < len(self.workers):
-            self.tell_servers()
-            for name, got in list(self.barriers.items()):   # joined ranks count as present
-                if len(got | set(self.joined)) >= len(self.workers):
-                    del self.barriers[name]
-                    for w in got:
-                        self.send(w, Op.BARRIER_DONE, {"name": name})
-            return
-        mid = self.tell_servers(reset=True, joined=[])
-        self.join_reset = (mid, set(self.servers) - self.exited, node["rank"])
-        if not self.servers:
-            self.join_done()
-
-    def members_ok(self, ident: bytes, body: dict) -> None:
-        if self.join_reset is None or body.get("id") != self.join_reset[0]:
-            return
-        self.join_reset[1].discard(ident)
-        if not self.join_reset[1]:
-            self.join_done()
-
-    def join_done(self) -> None:
-        """Every server has reset its rounds: release every join()."""
-        last = self.join_reset[2]
-        self.join_reset = None
-        for w in self.joined:
-            self.send(w, Op.JOIN_DONE, {"last_rank": last})
-        self.joined.clear()
-
-    def node_exit(self, ident: bytes, node: dict, body: dict) -> None:
-        self.exited.add(ident)
-        if body.get("ok") is not True:
-            self.fail(f"{describe(node)} exited with an error: {body.get('reason', 'unknown')}",
-                      dead=node)
-            return
-        if ident in self.workers:
-            self.worker_gone(ident, node, "exited (code 0)")
-        if all(w in self.exited for w in self.workers):
-            log.info("all workers exited; ending the job")
-            self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers finished"})
-            self.exit_code = 0
-
     def fail(self, reason: str, dead: dict | None = None, linger: bool = False) -> None:
         """End the job: tell every node.  Before formation (``linger``), stay up to
         BYTEPS_STARTUP_TIMEOUT so that nodes still starting fail fast with the reason too."""
@@ -586,55 +482,6 @@ class Scheduler:
                 parts.append(f"host {hid}: {len(h['slots'])} of {h['local_size']} local workers "
                              f"registered (BYTEPS_LOCAL_SIZE={h['local_size']})")
         return "; ".join(parts) or "start-up timed out"
-
-
-def _check_local_reduce(info: dict, workers: dict, hosts: dict) -> str | None:
-    """Every worker must use one BYTEPS_LOCAL_REDUCE; with it on, one local size."""
-    mode = info["local_reduce"]
-    other = next(iter(workers.values()), None)
-    if other is not None and other.get("local_reduce", "off") != mode:
-        return (f"host {info['host_id']} local rank {info['local_rank']} has BYTEPS_LOCAL_REDUCE="
-                f"{mode} but host {other['host_id']} local rank {other['local_rank']} has "
-                f"{other.get('local_reduce', 'off')}; every worker must use the same value")
-    sizes = {h["local_size"] for h in hosts.values()}
-    if mode != "off" and sizes and sizes != {info["local_size"]}:
-        return (f"host {info['host_id']} has BYTEPS_LOCAL_SIZE={info['local_size']} but other "
-                f"hosts have {sorted(sizes)}; local reduction (BYTEPS_LOCAL_REDUCE={mode}) needs "
-                f"the same local size on every host (or set BYTEPS_LOCAL_REDUCE=0)")
-    return None
-
-
-def _check_tuning(info: dict, workers: dict) -> str | None:
-    """Every worker must cut tensors alike: the same BYTEPS_AUTOTUNE and the same explicit
-    BYTEPS_PARTITION_BYTES / BYTEPS_SCHEDULING_CREDIT (or none)."""
-    other = next(iter(workers.values()), None)
-    if other is None or other.get("tuning") == info["tuning"]:
-        return None
-
-    def say(t) -> str:
-        if t is None:
-            return "an older BytePS without autotune"
-        return (f"BYTEPS_AUTOTUNE={t[0]}, BYTEPS_PARTITION_BYTES={t[1] or 'unset'}, "
-                f"BYTEPS_SCHEDULING_CREDIT={t[2] or 'unset'}")
-    return (f"settings mismatch: host {info['host_id']} local rank {info['local_rank']} (pid "
-            f"{info['pid']}) has {say(info['tuning'])} but host {other['host_id']} local rank "
-            f"{other['local_rank']} (pid {other['pid']}) has {say(other.get('tuning'))}; every "
-            f"worker must use the same values (partitions would differ between ranks)")
-
-
-def _pushers(workers: dict) -> dict:
-    """Who pushes: with local reduction one push per host and key, else one per worker."""
-    ws = list(workers.values())
-    mode = ws[0].get("local_reduce", "off") if ws else "off"
-    if mode == "off":
-        return {"local_reduce": mode, "push_count": len(ws),
-                "pushers": sorted(w["rank"] for w in ws)}
-    nhosts = len({w["host_id"] for w in ws})
-    if mode == "root":
-        ranks = [w["rank"] for w in ws if w["local_rank"] == 0 or w["local_size"] == 1]
-    else:
-        ranks = [w["rank"] for w in ws]
-    return {"local_reduce": mode, "push_count": nhosts, "pushers": sorted(ranks)}
 
 
 def main(cfg: Config | None = None) -> int:

@@ -1,0 +1,66 @@
+"""The worker's process exit (split from :mod:`byteps.core.api`): an uncaught exception is
+remembered, and at exit the scheduler is told that this worker ends, ok or with its error
+(so the job names the real cause), after the engine and local reduction are closed."""
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+
+import zmq
+
+from byteps.core import api
+from byteps.transport.wire import Op, encode, new_seq
+
+log = logging.getLogger("byteps.worker")
+_HOOKED = False
+
+
+def install_exit_hooks() -> None:
+    global _HOOKED
+    if _HOOKED:
+        return
+    _HOOKED = True
+    prev = sys.excepthook
+
+    def hook(tp, val, tb):
+        api._FAILED.append(f"{tp.__name__}: {val}")
+        prev(tp, val, tb)
+    sys.excepthook = hook
+    atexit.register(at_exit)
+
+
+def at_exit() -> None:
+    """Tell the scheduler this worker process ends (ok, or with its error)."""
+    st = api._STATE
+    body = {"ok": not api._FAILED, "reason": api._FAILED[0] if api._FAILED else ""}
+    try:
+        if st is not None and st.engine is not None:
+            api._finish(st)
+        if st is not None and st.local is not None:
+            st.local.close(remove=bool(api._FAILED))
+        if st is not None and st.engine is not None:
+            from byteps.core.elastic import allow_stop
+            allow_stop(st.engine)      # elastic: an interrupted epoch still exits cleanly
+        if st is not None and st.engine is not None and st.engine.fatal is None:
+            st.engine.stop(leave=False)
+            st.link.send(Op.EXIT, body)
+            st.link.close(linger_ms=1000)
+            # end ZeroMQ's I/O threads before the interpreter frees the buffers of
+            # messages they might still hold
+            st.ctx.destroy(linger=0)
+            return
+        if st is None and api._LAST_LINK is not None:
+            cfg = api._LAST_LINK["cfg"]
+            ctx = zmq.Context()      # own context: term() below waits until EXIT is out
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 2000)
+            s.setsockopt(zmq.IDENTITY, api._LAST_LINK["identity"])
+            s.connect(f"tcp://{cfg.root_uri}:{cfg.root_port}")
+            s.send_multipart(encode(cfg.job_id, api._LAST_LINK["node_id"], Op.EXIT,
+                                    api._LAST_LINK["epoch"], new_seq(), body,
+                                    cfg.job_secret.encode() if cfg.job_secret else None))
+            s.close()
+            ctx.term()
+    except Exception as exc:  # exiting anyway; never mask the real error
+        log.debug("exit notification failed: %s", exc)
