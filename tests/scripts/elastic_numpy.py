@@ -20,26 +20,12 @@ import numpy as np
 out, steps, kill_step, add_step = sys.argv[1], *map(int, sys.argv[2:5])
 
 import byteps.numpy as bps  # noqa: E402
+from elastic_files import hosts, mark  # noqa: E402
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((96, 40)).astype(np.float32)
 y = X @ rng.standard_normal(40).astype(np.float32)
 LR = np.float32(0.05)
-
-
-def mark(name: str) -> bool:
-    """Create OUT/name once; True the first time (a restored step does not repeat it)."""
-    try:
-        os.close(os.open(os.path.join(out, name), os.O_CREAT | os.O_EXCL))
-        return True
-    except FileExistsError:
-        return False
-
-
-def hosts(n: int) -> None:
-    with open(os.path.join(out, "hosts.tmp"), "w") as f:
-        f.write(f"localhost:{n}\n")
-    os.replace(os.path.join(out, "hosts.tmp"), os.path.join(out, "hosts"))
 
 
 open(os.path.join(out, f"started.{os.getpid()}"), "w").close()   # imports done
@@ -67,16 +53,16 @@ def train(state):
         rows = np.array_split(np.arange(96), bps.size())[bps.rank()]
         g = X[rows].T @ (X[rows] @ w - y[rows]) / np.float32(96)
         h = bps.push_pull_async(g.astype(np.float32), name="grad.w", average=False)
-        if state.step == kill_step and bps.rank() == bps.size() - 1 and mark("killed"):
-            hosts(3)
+        if state.step == kill_step and bps.rank() == bps.size() - 1 and mark(out, "killed"):
+            hosts(out, 3)
             with open(os.path.join(out, "killed"), "w") as f:
                 f.write(repr(time.time()))
             time.sleep(0.05)                # the push is out: a round of this epoch in flight
             os.kill(os.getpid(), signal.SIGKILL)
         w[:] -= LR * bps.synchronize(h)
-        if state.step == add_step and bps.rank() == 0 and mark("added"):
+        if state.step == add_step and bps.rank() == 0 and mark(out, "added"):
             seen = len([f for f in os.listdir(out) if f.startswith("started.")])
-            hosts(4)
+            hosts(out, 4)
             deadline = time.monotonic() + 60
             while len([f for f in os.listdir(out) if f.startswith("started.")]) == seen:
                 if time.monotonic() > deadline:

@@ -25,6 +25,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
 import byteps.torch as bps  # noqa: E402
+from elastic_files import hosts, mark  # noqa: E402
 
 GLOBAL_BATCH = 128
 torch.set_num_threads(1)
@@ -32,20 +33,6 @@ d = load_digits()
 x_tr, x_te, y_tr, y_te = train_test_split((d.data / 16).astype(np.float32), d.target,
                                           test_size=0.25, random_state=0, stratify=d.target)
 x_tr, y_tr, x_te = torch.from_numpy(x_tr), torch.from_numpy(y_tr).long(), torch.from_numpy(x_te)
-
-
-def mark(name: str) -> bool:
-    try:
-        os.close(os.open(os.path.join(out, name), os.O_CREAT | os.O_EXCL))
-        return True
-    except FileExistsError:
-        return False
-
-
-def hosts(n: int) -> None:
-    with open(os.path.join(out, "hosts.tmp"), "w") as f:
-        f.write(f"localhost:{n}\n")
-    os.replace(os.path.join(out, "hosts.tmp"), os.path.join(out, "hosts"))
 
 
 def started() -> int:
@@ -75,14 +62,14 @@ def train(state):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x_tr[mine]), y_tr[mine], reduction="sum")
         (loss * bps.size() / GLOBAL_BATCH).backward()      # push_pulls start in the hooks
-        if state.step == kill_step and bps.rank() == bps.size() - 1 and mark("killed"):
-            hosts(3)
+        if state.step == kill_step and bps.rank() == bps.size() - 1 and mark(out, "killed"):
+            hosts(out, 3)
             time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
         opt.step()
-        if state.step == add_step and bps.rank() == 0 and mark("added"):
+        if state.step == add_step and bps.rank() == 0 and mark(out, "added"):
             seen = started()
-            hosts(4)
+            hosts(out, 4)
             deadline = time.monotonic() + 60
             while started() == seen:
                 if time.monotonic() > deadline:
