@@ -214,6 +214,7 @@ class Config:
     max_msg_bytes: int = _D("BYTEPS_MAX_MSG_BYTES")
     enable_ipc: bool = _D("BYTEPS_ENABLE_IPC")
     enable_peers: bool = _D("BYTEPS_ENABLE_PEERS")  # workers listen for peers
+    malloc_tune: bool = _D("BYTEPS_MALLOC_TUNE")    # byteps/common/malloc.py
     host_id: str = ""
     test_drop_rate: float = _D("BYTEPS_TEST_DROP_RATE")
     fusion_bytes: int = _D("BYTEPS_FUSION_BYTES")
@@ -331,6 +332,7 @@ class Config:
             max_msg_bytes=e.get("BYTEPS_MAX_MSG_BYTES"),
             enable_ipc=e.get("BYTEPS_ENABLE_IPC"), host_id=host_id,
             enable_peers=e.get("BYTEPS_ENABLE_PEERS"),
+            malloc_tune=e.get("BYTEPS_MALLOC_TUNE"),
             test_drop_rate=e.get("BYTEPS_TEST_DROP_RATE"),
             fusion_bytes=e.get("BYTEPS_FUSION_BYTES"),
             partition_explicit=e.str("BYTEPS_PARTITION_BYTES") is not None,

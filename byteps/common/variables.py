@@ -80,6 +80,8 @@ VARIABLES: tuple[Var, ...] = (
       hi=1 << 30, field="async_staleness", example="2", shown="unbounded"),
     V("BYTEPS_ENABLE_IPC", "1", bool, "colocated payloads through shared memory",
       field="enable_ipc", help=True),
+    V("BYTEPS_MALLOC_TUNE", "1", bool, "keep message buffers in the heap (glibc mallopt)",
+      field="malloc_tune"),
     V("BYTEPS_ENABLE_PEERS", "1", bool, "workers listen for peer messages (decentralized)",
       field="enable_peers"),
     V("BYTEPS_PEER_PORT", "0", int, "port a worker listens on for peers (0: any free port)",

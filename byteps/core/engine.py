@@ -20,6 +20,7 @@ import numpy as np
 import zmq
 
 from byteps import transport
+from byteps.common import malloc
 from byteps.common.config import Config
 from byteps.core.engine_comp import COMP_LR, CompressionMixin, comp_pipeline  # noqa: F401
 from byteps.core.engine_servers import ServersMixin
@@ -48,6 +49,7 @@ class Engine(CompressionMixin, ServersMixin):
     def __init__(self, cfg: Config, ctx: zmq.Context | None, link: SchedulerLink, book: dict,
                  servers: list | None = None, start: bool = True):
         self.cfg, self.ctx, self.link = cfg, ctx, link
+        malloc.tune(cfg.malloc_tune)        # receive buffers stay in the heap
         self.rank = book["rank"]
         self.size = book["size"]
         self.secret = link.secret

@@ -20,6 +20,7 @@ import zmq
 
 from byteps import transport
 from byteps.transport import shm
+from byteps.common import malloc
 from byteps.common.config import Config
 from byteps.common.metrics import serve_server
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
@@ -41,6 +42,7 @@ log = logging.getLogger("byteps.server")
 class Server(TensorChecks, StallReports, Records):
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        malloc.tune(cfg.malloc_tune)        # receive buffers stay in the heap
         self.secret = cfg.job_secret.encode() if cfg.job_secret else None
         self.ctx = zmq.Context()
         self.sock, self.address = transport.listen(
