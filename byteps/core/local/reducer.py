@@ -15,7 +15,7 @@ over ``ipc://`` PUSH sockets, which wakes them without busy-waiting.  With
 ``BYTEPS_LOCAL_REDUCE=root`` (the default) local rank 0 pushes every slice k
 under the name ``<name>.slice<k>``; with ``slice`` local rank k pushes slice k.
 Either way each key gets one push per host, and averages divide by the
-global number of workers.
+global number of workers.  The stages after the copy are in :mod:`.stages`.
 """
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ import time
 import numpy as np
 import zmq
 
-from byteps.core.engine import Handle, Task, comp_pipeline
+from byteps.core.engine import Handle, Task, comp_pipeline  # noqa: F401 (old import place)
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir, warn_once
+from byteps.core.local.stages import ReduceStages
 from byteps.common.errors import BytePSError
 
 log = logging.getLogger("byteps.local")
@@ -39,7 +40,7 @@ _KEY = struct.Struct("<q")
 SMALL_BYTES = 65536     # a tensor up to this size is reduced by one local rank: fewer hand-offs
 
 
-class LocalReducer:
+class LocalReducer(ReduceStages):
     """Background thread that runs the local stages of every push_pull of this process."""
 
     def __init__(self, cfg, engine, book: dict, epoch: int, mode: str, groups: list[list[int]]):
@@ -343,138 +344,6 @@ class LocalReducer:
                 self._notify(op)
                 continue
             return
-
-    def pre_range(self, seg_or_chunks, j: int) -> tuple[int, int]:
-        """Elements [a, b) of chunk ``j`` that ``pre`` must return for this rank."""
-        g = self.mygroup
-        if self.two_level:
-            return seg_or_chunks.split(j, len(g), g.index(self.me))
-        return seg_or_chunks.slice(j, self.me)
-
-    def _copy_pre(self, op: Op) -> None:
-        """The group sum of my share of a chunk is given: write it where the group stage
-        would have (group sums, or straight into my slice with a single group)."""
-        seg, j = op.seg, op.copy
-        a, b = self.pre_range(seg, j)
-        o = seg.off(j)
-        if b > a:
-            part = op.pre(j, a, b)
-            if self.two_level:
-                np.copyto(seg.gsum[self.groups.index(self.mygroup), a + o:b + o], part)
-            else:
-                np.copyto(seg.out[a + o:b + o], part)
-        seg.copied[self.me, j] = op.t
-        if self.two_level:
-            seg.gdone[self.me, j] = op.t
-        op.copy += 1
-        op.l1 = op.copy
-        self._notify(op)
-
-    def _reduce_ready(self, op: Op) -> bool:
-        j = op.red
-        if op.pre is not None and not self.two_level:
-            return True                  # my slice is the group sum already
-        if self.two_level:
-            return op.l1 > j and bool((op.seg.gdone[:, j] >= op.t).all())
-        return bool((op.seg.copied[:, j] >= op.t).all())
-
-    @staticmethod
-    def _sum(rows, dst: np.ndarray) -> None:
-        np.add(rows[0], rows[1], out=dst)
-        for r in rows[2:]:
-            np.add(dst, r, out=dst)
-
-    def _level1(self, op: Op) -> None:
-        seg, j, g = op.seg, op.l1, self.mygroup
-        gi = self.groups.index(g)
-        a, b = seg.split(j, len(g), g.index(self.me))
-        a, b = a + seg.off(j), b + seg.off(j)
-        if len(g) == 1:
-            np.copyto(seg.gsum[gi, a:b], seg.inputs[g[0], a:b])
-        elif b > a:
-            self._sum([seg.inputs[r, a:b] for r in g], seg.gsum[gi, a:b])
-        seg.gdone[self.me, j] = op.t
-        op.l1 += 1
-        self._notify(op)
-
-    def _reduce(self, op: Op) -> None:
-        seg, j = op.seg, op.red
-        a, b = seg.slice(j, self.me)
-        o = seg.off(j)
-        dst = seg.out[a + o:b + o]
-        if b > a and not (op.pre is not None and not self.two_level):
-            if self.two_level:
-                self._sum([seg.gsum[g, a + o:b + o] for g in range(len(self.groups))], dst)
-            else:
-                self._sum([seg.inputs[r, a + o:b + o] for r in range(self.L)], dst)
-        op.red += 1
-        if op.red == seg.C:
-            op.t_red = time.monotonic()
-        if not self.network or b == a:
-            if op.average and self.size > 1 and b > a:
-                if dst.dtype.kind == "f":
-                    np.divide(dst, self.size, out=dst)
-                else:
-                    np.floor_divide(dst, self.size, out=dst)
-            seg.done[self.me, j] = op.t
-        elif self.mode == "slice":
-            self._submit_net(op, self.me, j, a, b)
-            return
-        else:
-            seg.reduced[self.me, j] = op.t
-        self._notify(op)
-
-    def _net_ready(self, op: Op) -> bool:
-        j, k = divmod(op.net, self.L)
-        a, b = op.seg.slice(j, k)
-        return b == a or op.seg.reduced[k, j] >= op.t
-
-    def _root_net(self, op: Op) -> None:
-        j, k = divmod(op.net, self.L)
-        op.net += 1
-        a, b = op.seg.slice(j, k)
-        if b > a:
-            self._submit_net(op, k, j, a, b)
-
-    def _submit_net(self, op: Op, k: int, j: int, a: int, b: int) -> None:
-        st = op.slices[k]
-        err = self.engine.key_errors.get(st.key)
-        if err:
-            raise_op = BytePSError(err)
-            return self._fail(op, raise_op)
-        o = op.seg.off(j)
-        view = op.seg.out[a + o:b + o]
-        h = Handle(0, st, view, 1, op.average,
-                   on_done=lambda h, op=op, k=k, j=j: self.net_done(NetDone(op, k, j, h)))
-        task = Task(h, j, 0, b - a, (st.key + j) % self.nservers, op.round, view, op.prio,
-                    op.seq, comp=comp_pipeline(st, j, b - a))
-        if op.seg.C > 1:
-            self.engine.submit([task])
-        else:
-            self.out_tasks.append(task)          # small tensors: one Engine wake-up per pass
-
-    def _gather(self, op: Op) -> None:
-        seg, j = op.seg, op.gather
-        a, b = seg.chunk_range(j)
-        o = seg.off(j)
-        op.out[a:b] = seg.out[a + o:b + o]
-        op.gather += 1
-        if seg.windowed:                 # frees the slot of chunk j + W
-            seg.gathered[self.me, j] = op.t
-            self._notify(op)
-        if op.gather == op.seg.C:
-            h, now = op.handle, time.monotonic()
-            self.speed.add(op.out.nbytes, now)
-            self.speed.op_done(now - h.t0)
-            tl = self.engine.timeline
-            if tl is not None and tl.traced(h.id):
-                tl.span("local reduce-scatter", h.t0, op.t_red or now, cat="local",
-                        tensor=op.tensor.name, host=self.cfg.host_id)
-                tl.span("network + all-gather", op.t_red or now, now, cat="local",
-                        tensor=op.tensor.name, host=self.cfg.host_id)
-                tl.handle_done(h, now)
-            op.tensor.busy = None
-            h.event.set()
 
     def _fail(self, op: Op, err: BytePSError) -> None:
         h = op.handle
