@@ -1,6 +1,7 @@
 """Autotune (byteps/core/autotune.py): the plan and the pick are pure and deterministic;
 in a real job every rank goes through the same settings at the same step boundaries and
-cuts tensors alike (exact sums throughout); workers started with different explicit
+cuts tensors alike (exact sums throughout); after the final choice the servers (and their
+backups) hold only the chosen size's keys; workers started with different explicit
 settings end the job at registration with the mismatch named, instead of hanging."""
 from __future__ import annotations
 
@@ -80,10 +81,13 @@ def test_layout_key():
 
 
 @pytest.mark.timeout(120)
-def test_every_rank_switches_alike_at_step_boundaries(tmp_path):
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_every_rank_switches_alike_at_step_boundaries(tmp_path, replicas):
     res = run_script("autotune_job.py", tmp_path, 11, 16_000_000, workers=2, servers=2,
                      timeout=110, BYTEPS_AUTOTUNE_STEPS=1, BYTEPS_LOG_LEVEL="INFO",
-                     BYTEPS_AUTOTUNE_LOG=str(tmp_path / "tune-{rank}.csv"))
+                     BYTEPS_AUTOTUNE_LOG=str(tmp_path / "tune-{rank}.csv"),
+                     BYTEPS_TEST_RECORD=str(tmp_path / "rec"),
+                     BYTEPS_SERVER_REPLICAS=replicas)
     assert_ok(res)
     out = read_results(tmp_path)
     assert sorted(out) == [0, 1]
@@ -110,6 +114,30 @@ def test_every_rank_switches_alike_at_step_boundaries(tmp_path):
         assert rows[0].startswith("rank,step,kind") and any(",choice," in x for x in rows)
         assert any(",defer," in x for x in rows), rows
     assert res.stderr.count("bytes in flight") == 2, res.stderr[-3000:]
+    _only_the_chosen_keys_are_held(tmp_path, out, replicas, res)
+
+
+def _only_the_chosen_keys_are_held(tmp_path, out, replicas, res):
+    """After the final choice every worker asked the servers to free the keys of the other
+    sizes: each server (and, with replicas, each backup's copies) ends holding only the
+    big tensor's final key, as its exit record says; no shared-memory file of an old key
+    is left while the job still runs."""
+    final = out[0]["layouts"][-1][1]
+    old = {key for _, key, _ in out[0]["layouts"]} - {final}
+    assert old, out[0]["layouts"]
+    for r, doc in out.items():
+        assert doc["retired"] == len(old), (r, doc["retired"], old)
+        left = [f for f in doc["shm_files"] if any(f"-{k:x}-" in f for k in old)]
+        assert not left, (r, left)
+    servers = [json.loads(p.read_text()) for p in tmp_path.glob("rec.bytes.*.json")]
+    assert len(servers) == 2, res.stderr[-3000:]
+    for s in servers:
+        held = {k for k, name in s["keys"] if name == "autotune.big"}
+        assert held == {final}, (held, final, old, res.stderr[-3000:])
+        # every old key had partitions (and, with replicas, copies) on both servers
+        assert s["keys_freed"] == len(old) and s["free_refused"] == 0, s
+        assert (s["replica_stored"] > 0) == bool(replicas), s
+    assert res.stderr.count("key(s) no worker uses any more") >= 2, res.stderr[-3000:]
 
 
 @pytest.mark.timeout(90)

@@ -275,6 +275,12 @@ def server_families(core, srv) -> list:
             sum(q.qsize() for q in srv.queues)),
         one(core.GaugeMetricFamily, "byteps_server_workers", "workers in the job",
             srv.nworkers),
+        one(core.GaugeMetricFamily, "byteps_server_keys",
+            "tensor keys declared and held (autotune's other partition sizes are freed)",
+            sum(1 for d in list(srv.decls.values()) if "shape" in d)),
+        one(core.CounterMetricFamily, "byteps_server_keys_freed",
+            "tensor keys freed once every worker was done with them (FREE)",
+            getattr(srv, "keys_freed", 0)),
         one(core.GaugeMetricFamily, "byteps_server_heartbeat_age_seconds",
             "seconds since the last message from the scheduler", now - srv.link.last_heard),
     ]

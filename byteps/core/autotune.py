@@ -29,7 +29,9 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
    time per trial (``byteps.autotune.choice``) and take the fastest; the initial setting
    stays unless another is at least 5 % faster.  Each exchange completes at the
    boundary where it starts (a few hundred bytes), and what it decides applies from
-   that boundary on, on every rank.
+   that boundary on, on every rank.  From then on no size is ever gone back to, so the
+   keys of the other sizes are freed on the workers and servers
+   (``byteps/core/retire.py``, ``byteps/server/retire.py``).
 5. **Overlap or not** (k more steps): partitions pushed during a step are held until
    the first wait (``synchronize``, ``poll``, ``barrier``, ``join``, ``step_done``:
    for the plugins, the end of backward), then sent at once in priority order; held
@@ -243,6 +245,7 @@ class Tuner:
         self.applied_step: int | None = None
         self.changes: list[tuple] = []           # (step, partition bytes, credit bytes)
         self.rows: list[list] = []
+        self.retire = None               # byteps.core.retire.Retirer, after the final choice
         # deferred sending: tasks pushed while ``hold`` wait until the next wait
         # (synchronize, poll, barrier, join, step_done); chosen when measured faster
         self.hold = False
@@ -420,6 +423,9 @@ def boundary(st) -> None:
     tu.at_step(tu.step + 1, lambda x, name=None: _exchange(st, x, name))
     if st.cfg is not tu.engine.cfg:
         st.cfg = tu.engine.cfg
+    if tu.choice is not None and tu.tune_partitions:
+        from byteps.core import retire        # the servers free the sizes no longer used
+        retire.at_boundary(st)
 
 
 def _exchange(st, x: np.ndarray, name: str) -> np.ndarray:
@@ -451,16 +457,23 @@ def relayout(st, t, nbytes: int) -> None:
     t.layout = tu.layout
     if t.spec is not None or t.wire_flags or not tu.tune_partitions:
         return       # compressed or asynchronous: keeps its first partitioning
-    from byteps.core.api import tensor_key
-    base = tensor_key(t.name)
-    p = st.cfg.partition_size(nbytes, t.name)
-    same = [x[2] for x in t.cut(p, st.nservers, base)] == \
-        [x[2] for x in t.cut(tu.initial, st.nservers, base)]
-    key = base if same else layout_key(base, p, tu.initial)
+    key, p = key_for(st, t, nbytes)
     if key != t.key:
         tu.saved[(t.name, t.key)] = t.round
         t.key, t.round = key, tu.saved.pop((t.name, key), 0)
     t.parts = t.cut(p, st.nservers, key)
+
+
+def key_for(st, t, nbytes: int) -> tuple[int, int]:
+    """(key, partition bytes) of tensor ``t`` (``nbytes``) under the current partition
+    size: the name's own key when the cut is the initial one's, else :func:`layout_key`."""
+    from byteps.core.api import tensor_key
+    tu = st.tuner
+    base = tensor_key(t.name)
+    p = st.cfg.partition_size(nbytes, t.name)
+    same = [x[2] for x in t.cut(p, st.nservers, base)] == \
+        [x[2] for x in t.cut(tu.initial, st.nservers, base)]
+    return (base if same else layout_key(base, p, tu.initial)), p
 
 
 def settings(cfg) -> list:

@@ -236,6 +236,8 @@ class Engine(CompressionMixin, ServersMixin):
                 self.link.send(Op.BARRIER, {"name": arg})
             elif kind == "join":
                 self.link.send(Op.JOIN, {})
+            elif kind == "retire":     # keys autotune left behind (byteps/core/retire.py)
+                self.retire_keys(*arg)
             elif kind == "stop":
                 if arg:
                     self.link.send(Op.LEAVE, {})

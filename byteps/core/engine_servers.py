@@ -1,6 +1,6 @@
 """The engine's dealings with its server connections (:class:`ServersMixin`, a base of
 ``Engine``): the greeting at start, a closed connection that stays closed fails the job,
-and late partitions are sent again."""
+late partitions are sent again, and keys autotune left behind are freed (``FREE``)."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +8,7 @@ import time
 
 from byteps.common.errors import BytePSError
 from byteps.common.node import describe, held_tensors
-from byteps.transport.wire import COMP, PULL, SHM, Entry, Op
+from byteps.transport.wire import COMP, MAX_FREE_KEYS, PULL, SHM, Entry, Op
 
 log = logging.getLogger("byteps.worker")
 
@@ -84,3 +84,33 @@ class ServersMixin:
         if pushes or pulls:
             log.debug("resent %d push(es) and %d pull(s)", sum(map(len, pushes.values())),
                       sum(map(len, pulls.values())))
+
+    def retire_keys(self, keys: list, again) -> None:
+        """Engine thread: forget this worker's state of ``keys`` (keys autotune left behind,
+        byteps/core/retire.py: declarations sent, shared-memory segments) and ask every live
+        server to free them (``FREE``, at most MAX_FREE_KEYS a message).  A key that still
+        has a partition queued or in flight is handed back to ``again`` (retried at a later
+        step boundary), never freed."""
+        busy = {t.handle.tensor.key for t in self.inflight.values()} | \
+            {t.handle.tensor.key for t in self.heap}
+        later = [k for k in keys if k in busy]
+        keys = [k for k in keys if k not in busy]
+        if later:
+            again(later)
+        if not keys:
+            return
+        gone = set(keys)
+        self.declared = {d for d in self.declared if d[0] not in gone}
+        for names in self.held:
+            for k in keys:
+                names.pop(k, None)
+        for kp in [kp for kp in self.push_segs if kp[0] in gone]:
+            self.push_segs.pop(kp).close()          # unlinks this worker's segment
+        for kp in [kp for kp in self.result_segs if kp[1] in gone]:
+            del self.result_segs[kp]                # the server's segment: unmapped
+        for i, sock in enumerate(self.servers):
+            if i in self.failover.dead:
+                continue
+            for j in range(0, len(keys), MAX_FREE_KEYS):
+                self.send(sock, Op.FREE, {"keys": keys[j:j + MAX_FREE_KEYS]})
+        log.debug("worker rank %d: asked the servers to free %d key(s)", self.rank, len(keys))

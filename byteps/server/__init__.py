@@ -29,6 +29,7 @@ from byteps.compression import CompressionError
 from byteps.server.decls import INLINE_BYTES, TensorChecks  # noqa: F401 (re-export)
 from byteps.server.records import Records
 from byteps.server.replica import Replicator
+from byteps.server.retire import KeyRetirement
 from byteps.server.staleness import AsyncStore
 from byteps.server.stalls import StallReports
 from byteps.server.store import Slot, apply, recheck
@@ -39,7 +40,7 @@ from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Op,
 log = logging.getLogger("byteps.server")
 
 
-class Server(TensorChecks, StallReports, Records):
+class Server(TensorChecks, StallReports, Records, KeyRetirement):
     def __init__(self, cfg: Config):
         self.cfg = cfg
         malloc.tune(cfg.malloc_tune)        # receive buffers stay in the heap
@@ -80,6 +81,7 @@ class Server(TensorChecks, StallReports, Records):
         self.pushers: set = set()
         self.async_store = AsyncStore(cfg.async_staleness)   # ASYNC entries (staleness.py)
         self.replica = Replicator(self)    # BYTEPS_SERVER_REPLICAS: backup, failover
+        self.free_votes: dict[int, set] = {}   # FREE: key -> ranks done with it (retire.py)
 
     # ---------------------------------------------------------------- set-up
     def start(self) -> None:
@@ -106,6 +108,7 @@ class Server(TensorChecks, StallReports, Records):
         self.pushers = set(pushers) if isinstance(pushers, list) else \
             {w["rank"] for w in workers}
         self.joined, self.gone = frozenset(), {}
+        self.free_votes.clear()         # ranks of the new book vote again
         self.peers.clear()
         self.seqs.forget()
         for s in self.slots.values():
@@ -312,6 +315,8 @@ class Server(TensorChecks, StallReports, Records):
             return self.drops.warn("message from a stale epoch", f"{hdr.epoch}")
         if not self.seqs.accept(hdr.sender, hdr.seq):
             return self.drops.warn("replayed message", f"sender {hdr.sender}, seq {hdr.seq}")
+        if hdr.op == Op.FREE:                        # keys autotune left behind
+            return self.on_free(w, hdr.body)
         if hdr.op != Op.DATA:
             return self.drops.warn("unexpected op", Op(hdr.op).name)
         self.wire_received += sum(len(f) for f in frames[1:])

@@ -1,5 +1,6 @@
 """What a server counts and records for tests and logs: the pushed bytes per host and,
-with ``BYTEPS_TEST_RECORD``, every push and the counters as files.
+with ``BYTEPS_TEST_RECORD``, every push and the counters (bytes, the tensor keys held and
+freed) as files.
 
 :class:`Records` is a base of :class:`byteps.server.Server` (it uses its ``record``,
 ``decls``, byte counters and ``async_store``).
@@ -23,14 +24,18 @@ class Records:
     def report_bytes(self) -> None:
         """Log the pushed payload bytes per host; with BYTEPS_TEST_RECORD also write them
         to ``<record>.bytes.<pid>.json`` (used by the local-reduction tests)."""
-        log.info("server %s received %d payload bytes: %s", self.address, self.bytes_received,
-                 self.bytes_by_host)
+        held = sorted([k, d["name"]] for k, d in self.decls.items() if "shape" in d)
+        log.info("server %s received %d payload bytes: %s; holds %d tensor key(s), %d freed "
+                 "(FREE, byteps/server/retire.py)", self.address, self.bytes_received,
+                 self.bytes_by_host, len(held), self.keys_freed)
         if self.record:
             try:
                 with open(f"{self.record}.bytes.{os.getpid()}.json", "w") as f:
                     json.dump({"total": self.bytes_received, "by_host": self.bytes_by_host,
-                               "push_count": self.nworkers, "wire_total": self.wire_received},
-                              f)
+                               "push_count": self.nworkers, "wire_total": self.wire_received,
+                               "keys": held, "keys_freed": self.keys_freed,
+                               "free_refused": self.free_refused,
+                               "replica_stored": self.replica.stats["stored"]}, f)
             except OSError as exc:
                 log.warning("cannot write the byte count: %s", exc)
             if self.async_store.stats["pushes"]:

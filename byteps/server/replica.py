@@ -384,6 +384,21 @@ class Replicator:
         self.parked_async.clear()
         self._release(waiting)
 
+    # ------------------------------------------------------------ freed keys (retire.py)
+    def in_flight(self, key: int, part: int) -> bool:
+        """A result of (key, part) was sent to the backup and waits for its confirmation."""
+        return any(k[0] == key and k[1] == part for k in self.sent) or \
+            any(k[0] == key and k[1] == part for k in self.parked) or \
+            bool(self.parked_async.get((key, part)))
+
+    def forget(self, key: int) -> None:
+        """The server freed ``key``: drop what this side recorded about it (the backup frees
+        its own copies when the workers' FREE reaches it)."""
+        self.told.discard(key)
+        for d in (self.confirmed, self.forwarded, self.acked, self.parked_async):
+            for kp in [kp for kp in d if kp[0] == key]:
+                del d[kp]
+
     def _backs_up(self, dead: dict) -> bool:
         o = self.order
         return o[(o.index(dead["node_id"]) + 1) % len(o)] == self.srv.link.node_id

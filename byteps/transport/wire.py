@@ -69,6 +69,8 @@ class Op(enum.IntEnum):
     REPLICA_OK = 41     # backup -> server: [entries, []] (what it stored; no payload)
     FAILOVER = 42       # scheduler -> all: a server died, its backup owns its keys (dead, reason)
     PEER = 26           # worker -> worker: decentralized algorithms (byteps/core/peers.py)
+    FREE = 27           # worker -> server: keys this worker no longer uses ({keys}, checked
+                        # by free_body; byteps/server/retire.py)
     ELASTIC = 30        # scheduler -> worker: membership change (gen, removed, reason);
                         # body checked by elastic_body (docs/fault_tolerance.md)
 
@@ -309,6 +311,25 @@ def elastic_body(body: dict) -> tuple[int, bool, str]:
     if not isinstance(reason, str) or len(reason) > 4000:
         raise WireError("ELASTIC reason must be a string of at most 4000 characters")
     return gen, removed, reason
+
+
+MAX_FREE_KEYS = 4096     # keys per FREE message (a worker sends more in several)
+
+
+def free_body(body: dict) -> list[int]:
+    """Validate a FREE body ``{keys}`` (worker -> server, byteps/server/retire.py): the
+    partition keys autotune left behind on this worker, 1 to MAX_FREE_KEYS distinct
+    63-bit integers.  Raises WireError."""
+    if not isinstance(body, dict) or set(body) != {"keys"}:
+        raise WireError("FREE body must be {keys}")
+    keys = body["keys"]
+    if not (isinstance(keys, list) and 0 < len(keys) <= MAX_FREE_KEYS):
+        raise WireError(f"FREE keys must be a list of 1 to {MAX_FREE_KEYS} keys")
+    if not all(_is_int(k) and 0 <= k < 1 << 63 for k in keys):
+        raise WireError("FREE keys must be integers in [0, 2**63)")
+    if len(set(keys)) != len(keys):
+        raise WireError("FREE keys must be distinct")
+    return keys
 
 
 def payload_count(entries: list, op: int) -> int:

@@ -1,10 +1,12 @@
 """Autotune job for tests/test_autotune.py: push_pull a large and a small tensor for
 ``steps`` steps (explicit step_done), check every sum, and record per step the large
-tensor's key and partition lengths and the tuner's choice into out_dir/rank<r>.json.
+tensor's key and partition lengths and the tuner's choice into out_dir/rank<r>.json, with
+the job's shared-memory files left at the end (keys autotune no longer uses are freed).
 
 argv: out_dir steps nbytes
 """
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import numpy as np
 
 import byteps.numpy as bps
 from byteps.core import api
+from byteps.transport import shm
 
 
 def main() -> None:
@@ -36,9 +39,16 @@ def main() -> None:
            "changes": None if tu is None else tu.changes,
            "hold": None if tu is None else tu.hold, "state": None if tu is None else tu.state,
            "base_key": api.tensor_key("autotune.big"),
-           "credit_bytes": api._STATE.engine.cfg.credit_bytes}
+           "credit_bytes": api._STATE.engine.cfg.credit_bytes,
+           "retired": None if tu is None or tu.retire is None else tu.retire.count,
+           "shm_files": _job_files(api._STATE.cfg.job_id)}
     (out_dir / f"rank{r}.json").write_text(json.dumps(doc))
     bps.barrier()
+
+
+def _job_files(job_id: str) -> list:
+    folder = shm.shm_dir(os.environ.get("BYTEPS_SHM_DIR"))
+    return sorted(f for f in os.listdir(folder) if f.startswith(shm.job_prefix(job_id)))
 
 
 if __name__ == "__main__":
