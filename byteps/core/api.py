@@ -20,6 +20,7 @@ import zmq
 from byteps.core import autotune as _autotune
 from byteps.core import local as _local
 from byteps.core import metrics
+from byteps.core import partitions as _partitions
 from byteps.core import redeclare as _redeclare
 from byteps.common.config import Config
 from byteps.core.engine import Engine, Handle, Task, comp_pipeline
@@ -27,7 +28,7 @@ from byteps.common.logs import setup_logging
 from byteps.common.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
 from byteps.core.torchrun import warn_if_torchrun_without_byteps
-from byteps.transport.wire import ASYNC, REDUCE_OPS, dtype_code
+from byteps.transport.wire import ASYNC, dtype_code
 
 log = logging.getLogger("byteps.worker")
 
@@ -72,8 +73,7 @@ class Tensor:
         key = self.key if key is None else key
         per = max(1, partition_bytes // self.dtype.itemsize)
         n = max(1, int(np.prod(self.shape, dtype=np.int64)))
-        return [(i, s, min(per, n - s), (key + i) % max(1, nservers))
-                for i, s in enumerate(range(0, n, per))]
+        return _partitions.cut(n, per, nservers, key)    # finer at both ends (fill, drain)
 
 
 class _State:
@@ -215,73 +215,6 @@ def local_size() -> int:
     return _state().cfg.local_size
 
 
-def declare(name: str, compression_params: dict | None = None, **kwargs) -> None:
-    """Declare a tensor name (optional: keys come from names, in any order).
-
-    ``compression_params`` (the original BytePS keys, see docs/compression.md) makes
-    every later push_pull of ``name`` compressed on the wire.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"tensor name must be a non-empty string, got {name!r}")
-    st = _state()
-    spec = _spec(name, compression_params)
-    if spec is not None:
-        t = st.tensors.get(name)
-        if t is not None and t.asked != spec:
-            raise BytePSError(_comp_change(st, name, t.asked, spec))
-        st.declared[name] = spec
-
-
-def _spec(name: str, params):
-    """The validated compression Spec of ``params`` (None: uncompressed)."""
-    if not params:
-        return None
-    from byteps import compression
-    try:
-        spec = compression.parse(params)
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"tensor {name!r}: {exc}") from None
-    if spec is not None and _STATE is not None and _STATE.cfg.enable_async:
-        raise BytePSError(f"tensor {name!r}: gradient compression is not available with "
-                          f"BYTEPS_ENABLE_ASYNC=1 (asynchronous mode sends parameter deltas); "
-                          f"unset BYTEPS_ENABLE_ASYNC or drop compression_params")
-    return spec
-
-
-def _comp_change(st: _State, name: str, old, new) -> str:
-    def d(s):
-        return s.describe() if s is not None else "no compression"
-    return (f"tensor {name!r} on rank {st.rank}: compression {d(new)} differs from its first "
-            f"use ({d(old)}); a name keeps its compression settings")
-
-
-def _partition(st: _State, arr: np.ndarray, name: str) -> int:
-    """Partition size of a tensor the engine pushes itself (with local reduction the
-    reducer cuts it, and warns where the size is capped)."""
-    return st.cfg.partition_size(arr.nbytes if st.local is None else 0, name)
-
-
-def _tensor(st: _State, name: str, arr: np.ndarray, params=None, op: int = 0) -> Tensor:
-    t = st.tensors.get(name)
-    if t is None:
-        spec = _spec(name, params) if params else st.declared.get(name)
-        t = st.tensors[name] = Tensor(name, arr, _partition(st, arr, name),
-                                      st.nservers, spec, st.cfg.min_compress_bytes, op)
-    elif t.op != op:
-        raise BytePSError(f"tensor {name!r} on rank {st.rank}: reduction "
-                          f"{REDUCE_OPS[op]} differs from its first use ({REDUCE_OPS[t.op]}); "
-                          f"a name keeps its reduction op")
-    elif t.shape != tuple(arr.shape) or t.dtype != arr.dtype:
-        raise BytePSError(f"tensor {name!r} on rank {st.rank}: shape {tuple(arr.shape)} "
-                          f"{arr.dtype} differs from its first use {t.shape} {t.dtype}; a "
-                          f"name must always carry the same shape and dtype")
-    elif params:
-        spec = _spec(name, params)
-        if spec != t.asked:
-            raise BytePSError(_comp_change(st, name, t.asked, spec))
-    return t
-
-
 def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
                     out: np.ndarray | None = None, compression_params: dict | None = None,
                     op: int = 0, asynchronous: bool = False) -> int:
@@ -385,20 +318,6 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
 class NameInFlightError(BytePSError, ValueError):
     """A name was used again before its previous operation was synchronized (Horovod
     raises ValueError for this; it is also a BytePSError)."""
-
-
-def _check_op(st: _State, name: str, op: int, average: bool, params) -> None:
-    """min/max/product: element-wise on the servers, so never averaged, compressed,
-    asynchronous or pre-reduced by the (summing) local reduction."""
-    if not 0 < op < len(REDUCE_OPS):
-        raise ValueError(f"tensor {name!r}: unknown reduction op {op!r}")
-    why = ("average=True" if average else
-           "compression" if params or st.declared.get(name) is not None else
-           "BYTEPS_ENABLE_ASYNC=1" if st.cfg.enable_async and st.cfg.distributed else
-           f"local reduction (BYTEPS_LOCAL_SIZE={st.cfg.local_size}; set "
-           f"BYTEPS_LOCAL_REDUCE=0)" if st.local is not None else None)
-    if why:
-        raise ValueError(f"tensor {name!r}: op {REDUCE_OPS[op]} cannot be combined with {why}")
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:
@@ -555,3 +474,8 @@ __all__ += ["allgather", "allgather_async", "allreduce", "allreduce_async", "all
 # telemetry, timeline and compression settings of this worker (byteps/core/api_telemetry.py)
 from byteps.core.api_telemetry import (get_pushpull_speed, set_compression_lr,  # noqa: E402
                                        start_timeline, stop_timeline)
+
+
+# declarations and the per-name rules checked at each use (byteps/core/api_tensors.py)
+from byteps.core.api_tensors import (_check_op, _comp_change, _partition,  # noqa: E402,F401
+                                     _spec, _tensor, declare)
