@@ -36,8 +36,13 @@ def test_window_is_the_bandwidth_delay_product_per_server():
     assert p.trials[0] == (4096000, 16384000)          # the initial setting is trial 0
     assert len(p.trials) == 1 + autotune.TRIALS
     assert p.bandwidth == pytest.approx(2 * bw) and p.rtt == pytest.approx(rtt)
+    doubled = [(size, credit) for size, credit in p.trials[1:]
+               if credit == 2 * autotune.window(size, [bw, bw], [rtt, rtt])]
+    assert len(doubled) == 1             # the model's best size, also with twice its window
+    best = doubled[0][0]
+    assert (best, autotune.window(best, [bw, bw], [rtt, rtt])) in p.trials
     for size, credit in p.trials[1:]:
-        assert credit == autotune.window(size, [bw, bw], [rtt, rtt])
+        assert (size, credit) in doubled or credit == autotune.window(size, [bw, bw], [rtt, rtt])
     # the same sums give the same plan (every rank decides alone, from the same numbers)
     again = autotune.plan(_sums(2, bw, rtt), 2, 4096000, True, None, 1 << 30, 16384000)
     assert again == p

@@ -105,6 +105,16 @@ def probe_job(pairs: list[tuple[Host, Host]], port: int, seconds: float) -> list
     return specs
 
 
+def mesh_job(workers: list[Host], servers: list[Host], port: int, seconds: float) -> list[Spec]:
+    """Raw TCP, full duplex, from every worker host to every server host at once (the PS
+    pattern: benchmarks/cluster/tcp_mesh.py)."""
+    py, mesh = sys.executable, str(HERE / "tcp_mesh.py")
+    specs = [Spec(f"mesh serve {s.ip}", s, [py, mesh, "serve", str(port), str(len(workers)),
+                                            str(seconds)], base_env()) for s in servers]
+    return specs + [Spec(f"mesh connect {w.ip}", w, [py, mesh, "connect", str(seconds)]
+                         + [f"{s.ip}:{port}" for s in servers], base_env()) for w in workers]
+
+
 def parse_results(text: str) -> list[dict]:
     """The ``CLUSTER_RESULT {json}`` records in a process's output (others ignored)."""
     out = []

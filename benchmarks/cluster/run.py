@@ -159,6 +159,14 @@ class Runner:
         p = {"pair_Gbps": min(per_dir(one)) * 8 / 1e9 if per_dir(one) else None,
              "all_Gbps": sum(per_dir(every)) / len(per_dir(every)) * 8 / 1e9
              if per_dir(every) else None, "nominal_Gbps": rate_bps(rate) / 1e9}
+        if self.shosts:                   # every worker to every server at once, both ways
+            ws, ss = self.whosts[:w], self.shosts[:min(w, len(self.shosts))]
+            mesh = [r for r in self.run(jobs.mesh_job(ws, ss, self.next_port(), secs))
+                    if r.get("role") == "connect" and r.get("recv_Bps")]
+            p["mesh_Gbps"] = min(min(r["recv_Bps"], r["send_Bps"]) for r in mesh) * 8 / 1e9 \
+                if mesh else None
+            print(f"[{rate}] raw TCP worker<->server mesh ({len(ws)}x{len(ss)}): "
+                  f"{p['mesh_Gbps']} Gbit/s per worker link, each way", flush=True)
         self.probes[rate] = p
         print(f"[{rate}] raw TCP full duplex: one pair {p['pair_Gbps']} Gbit/s per direction; "
               f"{len(pairs)} links at once {p['all_Gbps']} Gbit/s each", flush=True)
