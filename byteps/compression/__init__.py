@@ -6,8 +6,8 @@ that turns float32 gradients into fixed-size frames (``Pipeline.frame_bytes``) a
 Each compressor module documents its frame layout.
 """
 from .base import CompressionError
-from .pipeline import Pipeline, server_pipeline, worker_pipeline
+from .pipeline import Pipeline, carry_state, server_pipeline, worker_pipeline
 from .spec import COMPRESSORS, KEYS, Spec, parse
 
-__all__ = ["COMPRESSORS", "KEYS", "CompressionError", "Pipeline", "Spec", "parse",
+__all__ = ["COMPRESSORS", "KEYS", "CompressionError", "Pipeline", "Spec", "carry_state", "parse",
            "server_pipeline", "worker_pipeline"]

@@ -110,6 +110,32 @@ class Pipeline:
         self.compressor.decompress(buf, rnd, out)
 
 
+def carry_state(old: list, new: list, n: int) -> None:
+    """Re-cut compressor state: ``old`` and ``new`` are ``(start, Pipeline)`` pairs of one
+    tensor of ``n`` elements, each pipeline covering elements ``[start, start + p.n)``.
+    The error-feedback residual and the momentum move per element, as one whole-tensor
+    array sliced anew (elements no old pipeline covered start at zero), and the learning
+    rates error feedback rescales by come along, so a tensor cut anew (autotune) goes on
+    as if it had never been cut.  The old pipelines are left as they were."""
+    src = dict(old)
+    for attr in ("residual", "momentum"):
+        if not any(getattr(p, attr) is not None for _, p in new):
+            continue
+        whole = np.zeros(n, np.float32)
+        for start, p in old:
+            v = getattr(p, attr)
+            if v is not None:
+                whole[start:start + p.n] = v
+        for start, p in new:
+            v = getattr(p, attr)
+            if v is not None:
+                np.copyto(v, whole[start:start + p.n])
+    if src:
+        first = next(iter(src.values()))
+        for _, p in new:
+            p._lr, p._lr_residual = first._lr, first._lr_residual
+
+
 def worker_pipeline(spec: Spec, n: int, key: int, part: int) -> Pipeline:
     """momentum (when spec.momentum) -> error feedback (when spec.ef) -> compressor."""
     return Pipeline(spec, n, key, part, momentum=True)

@@ -40,9 +40,12 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
    e.g. more processes than cores).
 
 Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` in the path is
-replaced by the rank); the choice is logged at INFO.  Partitions are not tuned under local
-reduction (the reducer cuts tensors itself), for compressed tensors (compressor state is
-per partition) or asynchronous keys (the servers hold their values); the credit window is.
+replaced by the rank); the choice is logged at INFO.  Under local reduction the size is
+the reducer's chunk size (``LocalReducer.layout_key``: a fresh shared segment and fresh
+slice keys per cut); a compressed tensor's pipelines are rebuilt for the new cut with
+their residual and momentum carried per element
+(:func:`byteps.core.engine_comp.recut_pipelines`).  Asynchronous keys keep their first
+partitioning (the servers hold their values); the credit window is tuned for them too.
 """
 from __future__ import annotations
 
@@ -420,7 +423,7 @@ def start(cfg, st) -> Tuner | None:
     if not cfg.autotune or st.engine is None or cfg.enable_async or \
             (cfg.partition_explicit and cfg.credit_explicit):
         return None
-    return Tuner(cfg, st.rank, st.nservers, st.engine, tune_partitions=st.local is None)
+    return Tuner(cfg, st.rank, st.nservers, st.engine, tune_partitions=True)
 
 
 def boundary(st) -> None:
@@ -430,6 +433,8 @@ def boundary(st) -> None:
     tu.at_step(tu.step + 1, lambda x, name=None: _exchange(st, x, name))
     if st.cfg is not tu.engine.cfg:
         st.cfg = tu.engine.cfg
+        if st.local is not None:
+            st.local.cfg = st.cfg           # the reducer's chunks follow the tuned size
     if tu.choice is not None and tu.tune_partitions:
         from byteps.core import retire        # the servers free the sizes no longer used
         retire.at_boundary(st)
@@ -462,13 +467,17 @@ def relayout(st, t, nbytes: int) -> None:
     if t.layout == tu.layout or t.busy is not None:
         return
     t.layout = tu.layout
-    if t.spec is not None or t.wire_flags or not tu.tune_partitions:
-        return       # compressed or asynchronous: keeps its first partitioning
+    if t.wire_flags or not tu.tune_partitions or st.local is not None:
+        return       # asynchronous: keeps its first partitioning; local: the reducer cuts
+    old = t.parts
     key, p = key_for(st, t, nbytes)
     if key != t.key:
         tu.saved[(t.name, t.key)] = t.round
         t.key, t.round = key, tu.saved.pop((t.name, key), 0)
     t.parts = t.cut(p, st.nservers, key)
+    if t.spec is not None and t.parts != old:   # compressor state carried per element
+        from byteps.core.engine_comp import recut_pipelines
+        recut_pipelines(t, old)
 
 
 def key_for(st, t, nbytes: int) -> tuple[int, int]:

@@ -32,6 +32,22 @@ def comp_pipeline(tensor, part: int, length: int):
     return p
 
 
+def recut_pipelines(tensor, old_parts: list) -> None:
+    """``tensor`` (none of it in flight) was cut anew into ``tensor.parts`` under a new key
+    (autotune): fresh pipelines for the new partitions (their key is the new one, as on
+    the servers), with the old pipelines' error-feedback residual and momentum carried
+    per element (:func:`byteps.compression.carry_state`).  ``old_parts``: the old cut."""
+    if getattr(tensor, "spec", None) is None:
+        return
+    from byteps.compression import carry_state
+    old = [(start, tensor.pipes[part]) for part, start, _, _ in old_parts
+           if part in tensor.pipes]
+    tensor.pipes = {}
+    new = [(start, comp_pipeline(tensor, part, length))
+           for part, start, length, _ in tensor.parts]
+    carry_state(old, new, sum(length for _, _, length, _ in tensor.parts))
+
+
 class CompressionMixin:
     """Engine methods for compressed partitions (``Task.comp`` is their pipeline)."""
 

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import zmq
 
-from byteps.core.engine import Handle, Task, comp_pipeline  # noqa: F401 (old import place)
+from byteps.core.engine import Handle, Task, comp_pipeline
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir, warn_once
 from byteps.core.local.stages import ReduceStages
@@ -74,10 +74,13 @@ class LocalReducer(ReduceStages):
                 s.setsockopt(zmq.SNDHWM, 10000)
                 s.connect(self._ipc(r))
                 self.push[r] = s
-        self.segs: dict[str, Segment] = {}
+        # per layout key (a tensor's name key, or autotune's key of another cut of it)
+        self.segs: dict[int, Segment] = {}
         self.markers: list[str | None] = []   # "small shm" warning markers this process made
-        self.slice_cache: dict[str, list] = {}
-        self.rounds: dict[str, int] = {}
+        self.slice_cache: dict[int, list] = {}
+        self.rounds: dict[int, int] = {}
+        self.layouts: dict[str, int] = {}     # tensor name -> layout key of its last push
+        self.cfg0 = cfg          # the initial settings (autotune changes self.cfg's partition)
         self.by_key: dict[int, Op] = {}
         self.lock = threading.Lock()
         self.incoming: collections.deque = collections.deque()
@@ -111,10 +114,12 @@ class LocalReducer(ReduceStages):
             raise self.fatal
         flat_src = src.reshape(-1)
         n = flat_src.size
-        chunk = max(1, self.chunk_bytes(src.nbytes, tensor.name) // src.dtype.itemsize)
-        seg = self.segs.get(tensor.name)
+        cut = self.chunk_bytes(src.nbytes, tensor.name)
+        chunk = max(1, cut // src.dtype.itemsize)
+        lkey = self.layout_key(tensor.key, src.nbytes, tensor.name, cut)
+        seg = self.segs.get(lkey)
         if seg is None and n:
-            path = os.path.join(self.dir, f"{self.prefix}t{tensor.key:016x}")
+            path = os.path.join(self.dir, f"{self.prefix}t{lkey:016x}")
             try:   # without a network stage the chunks may shrink to fit a small /dev/shm
                 seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
                               len(self.groups) if self.two_level else 1, self.me,
@@ -126,7 +131,12 @@ class LocalReducer(ReduceStages):
             if seg.fallback:
                 self.markers.append(warn_once(self.dir, self.prefix, "%s", seg.fallback))
             seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
-            self.segs[tensor.name] = seg
+            self.segs[lkey] = seg
+        prev = self.layouts.get(tensor.name)
+        if n and prev != lkey:
+            self.layouts[tensor.name] = lkey
+            if prev is not None:
+                self._recut(tensor, prev, lkey, seg, src.nbytes, cut)
         h = Handle(hid, tensor, out, seg.C if n else 0, average)
         if self.engine.timeline is not None:
             self.engine.timeline.begin(hid, tensor.name, h.t0)
@@ -136,14 +146,14 @@ class LocalReducer(ReduceStages):
             return h
         op = Op()
         op.handle, op.tensor, op.seg = h, tensor, seg
-        rnd = self.rounds.get(tensor.name, 0)
-        self.rounds[tensor.name] = rnd + 1
+        rnd = self.rounds.get(lkey, 0)
+        self.rounds[lkey] = rnd + 1
         op.round, op.t = rnd, rnd + 1
         op.src, op.out, op.average = flat_src, h.flat_out, average
         self.seq += 1
         op.prio, op.seq = -priority, self.seq
         op.copy = op.l1 = op.red = op.net = op.gather = 0
-        op.slices = self._slices(tensor, seg) if self.network else None
+        op.slices = self._slices(tensor, seg, lkey, src.nbytes, cut) if self.network else None
         op.started, op.warned, op.t_red = time.monotonic(), False, None
         op.pre = pre
         if pre is not None and not self.two_level and len(self.groups) != 1:
@@ -155,11 +165,22 @@ class LocalReducer(ReduceStages):
         return h
 
     def chunk_bytes(self, nbytes: int, name: str) -> int:
-        """Bytes of one chunk of a tensor: the partition size (capped to fit a message)
-        where slices go to the servers; BYTEPS_PARTITION_BYTES as given without a network
-        stage."""
-        return (self.cfg.partition_size(nbytes, name) if self.network else
-                self.cfg.partition_bytes)
+        """Bytes of one chunk of a tensor: the partition size (capped to fit a message;
+        autotune's current one) where slices go to the servers, the initial one where both
+        leave the tensor whole; BYTEPS_PARTITION_BYTES as given without a network stage."""
+        if not self.network:
+            return self.cfg0.partition_bytes
+        p, p0 = self.cfg.partition_size(nbytes, name), self.cfg0.partition_size(nbytes, name)
+        return p0 if nbytes <= min(p, p0) else p
+
+    def layout_key(self, key: int, nbytes: int, name: str, cut: int) -> int:
+        """The key of tensor ``name`` (``key``: its name's) cut into chunks of ``cut``
+        bytes: its own for the initial cut, else autotune's layout key, which names a fresh
+        shared segment here and (mixed into the slices' keys) fresh keys on the servers,
+        the same on every local rank and host (docs/scaling.md, "Autotune")."""
+        from byteps.core.autotune import layout_key
+        p0 = self.cfg0.partition_size(nbytes, name) if self.network else cut
+        return layout_key(key, cut, p0)
 
     def owner_of(self, key: int, nbytes: int) -> int | None:
         """The local rank that reduces a whole small tensor (None: every rank a slice)."""
@@ -167,18 +188,45 @@ class LocalReducer(ReduceStages):
             return None
         return 0 if self.mode == "root" else key % self.L
 
-    def _slices(self, tensor, seg: Segment) -> list[SliceTensor]:
-        sl = self.slice_cache.get(tensor.name)
+    def _slices(self, tensor, seg: Segment, lkey: int, nbytes: int,
+                cut: int) -> list[SliceTensor]:
+        sl = self.slice_cache.get(lkey)
         if sl is None:
             from byteps.core.api import tensor_key
             sl = []
             for k in range(self.L):
                 length = sum(b - a for a, b in (seg.slice(j, k) for j in range(seg.C)))
                 name = f"{tensor.name}.slice{k}"
-                sl.append(SliceTensor(name, tensor_key(name), length, tensor.dtype_code,
+                key = self.layout_key(tensor_key(name), nbytes, tensor.name, cut)
+                sl.append(SliceTensor(name, key, length, tensor.dtype_code,
                                       getattr(tensor, "spec", None)))
-            self.slice_cache[tensor.name] = sl
+            self.slice_cache[lkey] = sl
         return sl
+
+    def _recut(self, tensor, prev: int, lkey: int, seg: Segment, nbytes: int,
+               cut: int) -> None:
+        """Tensor ``tensor`` moved from layout ``prev`` to ``lkey`` (autotune, at the same
+        push on every local rank; none of its operations is in flight here).  Compressor
+        state moves per element from the old slices' pipelines this rank held to the new
+        ones it will push (root mode: local rank 0 holds all, so all of it moves; slice
+        mode: what another local rank held starts at zero); the old segment is unmapped
+        and unlinked (every local rank opened it for the operation that just finished)."""
+        old_seg, old_sl = self.segs.pop(prev, None), self.slice_cache.pop(prev, None)
+        if getattr(tensor, "spec", None) is not None and old_sl and old_seg is not None \
+                and self.network:
+            from byteps.compression import carry_state
+            old = [(old_seg.slice(j, k)[0], p) for k, st in enumerate(old_sl)
+                   for j, p in st.pipes.items()]
+            new_sl = self._slices(tensor, seg, lkey, nbytes, cut)
+            mine = range(self.L) if self.mode == "root" and self.me == 0 else \
+                (self.me,) if self.mode == "slice" else ()
+            new = [(a, comp_pipeline(new_sl[k], j, b - a)) for k in mine
+                   for j in range(seg.C) for a, b in (seg.slice(j, k),) if b > a]
+            carry_state(old, new, seg.n)
+        if old_seg is not None:
+            if old_seg.created:
+                old_seg.unlink()
+            old_seg.close()
 
     def _wake(self) -> None:
         try:
