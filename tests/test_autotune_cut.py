@@ -3,8 +3,12 @@
 through the same partition sizes at the same step boundaries, a re-cut tensor moves to a
 fresh key, plain sums stay exact, and the error-feedback residual is carried per element
 across every re-cut (an exact identity with randomk, see tests/scripts/autotune_cut_job.py);
-the carry itself is checked without sockets too."""
+under local reduction the old cuts' shared segments are gone and, after the final choice,
+the servers hold only the final cut's slice keys; the carry itself is checked without
+sockets too."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -80,6 +84,7 @@ def test_compressed_tensors_are_recut_with_their_residuals(tmp_path):
 def test_local_reduction_is_recut_alike_on_every_local_rank(tmp_path):
     res = run_script("autotune_cut_job.py", tmp_path, 8, 8_000_000, 1_000_000, workers=4,
                      servers=2, timeout=140, BYTEPS_AUTOTUNE_STEPS=1,
+                     BYTEPS_TEST_RECORD=str(tmp_path / "rec"),
                      launcher_args=("--hosts", "2", "--local-size", "2"))
     out = _check(tmp_path, res, 4)
     assert out[0]["local"]
@@ -90,3 +95,13 @@ def test_local_reduction_is_recut_alike_on_every_local_rank(tmp_path):
         names = " ".join(doc["segments"])
         assert all(f"t{k:016x}" in names for k, _ in last[1:]), (r, doc["segments"])
         assert not [k for k in old if f"t{k:016x}" in names], (r, old, doc["segments"])
+    # after the final choice the servers were asked to free the slice keys of the other
+    # cuts: each ends holding only the final cut's slices
+    final = set(out[0]["slice_keys"])
+    assert len(final) == 4 and all(set(d["slice_keys"]) == final for d in out.values())
+    servers = [json.loads(p.read_text()) for p in tmp_path.glob("rec.bytes.*.json")]
+    assert len(servers) == 2, res.stderr[-3000:]
+    held = {k for s in servers for k, name in s["keys"]
+            if name.startswith(("cut.plain.slice", "cut.comp.slice"))}
+    assert held == final, ([x["keys"] for x in servers], final)
+    assert all(s["keys_freed"] > 0 and s["free_refused"] == 0 for s in servers), servers

@@ -56,6 +56,12 @@ def residual(name: str, n: int) -> np.ndarray:
     return whole
 
 
+def slice_keys(name: str) -> list:
+    """The keys of the slices of ``name``'s current cut (local reduction)."""
+    red = api._STATE.local
+    return [] if red is None else [sl.key for sl in red.slice_cache[red.layouts[name]]]
+
+
 def segments() -> list:
     """The local reduction's shared segments of this host (file names) left at the end."""
     red = api._STATE.local
@@ -95,7 +101,8 @@ def main() -> None:
            "changes": None if tu is None else tu.changes,
            "state": None if tu is None else tu.state,
            "base_keys": [api.tensor_key("cut.plain"), api.tensor_key("cut.comp")],
-           "local": api._STATE.local is not None, "segments": segments()}
+           "local": api._STATE.local is not None, "segments": segments(),
+           "slice_keys": slice_keys("cut.plain") + slice_keys("cut.comp")}
     (out_dir / f"rank{r}.json").write_text(json.dumps(doc))
     bps.barrier()
 

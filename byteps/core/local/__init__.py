@@ -9,6 +9,7 @@ slices go to the servers, and the results come back to every local rank
 * :mod:`.shm`       — shared-memory segments and their clean-up by prefix
 * :mod:`.reducer`   — the pipelined per-process reduction thread
 * :mod:`.stages`    — its data stages (group sum, reduce-scatter, network, all-gather)
+* :mod:`.cuts`      — autotune's cuts of a tensor (layout keys, re-cuts, old slice keys)
 * :mod:`.parts`     — operation state, slice tensors, peer liveness
 * :mod:`.topology`  — PCIe switches / NUMA nodes from sysfs and nvidia-smi
 * :mod:`.numa`      — NUMA nodes and CPU binding

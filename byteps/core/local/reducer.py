@@ -15,7 +15,8 @@ over ``ipc://`` PUSH sockets, which wakes them without busy-waiting.  With
 ``BYTEPS_LOCAL_REDUCE=root`` (the default) local rank 0 pushes every slice k
 under the name ``<name>.slice<k>``; with ``slice`` local rank k pushes slice k.
 Either way each key gets one push per host, and averages divide by the
-global number of workers.  The stages after the copy are in :mod:`.stages`.
+global number of workers.  The stages after the copy are in :mod:`.stages`, autotune's
+cuts of a tensor in :mod:`.cuts`.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ import time
 import numpy as np
 import zmq
 
-from byteps.core.engine import Handle, Task, comp_pipeline
+from byteps.core.engine import Handle, Task, comp_pipeline  # noqa: F401 (old import place)
+from byteps.core.local.cuts import Cuts
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir, warn_once
 from byteps.core.local.stages import ReduceStages
@@ -40,7 +42,7 @@ _KEY = struct.Struct("<q")
 SMALL_BYTES = 65536     # a tensor up to this size is reduced by one local rank: fewer hand-offs
 
 
-class LocalReducer(ReduceStages):
+class LocalReducer(ReduceStages, Cuts):
     """Background thread that runs the local stages of every push_pull of this process."""
 
     def __init__(self, cfg, engine, book: dict, epoch: int, mode: str, groups: list[list[int]]):
@@ -80,6 +82,7 @@ class LocalReducer(ReduceStages):
         self.slice_cache: dict[int, list] = {}
         self.rounds: dict[int, int] = {}
         self.layouts: dict[str, int] = {}     # tensor name -> layout key of its last push
+        self.cuts: dict[str, tuple] = {}      # tensor name -> (key, bytes, {layout key: cut})
         self.cfg0 = cfg          # the initial settings (autotune changes self.cfg's partition)
         self.by_key: dict[int, Op] = {}
         self.lock = threading.Lock()
@@ -132,11 +135,8 @@ class LocalReducer(ReduceStages):
                 self.markers.append(warn_once(self.dir, self.prefix, "%s", seg.fallback))
             seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
             self.segs[lkey] = seg
-        prev = self.layouts.get(tensor.name)
-        if n and prev != lkey:
-            self.layouts[tensor.name] = lkey
-            if prev is not None:
-                self._recut(tensor, prev, lkey, seg, src.nbytes, cut)
+        if n:
+            self.pushed(tensor, lkey, seg, src.nbytes, cut)    # autotune's cuts (.cuts)
         h = Handle(hid, tensor, out, seg.C if n else 0, average)
         if self.engine.timeline is not None:
             self.engine.timeline.begin(hid, tensor.name, h.t0)
@@ -164,24 +164,6 @@ class LocalReducer(ReduceStages):
         self._wake()
         return h
 
-    def chunk_bytes(self, nbytes: int, name: str) -> int:
-        """Bytes of one chunk of a tensor: the partition size (capped to fit a message;
-        autotune's current one) where slices go to the servers, the initial one where both
-        leave the tensor whole; BYTEPS_PARTITION_BYTES as given without a network stage."""
-        if not self.network:
-            return self.cfg0.partition_bytes
-        p, p0 = self.cfg.partition_size(nbytes, name), self.cfg0.partition_size(nbytes, name)
-        return p0 if nbytes <= min(p, p0) else p
-
-    def layout_key(self, key: int, nbytes: int, name: str, cut: int) -> int:
-        """The key of tensor ``name`` (``key``: its name's) cut into chunks of ``cut``
-        bytes: its own for the initial cut, else autotune's layout key, which names a fresh
-        shared segment here and (mixed into the slices' keys) fresh keys on the servers,
-        the same on every local rank and host (docs/scaling.md, "Autotune")."""
-        from byteps.core.autotune import layout_key
-        p0 = self.cfg0.partition_size(nbytes, name) if self.network else cut
-        return layout_key(key, cut, p0)
-
     def owner_of(self, key: int, nbytes: int) -> int | None:
         """The local rank that reduces a whole small tensor (None: every rank a slice)."""
         if nbytes > SMALL_BYTES:
@@ -202,31 +184,6 @@ class LocalReducer(ReduceStages):
                                       getattr(tensor, "spec", None)))
             self.slice_cache[lkey] = sl
         return sl
-
-    def _recut(self, tensor, prev: int, lkey: int, seg: Segment, nbytes: int,
-               cut: int) -> None:
-        """Tensor ``tensor`` moved from layout ``prev`` to ``lkey`` (autotune, at the same
-        push on every local rank; none of its operations is in flight here).  Compressor
-        state moves per element from the old slices' pipelines this rank held to the new
-        ones it will push (root mode: local rank 0 holds all, so all of it moves; slice
-        mode: what another local rank held starts at zero); the old segment is unmapped
-        and unlinked (every local rank opened it for the operation that just finished)."""
-        old_seg, old_sl = self.segs.pop(prev, None), self.slice_cache.pop(prev, None)
-        if getattr(tensor, "spec", None) is not None and old_sl and old_seg is not None \
-                and self.network:
-            from byteps.compression import carry_state
-            old = [(old_seg.slice(j, k)[0], p) for k, st in enumerate(old_sl)
-                   for j, p in st.pipes.items()]
-            new_sl = self._slices(tensor, seg, lkey, nbytes, cut)
-            mine = range(self.L) if self.mode == "root" and self.me == 0 else \
-                (self.me,) if self.mode == "slice" else ()
-            new = [(a, comp_pipeline(new_sl[k], j, b - a)) for k in mine
-                   for j in range(seg.C) for a, b in (seg.slice(j, k),) if b > a]
-            carry_state(old, new, seg.n)
-        if old_seg is not None:
-            if old_seg.created:
-                old_seg.unlink()
-            old_seg.close()
 
     def _wake(self) -> None:
         try:
