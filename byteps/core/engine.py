@@ -208,7 +208,7 @@ class Engine(CompressionMixin, ServersMixin):
                         self.on_scheduler()
                     else:
                         for _ in range(64):
-                            if not sock.poll(0):
+                            if not sock.get(zmq.EVENTS) & zmq.POLLIN:    # cheaper than poll(0)
                                 break
                             self.on_server(sock)
                 self.take_pending()

@@ -61,6 +61,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.peer_fds: dict[int, dict] = {}
         self.dropper = transport.Dropper(0.0, 0)
         self.engine_load = [0] * cfg.server_engine_threads
+        self.batch: dict | None = None        # replies gathered while a burst is received
         self.outbox: collections.deque = collections.deque()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -136,12 +137,18 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             while self.exit_code is None:
                 for sock, _ in poller.poll(200):
                     if sock is self.sock:
-                        for _ in range(64):
-                            try:
-                                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                            except zmq.Again:
-                                break
-                            self.on_worker(frames)
+                        self.batch = {}       # replies of this burst: one message per worker
+                        try:
+                            for _ in range(64):
+                                try:
+                                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                                except zmq.Again:
+                                    break
+                                self.on_worker(frames)
+                        finally:
+                            batch, self.batch = self.batch, None
+                            if batch:
+                                self.send_results(batch)
                     elif sock is self.link.sock:
                         self.on_scheduler()
                     elif sock is self.replica.sock:
@@ -395,7 +402,10 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                 self.apply(slot, e, arr, rank, ident, out)
             else:
                 self.queues[slot.engine].put((slot, e, arr, rank, ident))
-        self.send_results(out)
+        if self.batch is None:
+            return self.send_results(out)
+        for ident, items in out.items():      # acks and inline results of one receive burst
+            self.batch.setdefault(ident, []).extend(items)
 
     def apply(self, slot: Slot, e: list, arr, rank: int, ident, out: dict) -> None:
         """Apply one entry; a malformed compressed push is dropped with a log line."""
