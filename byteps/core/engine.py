@@ -105,11 +105,12 @@ class Engine(CompressionMixin, ServersMixin):
 
     def send(self, sock, op, body, payload=()) -> None:
         self.seq += 1
-        sock.send_multipart(encode(self.cfg.job_id, self.link.node_id, op, self.link.epoch,
-                                   self.seq, body, self.secret) + list(payload), copy=False)
+        transport.send_frames(sock, encode(self.cfg.job_id, self.link.node_id, op,
+                                           self.link.epoch, self.seq, body, self.secret)
+                              + list(payload))
 
     def recv(self, sock):
-        frames = sock.recv_multipart(copy=False)
+        frames = transport.recv_frames(sock)
         try:
             hdr, payload = decode(frames, self.cfg.job_id, self.secret)
         except WireError as exc:

@@ -140,9 +140,8 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                         self.batch = {}       # replies of this burst: one message per worker
                         try:
                             for _ in range(64):
-                                try:
-                                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                                except zmq.Again:
+                                frames = transport.recv_frames(self.sock, block=False)
+                                if frames is None:
                                     break
                                 self.on_worker(frames)
                         finally:
@@ -466,7 +465,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         msg = [ident] + encode(self.cfg.job_id, self.link.node_id, op, self.link.epoch,
                                self.seq, body, self.secret) + list(payload)
         try:
-            self.sock.send_multipart(msg, copy=False)
+            transport.send_frames(self.sock, msg)
         except zmq.ZMQError as exc:
             log.debug("cannot reach worker: %s", exc)
 

@@ -235,6 +235,35 @@ def _peer_name(fd: int) -> str | None:
         s.close()
 
 
+_SNDMORE, _NOBLOCK, _POLLIN, _EVENTS = (int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.POLLIN),
+                                         int(zmq.EVENTS))
+
+
+def send_frames(sock: zmq.Socket, frames: list) -> None:
+    """``sock.send_multipart(frames, copy=False)`` without its per-frame flag arithmetic
+    (pyzmq combines ``IntFlag`` members, which costs more than the send on the data path)."""
+    if not isinstance(sock, zmq.Socket):       # a stand-in (tests/test_engine_unit.py)
+        return sock.send_multipart(frames, copy=False)
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        sock.send(f, _SNDMORE if i < last else 0, copy=False)
+
+
+def recv_frames(sock: zmq.Socket, block: bool = True) -> list | None:
+    """All frames of the next message (``copy=False``); with ``block=False`` None when none
+    is waiting (checked through ZMQ_EVENTS, not by raising ``zmq.Again``)."""
+    if not isinstance(sock, zmq.Socket):       # a stand-in (tests/test_engine_unit.py)
+        return sock.recv_multipart(copy=False) if block or sock.poll(0) else None
+    if not block and not sock.get(_EVENTS) & _POLLIN:
+        return None
+    f = sock.recv(0, copy=False)
+    parts = [f]
+    while f.more:
+        f = sock.recv(0, copy=False)
+        parts.append(f)
+    return parts
+
+
 def source_fd(frame) -> int:
     """The file descriptor a received (copy=False) frame came in on, or -1."""
     try:
@@ -244,4 +273,5 @@ def source_fd(frame) -> int:
 
 
 __all__ = ["listen", "connect", "backend_for", "register", "TransportError", "wire",
-           "RateLimitedLog", "SeqTracker", "Dropper", "ConnWatch", "source_fd"]
+           "RateLimitedLog", "SeqTracker", "Dropper", "ConnWatch", "source_fd", "send_frames",
+           "recv_frames"]

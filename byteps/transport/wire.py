@@ -236,12 +236,16 @@ def _check_entries(body) -> None:
                 and _is_int(d[4]) and 0 <= d[4] < 1 << 31):
             raise WireError("bad declaration (want [key, name, shape, dtype, rank, "
                             "compression] or [..., compression, op])")
-    for e in entries:
-        if not isinstance(e, list) or len(e) != 6 or not all(_is_int(x) for x in e):
+    ndt = len(DTYPES)
+    for e in entries:                  # unrolled: this runs for every partition received
+        if type(e) is not list or len(e) != 6:
             raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
         key, part, rnd, flags, dt, length = e
+        if not (type(key) is int and type(part) is int and type(rnd) is int
+                and type(flags) is int and type(dt) is int and type(length) is int):
+            raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
         if not (0 <= key < 1 << 63 and 0 <= part < 1 << 31 and 0 <= rnd < 1 << 62
-                and 0 <= flags < 64 and 0 <= dt < len(DTYPES) and 0 <= length < 1 << 40):
+                and 0 <= flags < 64 and 0 <= dt < ndt and 0 <= length < 1 << 40):
             raise WireError(f"data entry out of range: {e}")
 
 
