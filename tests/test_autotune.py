@@ -29,8 +29,8 @@ def _sums(nservers, bw, rtt, ranks=2, steps=3, step_bytes=100e6):
 
 def test_window_is_the_bandwidth_delay_product_per_server():
     bw, rtt = 50e6, 0.02                     # per server: 1 MB in flight covers the round trip
-    assert autotune.window(262144, [bw, bw], [rtt, rtt]) == 2 * (int(bw * rtt) + 262144)
-    assert autotune.window(4 << 20, [bw, bw], [rtt, rtt]) == 2 * (int(bw * rtt) + (4 << 20))
+    assert autotune.window(262144, [bw, bw], [rtt, rtt]) == 2 * (int(bw * rtt) + 2 * 262144)
+    assert autotune.window(4 << 20, [bw, bw], [rtt, rtt]) == 2 * (int(bw * rtt) + (8 << 20))
     assert autotune.window(4 << 20, [bw], [0.0]) == 2 * (4 << 20)      # >= 2 partitions
     p = autotune.plan(_sums(2, bw, rtt), 2, 4096000, True, None, 1 << 30, 16384000)
     assert p.trials[0] == (4096000, 16384000)          # the initial setting is trial 0
