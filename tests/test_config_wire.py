@@ -128,3 +128,19 @@ def test_scheduler_listen_address():
     assert _bind_host("127.0.0.1") == "127.0.0.1"
     assert _bind_host("localhost") == "127.0.0.1"
     assert _bind_host("10.1.2.3") == "10.1.2.3"
+
+
+def test_server_engine_threads_follow_the_cpus_unless_set(monkeypatch):
+    import os
+
+    from byteps.server.decls import engine_threads
+    cfg = Config.from_env({})
+    assert not cfg.engine_threads_explicit
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert engine_threads(cfg) == 0            # two CPUs: every partition summed inline
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert engine_threads(cfg) == 4
+    cfg = Config.from_env({"BYTEPS_SERVER_ENGINE_THREAD": "3"})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert cfg.engine_threads_explicit and engine_threads(cfg) == 3
+    assert engine_threads(Config.from_env({"BYTEPS_SERVER_ENGINE_THREAD": "0"})) == 0

@@ -219,6 +219,7 @@ class Config:
     test_drop_rate: float = _D("BYTEPS_TEST_DROP_RATE")
     fusion_bytes: int = _D("BYTEPS_FUSION_BYTES")
     partition_explicit: bool = False   # BYTEPS_PARTITION_BYTES was set (autotune keeps it)
+    engine_threads_explicit: bool = False   # BYTEPS_SERVER_ENGINE_THREAD was set
     credit_explicit: bool = False      # BYTEPS_SCHEDULING_CREDIT was set
     credit_window: int = 0         # bytes in flight chosen by autotune (0: credit x partition)
     server_port: int = _D("BYTEPS_SERVER_PORT")
@@ -336,6 +337,7 @@ class Config:
             test_drop_rate=e.get("BYTEPS_TEST_DROP_RATE"),
             fusion_bytes=e.get("BYTEPS_FUSION_BYTES"),
             partition_explicit=e.str("BYTEPS_PARTITION_BYTES") is not None,
+            engine_threads_explicit=e.str("BYTEPS_SERVER_ENGINE_THREAD") is not None,
             credit_explicit=e.str("BYTEPS_SCHEDULING_CREDIT") is not None,
             server_port=e.get("BYTEPS_SERVER_PORT"),
             trace_on=e.get("BYTEPS_TRACE_ON"),

@@ -3,7 +3,8 @@
 One I/O thread owns the ROUTER socket.  Small partitions are summed inline
 (a thread hand-off costs more than the add); large ones go to engine
 threads (``BYTEPS_SERVER_ENGINE_THREAD``), keys spread over threads by bytes
-— numpy releases the GIL on large adds, so threads sum in parallel.
+— numpy releases the GIL on large adds, so threads sum in parallel (none on a host
+with at most two CPUs: :func:`byteps.server.decls.engine_threads`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from byteps.common.metrics import serve_server
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
                                 failure_exit_code)
 from byteps.compression import CompressionError
-from byteps.server.decls import INLINE_BYTES, TensorChecks  # noqa: F401 (re-export)
+from byteps.server.decls import INLINE_BYTES, TensorChecks, engine_threads  # noqa: F401
 from byteps.server.records import Records
 from byteps.server.replica import Replicator
 from byteps.server.retire import KeyRetirement
@@ -60,12 +61,12 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.watch = transport.ConnWatch(self.sock)
         self.peer_fds: dict[int, dict] = {}
         self.dropper = transport.Dropper(0.0, 0)
-        self.engine_load = [0] * cfg.server_engine_threads
+        self.engine_load = [0] * engine_threads(cfg)
         self.batch: dict | None = None        # replies gathered while a burst is received
         self.outbox: collections.deque = collections.deque()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
-        self.queues = [queue.SimpleQueue() for _ in range(cfg.server_engine_threads)]
+        self.queues = [queue.SimpleQueue() for _ in self.engine_load]
         self.lock = threading.Lock()       # guards slots/decls across engine threads
         self.record = os.environ.get("BYTEPS_TEST_RECORD")
         self.exit_code = None
