@@ -152,6 +152,21 @@ def _reap(p: subprocess.Popen, cpu: dict, block: bool = False) -> int | None:
     return p.returncode
 
 
+_STOP = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _spawn(argv: list[str], fo, fe) -> subprocess.Popen:
+    """Popen with Ctrl-C/SIGTERM held off until the child is recorded (an interrupt inside
+    Popen would leave a process nobody kills); the child starts with the old mask."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+    try:
+        return subprocess.Popen(argv, stdout=fo, stderr=fe, start_new_session=True, cwd=ROOT,
+                                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK,
+                                                                          old))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def run_specs(plan: Plan, specs: list[Spec], timeout: float,
               grace_s: float = 10.0) -> list[Outcome]:
     """Start every process, wait for the critical ones, end the rest; raise on failure."""
@@ -162,8 +177,7 @@ def run_specs(plan: Plan, specs: list[Spec], timeout: float,
             fo = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed below, after the job)
             fe = tempfile.TemporaryFile("w+")  # noqa: SIM115
             files.append((fo, fe))
-            procs.append(subprocess.Popen(s.command(plan), stdout=fo, stderr=fe,
-                                          start_new_session=True, cwd=ROOT))
+            procs.append(_spawn(s.command(plan), fo, fe))
         deadline = time.monotonic() + timeout
         failed = None
         while time.monotonic() < deadline:
