@@ -259,8 +259,10 @@ def main(argv=None) -> int:
     plan = Plan.new(wmax + server_hosts(a))
     cluster = Cluster(plan)
     atexit.register(cluster.close)
+    # SIGINT too: a shell that starts the run in the background without job control hands
+    # it down ignored, and Ctrl-C / kill -INT must still tear the cluster down
     old = {sig: signal.signal(sig, lambda signum, _f: sys.exit(128 + signum))
-           for sig in (signal.SIGTERM, signal.SIGHUP)}
+           for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     started = time.time()
     try:
         with cluster:
