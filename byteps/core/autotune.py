@@ -35,9 +35,10 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
 5. **Overlap or not** (k more steps): partitions pushed during a step are held until
    the first wait (``synchronize``, ``poll``, ``barrier``, ``join``, ``step_done``:
    for the plugins, the end of backward), then sent at once in priority order; held
-   for good if the summed median step time is at least 5 % lower than sending each
-   partition as soon as it is pushed (where communication takes CPU from backward,
-   e.g. more processes than cores).
+   for good unless sending each partition as soon as it is pushed gave a summed median
+   step time at least 5 % lower (where communication takes CPU from backward, e.g. more
+   processes than cores, overlapping loses; the measurement is noisy, so overlapping
+   must win clearly: held is by construction what a push_pull after backward does).
 
 Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` in the path is
 replaced by the rank); the choice is logged at INFO.  Under local reduction the size is
@@ -311,7 +312,9 @@ class Tuner:
         elif st == "defer" and n - self.start >= self.k:
             med = [statistics.median(t) if t else math.inf for t in (self.base, self.times[-1])]
             scores = np.asarray(exchange(np.array(med, np.float64), NAME + ".defer"))
-            self.hold = pick(scores) == 1
+            # held (what a push_pull after backward does) unless sending each partition
+            # as it is pushed was at least KEEP_UNLESS_GAIN faster: overlap must earn it
+            self.hold = not scores[0] < scores[1] * (1 - KEEP_UNLESS_GAIN)
             self.state, self.start = "verify", n
             self.times.append([])
             self.row(n, "defer", self.partition, self.engine.cfg.credit_bytes,
