@@ -12,33 +12,19 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
    records, per server, the bytes pushed, the time that server had pushes in flight
    (its bandwidth) and the acknowledgement latency less the bytes queued ahead (its
    round-trip time); each step's wall time is recorded too.
-2. **Plan** (at the boundary after step k): every rank adds its measurements into one
-   small push_pull
-   (``byteps.autotune.plan``); every rank pulls the same sums and runs the same pure
-   function (:func:`plan`) on them: the credit window of each candidate (per server, its
-   bandwidth-delay product plus one partition, summed over servers, at least two
-   partitions) and up to three alternatives: the initial size with that window, the
-   size the cost model (:func:`predict`) ranks best and one between the two.  No
-   leader: equal inputs, equal decisions.
-3. **Trials**: each candidate runs for k steps, switched in at a step boundary on
-   every rank.  Tensors whose cut changes get a new key (:func:`layout_key`: the name's
-   key with the partition size mixed in), so servers see a fresh, consistent
-   declaration, never a resized slot; a tensor going back to an earlier size continues
-   that key's rounds.
-4. **Choose** (at the boundary after the last trial): the ranks add their median step
-   time per trial (``byteps.autotune.choice``) and take the fastest; the initial setting
-   stays unless another is at least 5 % faster.  Each exchange completes at the
-   boundary where it starts (a few hundred bytes), and what it decides applies from
-   that boundary on, on every rank.  From then on no size is ever gone back to, so the
-   keys of the other sizes are freed on the workers and servers
+2. **Plan** (after step k): every rank adds its measurements into one small push_pull
+   and runs the same pure function (:func:`plan`) on the sums: the window of a size is
+   its bandwidth-delay product plus two partitions per server (:func:`window`); the
+   trials are the best size of the cost model (:func:`predict`), the same with twice
+   its window, one size between it and the initial one, and the initial size with its
+   window.  No leader: equal inputs, equal decisions.
+3. **Trials** (k steps each, switched at step boundaries on every rank): a re-cut
+   tensor gets a new key (:func:`layout_key`), never a resized slot.
+4. **Choose**: the summed median step times decide; the initial setting stays unless
+   another is 5 % faster; the keys of the other sizes are then freed
    (``byteps/core/retire.py``, ``byteps/server/retire.py``).
-5. **Overlap or not** (k more steps): partitions pushed during a step are held until
-   the first wait (``synchronize``, ``poll``, ``barrier``, ``join``, ``step_done``:
-   for the plugins, the end of backward), then sent at once in priority order; held
-   for good unless sending each partition as soon as it is pushed gave a summed median
-   step time at least 5 % lower (where communication takes CPU from backward, e.g. more
-   processes than cores, overlapping loses; the measurement is noisy, so overlapping
-   must win clearly: held is by construction what a push_pull after backward does).
+5. **Overlap or not** (k more steps): partitions stay held until the first wait (what a
+   push_pull after backward does) unless sending them as pushed was 5 % faster.
 
 Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` in the path is
 replaced by the rank); the choice is logged at INFO.  Under local reduction the size is
