@@ -56,9 +56,11 @@ NAME = "byteps.autotune"
 # Candidate partition sizes (bytes); the initial one is always tried (trial 0).
 CANDIDATES = (256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20)
 TRIALS = 3              # settings tried besides the initial one
-# CPU cost of one partition's round trip (worker + server), seconds: a little above the
-# 81 us that benchmarks/scale_calibrate.py measured on a 2-core machine (docs/scaling.md).
-MSG_COST_S = 100e-6
+# Step time one more partition costs, seconds.  benchmarks/scale_calibrate.py measures
+# 81 us of CPU per round trip for one worker and one server alone; on the emulated
+# 4 + 4 cluster (every role sharing the cores, as on a busy host) 1 MB partitions instead
+# of 512 KB saved 0.3 CPU s and 3 % of a 1 s step (docs/scaling.md).
+MSG_COST_S = 250e-6
 KEEP_UNLESS_GAIN = 0.05    # keep the initial setting unless another is 5 % faster
 MAX_SAMPLES = 4096
 
@@ -162,10 +164,10 @@ def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
     """The trials, from the ranks' summed measurements (see :func:`pack`); the same
     input gives the same plan on every rank.  None: nothing was measured.  Trial 0 is
     the initial setting (``initial`` bytes, ``credit0`` in flight, already measured);
-    then the initial size with its bandwidth-delay window (when that differs by more
-    than a quarter), the size the model ranks best, the candidate nearest to the
-    geometric middle of that and the initial size (the model is rough: this brackets
-    it), then the model's next best, TRIALS alternatives in all.  The best size is also
+    then the size the model ranks best, the candidate nearest to the geometric middle of
+    that and the initial size (the model is rough: this brackets it), the model's next
+    best, and last the initial size with its bandwidth-delay window (when that differs
+    by more than a quarter), TRIALS alternatives in all.  The best size is also
     tried with twice its window, right after it: the round trip is measured on pushes
     with nothing queued ahead, while under load acknowledgements queue behind results on
     the servers' links (on the emulated 1 Gbit/s cluster 8 MB in flight beat the 4.6 MB
@@ -184,8 +186,7 @@ def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
         return max(1, explicit_credit) * p if explicit_credit is not None else \
             window(p, bw_s, rtt_s)
     trials = [(p0, credit0)]
-    if abs(credit(p0) - credit0) > credit0 / 4:
-        trials.append((p0, credit(p0)))
+    own = [(p0, credit(p0))] if abs(credit(p0) - credit0) > credit0 / 4 else []
     pred = ((p0, predict(p0, mbytes, bw, nservers)),)
     if tune_p:
         pred = tuple((c, predict(c, mbytes, bw, nservers))
@@ -202,6 +203,7 @@ def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
         if ranked and explicit_credit is None:    # the best size with twice its window
             trials.insert(trials.index((ranked[0], credit(ranked[0]))) + 1,
                           (ranked[0], 2 * credit(ranked[0])))
+    trials += own     # the initial size with its own window: last, when sizes are tuned
     return Plan(tuple(trials[:TRIALS + 1]), bw, float(rtt_s.max()), mbytes, pred)
 
 

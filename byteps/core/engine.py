@@ -38,6 +38,8 @@ log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
 MAX_FUSED_BYTES = 4 << 20
 
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
 
 class Engine(CompressionMixin, ServersMixin):
     """The worker's I/O thread.  ``servers``: one connection per server of the address book
@@ -209,7 +211,7 @@ class Engine(CompressionMixin, ServersMixin):
                         self.on_scheduler()
                     else:
                         for _ in range(64):
-                            if not sock.get(zmq.EVENTS) & zmq.POLLIN:    # cheaper than poll(0)
+                            if not sock.get(_EVENTS) & _POLLIN:    # cheaper than poll(0)
                                 break
                             self.on_server(sock)
                 self.take_pending()

@@ -194,6 +194,11 @@ class ConnWatch:
         self.peers: dict[int, str] = {}
 
     def poll(self) -> list[tuple[str, int, str]]:
+        try:                      # the common case (no event), without raising zmq.Again
+            if not self.mon.get(_EVENTS) & _POLLIN:
+                return []
+        except zmq.ZMQError:      # closed
+            return []
         from zmq.utils.monitor import parse_monitor_message
         out = []
         while True:
