@@ -118,6 +118,12 @@ def test_priority_order_and_fusion_per_server():
     step(eng)
     assert [len(e) for e, _, _ in s0.messages()] == [1]
     assert [len(e) for e, _, _ in s1.messages()] == [MAX_FUSED_ENTRIES, 5]
+    # a server gets its partitions in heap order: small ones queued for fusion leave before
+    # a bigger one behind them (a tensor's finer edge partitions first), not after it
+    small = [push(eng, 25, server=0, priority=9)[0] for _ in range(2)]
+    big = push(eng, 2000, server=0, priority=1)[0]
+    step(eng)
+    assert names(s0.messages()) == [h.tensor.key for h in small + [big]]
 
 
 def test_credit_window_and_overtaking():

@@ -262,6 +262,10 @@ class Engine(CompressionMixin, ServersMixin):
             t.acked, t.tries = False, 0
             self.inflight_bytes += t.nbytes     # credit: released when the server acks
             if t.nbytes > self.cfg.fusion_bytes:
+                b = batches.pop(t.server, None)      # smaller ones before it leave first:
+                if b:                                # a server gets them in heap order
+                    del batch_bytes[t.server]
+                    self.send_tasks(t.server, b)
                 self.send_tasks(t.server, [t])
                 continue
             b = batches.setdefault(t.server, [])
