@@ -196,6 +196,14 @@ def test_scan_catches_what_it_should():
     assert all(match(s) for s in bad) and not any(match(s) for s in good)
 
 
+def test_mac_is_hmac_sha256():
+    import hmac
+    for secret in (b"k", b"s" * 64, b"long" * 40, bytes(range(256))):
+        for header in (b"", b"h", b"x" * 1000):
+            assert mac(secret, header) == hmac.digest(secret, header, "sha256")[:16]
+    assert mac(None, b"h") == b"" and mac(b"", b"h") == b""
+
+
 def test_wire_checks_credential_before_parsing_and_rejects_replays():
     secret = b"k" * 16
     junk = b"\xc1 not msgpack"

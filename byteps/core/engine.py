@@ -409,7 +409,9 @@ class Engine(CompressionMixin, ServersMixin):
         h = t.handle
         dst = h.flat_out[t.start:t.start + t.length]
         if h.average and self.size > 1:
-            if dst.dtype.kind == "f":
+            if dst.dtype.kind == "f" and not self.size & (self.size - 1):
+                np.multiply(arr, 1.0 / self.size, out=dst)    # x * 2**-k == x / 2**k, faster
+            elif dst.dtype.kind == "f":
                 np.divide(arr, self.size, out=dst)
             else:
                 np.floor_divide(arr, self.size, out=dst)
