@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from byteps.core import autotune
+from byteps.core.engine_servers import COLOCATED_PARTITION_BYTES
 from conftest import assert_ok, read_results, run_script
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
@@ -104,14 +105,17 @@ def test_every_rank_switches_alike_at_step_boundaries(tmp_path, replicas):
     assert out[0]["choice"] == out[1]["choice"] and out[0]["choice"] is not None
     assert out[0]["hold"] == out[1]["hold"] and out[0]["state"] in ("verify", "done"), out
     changes = {step: size for step, size, _ in out[0]["changes"]}
-    assert any(size != 4096000 for size in changes.values()), "no trial changed the size"
+    # every node on this machine: colocated partitions (engine_servers.colocated_config)
+    initial = out[0]["initial"]
+    assert initial == out[1]["initial"] == COLOCATED_PARTITION_BYTES, out
+    assert any(size != initial for size in changes.values()), "no trial changed the size"
     # the cut changes only at the steps where a setting was applied (step s's pushes run
     # under the setting applied at the latest boundary <= s)
-    size = 4096000
+    size = initial
     for step, key, lengths in out[0]["layouts"]:
         size = changes.get(step, size)
         assert max(lengths) * 4 == min(size, 16_000_000) or len(lengths) == 1, (step, size)
-        want = 0 if size == 4096000 else 1
+        want = 0 if size == initial else 1
         assert (key != out[0]["base_key"]) == bool(want), (step, size, key)
     # the choice is recorded in the CSV and at INFO on both ranks
     for r in (0, 1):

@@ -239,3 +239,43 @@ def test_completion_callbacks_and_a_servers_data_error():
     eng.on_server(s0)
     assert seen == [h, bad] and bad.event.is_set() and "mismatch" in str(bad.error)
     assert eng.inflight == {} and eng.inflight_bytes == 0
+
+
+def test_shared_memory_partitions_take_no_credit(tmp_path, monkeypatch):
+    monkeypatch.setenv("BYTEPS_SHM_DIR", str(tmp_path))
+    eng, (s0, s1) = make(partition_bytes=1000, scheduling_credit=1, fusion_bytes=0)
+    eng.shm_ok = [True, False]             # server 0 is colocated, server 1 over TCP
+    hs = [push(eng, 200, server=0)[0] for _ in range(3)]      # 800 bytes each
+    step(eng)
+    m0 = s0.messages()
+    assert names(m0) == [h.tensor.key for h in hs] and eng.inflight_bytes == 0
+    assert all(e.flags & wire.SHM and p == [] for entries, _, p in m0 for e in entries)
+    a, b = push(eng, 200, server=1)[0], push(eng, 200, server=1)[0]
+    step(eng)
+    assert names(s1.messages()) == [a.tensor.key] and eng.inflight_bytes == 800
+    c = push(eng, 200, server=0, priority=9)[0]     # the window is full, c needs none
+    step(eng)
+    assert names(s0.messages()) == [c.tensor.key] and s1.messages() == []
+    s1.answer([Entry(a.tensor.key, 0, 0, ACK, 0, 200)])
+    eng.on_server(s1)
+    assert eng.inflight_bytes == 0
+    step(eng)
+    assert names(s1.messages()) == [b.tensor.key] and eng.inflight_bytes == 800
+    for seg in eng.push_segs.values():
+        seg.close()
+
+
+def test_colocated_job_gets_larger_partitions(monkeypatch):
+    from byteps.core.engine_servers import COLOCATED_PARTITION_BYTES, colocated_config
+    from byteps.transport.shm import machine_id
+    me = machine_id()
+    book = {"servers": [{"machine": me}] * 2, "workers": [{"machine": me}] * 2}
+    cfg = Config.from_env({})
+    assert colocated_config(cfg, book).partition_bytes == COLOCATED_PARTITION_BYTES
+    # a node elsewhere, shared memory off, or an explicit size: unchanged
+    other = dict(book, workers=[{"machine": me}, {"machine": "elsewhere/1/2"}])
+    assert colocated_config(cfg, other) is cfg
+    assert colocated_config(Config.from_env({"BYTEPS_ENABLE_IPC": "0"}), book).partition_bytes \
+        == 4096000
+    explicit = Config.from_env({"BYTEPS_PARTITION_BYTES": "4096000"})
+    assert colocated_config(explicit, book) is explicit

@@ -24,6 +24,7 @@ from byteps.core import partitions as _partitions
 from byteps.core import redeclare as _redeclare
 from byteps.common.config import Config
 from byteps.core.engine import Engine, Handle, Task, comp_pipeline
+from byteps.core.engine_servers import colocated_config
 from byteps.common.logs import setup_logging
 from byteps.common.node import BytePSError, SchedulerLink
 from byteps.core.timeline import StepCounter, Timeline, write_summary
@@ -129,6 +130,7 @@ def init(lazy: bool = False) -> None:
                 st.book = book
                 st.rank, st.size = book["rank"], book["size"]
                 st.nservers = len(book["servers"])
+                cfg = st.cfg = colocated_config(cfg, book)      # one machine: larger cuts
                 st.engine = Engine(cfg, st.ctx, st.link, book)
                 if peer_sock is not None:       # worker-to-worker links (byteps/core/peers.py)
                     st.peers = _peers.PeerNet(cfg, st.ctx, peer_sock, peer_addr, st.link.secret)

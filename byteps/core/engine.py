@@ -31,7 +31,7 @@ from byteps.common.node import (BytePSError, SchedulerLink, describe, end_proces
 from byteps.core.tasks import Handle, Task  # noqa: F401 (re-exported: api, local, tests)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
-from byteps.transport.wire import (ACK, COMP, DTYPES, PULL, PUSH, SHM, Entry, Op, WireError,
+from byteps.transport.wire import (ACK, COMP, PULL, PUSH, SHM, Entry, Op, WireError,
                                    decode, encode, entry_array, new_seq, payload_count)
 
 log = logging.getLogger("byteps.worker")
@@ -252,15 +252,17 @@ class Engine(CompressionMixin, ServersMixin):
         batch_bytes: dict[int, int] = {}
         while self.heap:
             t = self.heap[0]
-            if self.inflight_bytes and self.inflight_bytes + t.nbytes > credit:
+            server = self.failover.route[t.server]     # a dead server's partitions move
+            c = self.charge(t, server)
+            if self.inflight_bytes and self.inflight_bytes + c > credit:
                 break
             heapq.heappop(self.heap)
             if t.handle.error is not None:
                 continue
-            t.server = self.failover.route[t.server]     # a dead server's partitions move
+            t.server, t.credit = server, c
             self.inflight[(t.handle.tensor.key, t.part)] = t
             t.acked, t.tries = False, 0
-            self.inflight_bytes += t.nbytes     # credit: released when the server acks
+            self.inflight_bytes += c     # credit: released when the server acks
             if t.nbytes > self.cfg.fusion_bytes:
                 b = batches.pop(t.server, None)      # smaller ones before it leave first:
                 if b:                                # a server gets them in heap order
@@ -324,33 +326,6 @@ class Engine(CompressionMixin, ServersMixin):
             for t in tasks:
                 self.probe.sent(server, t.nbytes, now)
 
-    def push_segment(self, t: Task, server: int) -> np.ndarray | None:
-        """This partition's shared-memory segment; None (TCP from now on) if it can't be made."""
-        k = (t.handle.tensor.key, t.part)
-        seg = self.push_segs.get(k)
-        if seg is None:
-            try:
-                seg = self.push_segs[k] = shm.Segment(
-                    shm.push_path(self.cfg.job_id, self.link.node_id, k[0], k[1]), t.nbytes,
-                    True)
-            except OSError as exc:
-                log.warning("worker rank %d: shared memory unavailable, using TCP for server "
-                            "%s: %s", self.rank, self.server_info[server]["address"], exc)
-                self.shm_ok[server] = False
-                return None
-        return seg.array(t.src.dtype, t.length)
-
-    def result_segment(self, server: int, e: Entry) -> np.ndarray:
-        k = (server, e.key, e.part, e.round % 2)
-        arr = self.result_segs.get(k)
-        if arr is None:
-            dt = DTYPES[e.dtype]
-            seg = shm.Segment(shm.result_path(self.cfg.job_id, self.server_info[server]["node_id"],
-                                              e.key, e.part, e.round % 2), e.length * dt.itemsize,
-                              False)
-            arr = self.result_segs[k] = seg.array(dt, e.length)
-        return arr
-
     def on_server(self, sock) -> None:
         hdr, payload = self.recv(sock)
         if hdr is None or self.server_index[sock] in self.failover.dead:
@@ -373,7 +348,7 @@ class Engine(CompressionMixin, ServersMixin):
                 t = self.inflight.get((e.key, e.part))
                 if t is not None and t.round == e.round and not t.acked:
                     t.acked = True
-                    self.inflight_bytes -= t.nbytes
+                    self.inflight_bytes -= t.credit
                     if self.probe is not None:
                         self.probe.acked(server, t.nbytes, t.sent_at, time.monotonic())
                     if self.timeline is not None:
@@ -399,7 +374,7 @@ class Engine(CompressionMixin, ServersMixin):
                 continue
             del self.inflight[(e.key, e.part)]
             if not t.acked:
-                self.inflight_bytes -= t.nbytes
+                self.inflight_bytes -= t.credit
                 if self.probe is not None:
                     self.probe.acked(server, t.nbytes, t.sent_at, time.monotonic())
             self.complete(t, arr)
@@ -439,7 +414,7 @@ class Engine(CompressionMixin, ServersMixin):
         for k in [k for k in self.inflight if k[0] == key]:
             t = self.inflight.pop(k)
             if not t.acked:
-                self.inflight_bytes -= t.nbytes
+                self.inflight_bytes -= t.credit
             self.fail_handle(t.handle, err)
         for t in self.heap:
             if t.handle.tensor.key == key:

@@ -54,7 +54,7 @@ class CompressionMixin:
     def drop_task(self, t, err: BytePSError) -> None:
         """Take an unsent task out of flight and fail its handle."""
         if self.inflight.pop((t.handle.tensor.key, t.part), None) is not None:
-            self.inflight_bytes -= t.nbytes
+            self.inflight_bytes -= t.credit
         self.fail_handle(t.handle, err)
 
     def compress(self, t) -> np.ndarray:

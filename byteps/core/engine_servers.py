@@ -3,18 +3,73 @@
 late partitions are sent again, and keys autotune left behind are freed (``FREE``)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
+import numpy as np
+
 from byteps.common.errors import BytePSError
 from byteps.common.node import describe, held_tensors
-from byteps.transport.wire import COMP, MAX_FREE_KEYS, PULL, SHM, Entry, Op
+from byteps.transport import shm
+from byteps.transport.wire import COMP, DTYPES, MAX_FREE_KEYS, PULL, SHM, Entry, Op
 
 log = logging.getLogger("byteps.worker")
 
 
+# the partition size when every worker and server of the job share this machine
+COLOCATED_PARTITION_BYTES = 8 << 20
+
+
+def colocated_config(cfg, book: dict):
+    """``cfg`` with COLOCATED_PARTITION_BYTES partitions when every node in ``book`` is on
+    this machine and payloads go through shared memory (BYTEPS_ENABLE_IPC, no explicit
+    BYTEPS_PARTITION_BYTES); the same decision on every rank.  A partition then crosses
+    no link, and each one costs a wake-up of three processes sharing the cores: loopback
+    2 + 2, 100 MB, 57 ms per push_pull with 8 MB against 67 ms with 4 MB."""
+    nodes = book.get("servers", []) + book.get("workers", [])
+    if not cfg.enable_ipc or cfg.partition_explicit or not book.get("servers") or \
+            any(n.get("machine") != shm.machine_id() for n in nodes):
+        return cfg
+    return dataclasses.replace(cfg, partition_bytes=COLOCATED_PARTITION_BYTES)
+
+
 class ServersMixin:
-    """Greeting, liveness and resends (docs/security.md); uses the Engine's state."""
+    """Greeting, liveness and resends (docs/security.md), shared-memory segments and the
+    credit a partition takes; uses the Engine's state."""
+
+    def charge(self, t, server: int) -> int:
+        """Credit a partition takes: its bytes, or none through shared memory (a colocated
+        server: no link to keep from queueing; loopback 2 + 2, 100 MB in 4 MB partitions:
+        75 instead of 94 ms per push_pull with no window)."""
+        return 0 if self.shm_ok[server] and t.comp is None else t.nbytes
+
+    def push_segment(self, t, server: int) -> np.ndarray | None:
+        """This partition's shared-memory segment; None (TCP from now on) if it can't be made."""
+        k = (t.handle.tensor.key, t.part)
+        seg = self.push_segs.get(k)
+        if seg is None:
+            try:
+                seg = self.push_segs[k] = shm.Segment(
+                    shm.push_path(self.cfg.job_id, self.link.node_id, k[0], k[1]), t.nbytes,
+                    True)
+            except OSError as exc:
+                log.warning("worker rank %d: shared memory unavailable, using TCP for server "
+                            "%s: %s", self.rank, self.server_info[server]["address"], exc)
+                self.shm_ok[server] = False
+                return None
+        return seg.array(t.src.dtype, t.length)
+
+    def result_segment(self, server: int, e: Entry) -> np.ndarray:
+        k = (server, e.key, e.part, e.round % 2)
+        arr = self.result_segs.get(k)
+        if arr is None:
+            dt = DTYPES[e.dtype]
+            seg = shm.Segment(shm.result_path(self.cfg.job_id, self.server_info[server]["node_id"],
+                                              e.key, e.part, e.round % 2), e.length * dt.itemsize,
+                              False)
+            arr = self.result_segs[k] = seg.array(dt, e.length)
+        return arr
 
     def hello(self) -> None:
         """Greet every server until each answers HELLO_OK (one may not know the epoch yet)."""

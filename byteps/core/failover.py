@@ -74,8 +74,9 @@ class WorkerFailover:
         for t in eng.inflight.values():
             if t.server == i:
                 t.server = new
-                if t.acked:        # its credit was returned: the new owner acks it again
-                    eng.inflight_bytes += t.nbytes
+                c = eng.charge(t, new)  # an acked one's credit was returned: taken again
+                eng.inflight_bytes += c - (0 if t.acked else t.credit)
+                t.credit = c
                 t.acked, t.tries = False, 0
                 moved.append(t)
         eng.held[new].update(eng.held[i])

@@ -37,7 +37,7 @@ class Handle:
 
 class Task:
     __slots__ = ("prio", "seq", "handle", "part", "start", "length", "server", "round", "src",
-                 "nbytes", "sent_at", "acked", "tries", "comp", "wire", "order")
+                 "nbytes", "sent_at", "acked", "tries", "comp", "wire", "order", "credit")
 
     def __init__(self, handle: Handle, part: int, start: int, length: int, server: int,
                  round: int, src: np.ndarray, prio: int, seq: int, order: int = 0, comp=None):
@@ -50,7 +50,8 @@ class Task:
         self.comp = comp     # compression pipeline of this partition (byteps.compression)
         self.wire = None     # its compressed frame, made once (resends reuse it)
         self.order = order   # position within its tensor (api: rotated per rank, incast)
-        self.nbytes = src.nbytes if comp is None else comp.frame_bytes   # credit it takes
+        self.nbytes = src.nbytes if comp is None else comp.frame_bytes   # bytes it sends
+        self.credit = 0      # bytes of the credit window it holds (Engine.dispatch)
         self.sent_at, self.acked, self.tries = 0.0, False, 0
 
     def __lt__(self, other: "Task") -> bool:

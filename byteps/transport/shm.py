@@ -22,6 +22,7 @@ import tempfile
 import numpy as np
 
 _MACHINE = None
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)      # Linux
 
 
 def machine_id() -> str:
@@ -96,7 +97,8 @@ class Segment:
             elif os.fstat(fd).st_size != max(nbytes, 1):
                 raise ValueError(f"shared-memory segment {path} has {os.fstat(fd).st_size} "
                                  f"bytes, expected {nbytes}")
-            self.map = mmap.mmap(fd, max(nbytes, 1), mmap.MAP_SHARED,
+            # page tables filled now, not by one fault per 4 KB page on the first round
+            self.map = mmap.mmap(fd, max(nbytes, 1), mmap.MAP_SHARED | _POPULATE,
                                  mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

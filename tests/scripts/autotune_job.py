@@ -37,6 +37,7 @@ def main() -> None:
     doc = {"rank": r, "layouts": layouts, "failures": failures,
            "choice": None if tu is None or tu.choice is None else list(tu.choice),
            "changes": None if tu is None else tu.changes,
+           "initial": None if tu is None else tu.initial,
            "hold": None if tu is None else tu.hold, "state": None if tu is None else tu.state,
            "base_key": api.tensor_key("autotune.big"),
            "credit_bytes": api._STATE.engine.cfg.credit_bytes,
