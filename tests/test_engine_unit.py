@@ -107,7 +107,8 @@ def test_priority_order_and_fusion_per_server():
     assert names(m0) == [h.tensor.key for h in high + low]     # higher priority first
     assert names(m1) == [h.tensor.key for h in other]
     entries, decls, payload = m0[0]
-    assert all(e.flags == PUSH | PULL and e.length == 25 for e in entries)
+    # averaged float pushes ask the server to divide (wire.AVG)
+    assert all(e.flags == PUSH | PULL | wire.AVG and e.length == 25 for e in entries)
     assert [d[1] for d in decls] == [h.tensor.name for h in high + low]   # declared once
     assert [p.nbytes for p in payload] == [100] * 5
     # a partition above BYTEPS_FUSION_BYTES travels alone; the fused ones stay capped
@@ -162,6 +163,13 @@ def test_result_completes_averages_and_releases_credit():
     np.testing.assert_array_equal(hi.out, np.full(3, 3, np.int32))        # floor division
     assert hi.out.dtype == np.int32
     assert eng.inflight == {} and eng.inflight_bytes == 0
+    # a result the server already averaged (AVG) is copied, not divided again
+    ha, _ = push(eng, 4, value=3.0)
+    step(eng)
+    s0.messages()
+    s0.answer([Entry(ha.tensor.key, 0, 0, wire.AVG, 0, 4)], [np.full(4, 3.0, np.float32)])
+    eng.on_server(s0)
+    np.testing.assert_array_equal(ha.out, np.full(4, 3.0, np.float32))
     # a duplicate or stale result is ignored; a wrong-size payload is dropped
     s0.answer([Entry(h.tensor.key, 0, 0, 0, 0, 4)], [np.full(4, 99.0, np.float32)])
     eng.on_server(s0)
@@ -185,7 +193,8 @@ def test_resend_push_until_acked_then_pull_only():
     eng.heard[0] = sent - 10                     # the server has been silent
     eng.resend_overdue(sent + 0.6)
     (entries, _, payload), = s0.messages()       # unacknowledged: the push again, in full
-    assert entries == [Entry(h.tensor.key, 0, 0, PUSH | PULL, 0, 8)] and len(payload) == 1
+    assert entries == [Entry(h.tensor.key, 0, 0, PUSH | PULL | wire.AVG, 0, 8)] and \
+        len(payload) == 1
     assert eng.resends == 1 and t.tries == 1
     eng.resend_overdue(t.sent_at + 0.6)          # the wait doubles per try
     assert s0.messages() == []

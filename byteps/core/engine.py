@@ -31,8 +31,9 @@ from byteps.common.node import (BytePSError, SchedulerLink, describe, end_proces
 from byteps.core.tasks import Handle, Task  # noqa: F401 (re-exported: api, local, tests)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport import shm
-from byteps.transport.wire import (ACK, COMP, PULL, PUSH, SHM, Entry, Op, WireError,
-                                   decode, encode, entry_array, new_seq, payload_count)
+from byteps.transport.wire import (ACK, ASYNC, AVG, COMP, PULL, PUSH, SHM, Entry, Op,
+                                   WireError, average, decode, encode, entry_array, new_seq,
+                                   payload_count)
 
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
@@ -309,16 +310,17 @@ class Engine(CompressionMixin, ServersMixin):
                 t.sent_at = now
                 continue
             self.count(tn.name, t.src.nbytes, t.src.nbytes, 0)
+            flags = PUSH | PULL | getattr(tn, "wire_flags", 0)
+            if t.handle.average and self.size > 1 and not flags & ASYNC and \
+                    t.src.dtype.kind == "f":
+                flags |= AVG          # the server may divide the sum (wire.average)
             seg = self.push_segment(t, server) if self.shm_ok[server] else None
             if seg is not None:
                 np.copyto(seg, t.src)
-                entries.append(Entry(tn.key, t.part, t.round,
-                                     PUSH | PULL | SHM | getattr(tn, "wire_flags", 0),
-                                     tn.dtype_code, t.length))
+                entries.append(Entry(tn.key, t.part, t.round, flags | SHM, tn.dtype_code,
+                                     t.length))
             else:
-                entries.append(Entry(tn.key, t.part, t.round,
-                                     PUSH | PULL | getattr(tn, "wire_flags", 0),
-                                     tn.dtype_code, t.length))
+                entries.append(Entry(tn.key, t.part, t.round, flags, tn.dtype_code, t.length))
                 payload.append(t.src)
             t.sent_at = now
         self.send(self.servers[server], Op.DATA, [entries, decls], payload)
@@ -377,19 +379,14 @@ class Engine(CompressionMixin, ServersMixin):
                 self.inflight_bytes -= t.credit
                 if self.probe is not None:
                     self.probe.acked(server, t.nbytes, t.sent_at, time.monotonic())
-            self.complete(t, arr)
+            self.complete(t, arr, e.flags & AVG)
 
-    def complete(self, t: Task, arr: np.ndarray) -> None:
+    def complete(self, t: Task, arr: np.ndarray, averaged: int = 0) -> None:
         t_result = time.monotonic()
         h = t.handle
         dst = h.flat_out[t.start:t.start + t.length]
-        if h.average and self.size > 1:
-            if dst.dtype.kind == "f" and not self.size & (self.size - 1):
-                np.multiply(arr, 1.0 / self.size, out=dst)    # x * 2**-k == x / 2**k, faster
-            elif dst.dtype.kind == "f":
-                np.divide(arr, self.size, out=dst)
-            else:
-                np.floor_divide(arr, self.size, out=dst)
+        if h.average and self.size > 1 and not averaged:
+            average(arr, self.size, dst)
         elif arr is not dst:            # a decompressed result may already be in place
             np.copyto(dst, arr)
         now = time.monotonic()

@@ -55,7 +55,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.decls: dict[int, dict] = {}      # tensor key -> declaration / error
         self.peers: dict[bytes, dict] = {}    # worker identity -> book entry
         self.workers_by_id: dict[int, dict] = {}
-        self.nworkers = 0
+        self.nworkers = self.size = 0
         self.seq = new_seq()
         self.seqs = transport.SeqTracker()    # replay guard per worker node id
         self.watch = transport.ConnWatch(self.sock)
@@ -101,7 +101,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         if not isinstance(workers, list):
             raise WireError("address book without workers")
         self.workers_by_id = {w["node_id"]: w for w in workers}
-        self.nworkers = len(workers)
+        self.nworkers = self.size = len(workers)
         pc = body.get("push_count")     # local reduction: one push per host and key
         if type(pc) is int and 1 <= pc <= len(workers):
             self.nworkers = pc
@@ -417,7 +417,8 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                                               out)
             # asynchronous keys carry wire.ASYNC; the rest (broadcasts, collectives) keep
             # rounds; compressed pushes are decompressed there, only when summed
-            apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined)
+            apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined,
+                  0 if self.replica.active else self.size)    # backups keep raw sums
         except CompressionError as exc:
             name = self.decls.get(e[0], {}).get("name", e[0])
             self.drops.warn("malformed compressed push",

@@ -20,16 +20,18 @@ import time
 
 import numpy as np
 
-from byteps.transport.wire import COMP, PULL, PUSH, SHM
+from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, average
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
 REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
 
 
 class Round:
-    __slots__ = ("acc", "owned", "ranks", "result", "waiting", "pulled", "started", "warned")
+    __slots__ = ("acc", "owned", "ranks", "result", "waiting", "pulled", "started", "warned",
+                 "div")
 
     def __init__(self):
+        self.div = 0          # > 0: every push asked for the average, divide by this (AVG)
         self.acc = None
         self.owned = False
         self.ranks: set[int] = set()
@@ -90,14 +92,24 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     pulls that wait."""
     if slot.pipe is not None:
         rs.acc = slot.pipe.compress(rs.acc, rnd)
-    elif not rs.owned and slot.segs:      # a single pusher: result into shm too
-        dst = slot.bufs[rnd % 2]
-        np.copyto(dst, rs.acc)
+    elif rs.div or (not rs.owned and slot.segs):
+        if not rs.owned:      # a single pusher: into this server's buffer (shm: segment)
+            if slot.bufs is None:
+                slot.bufs = [np.empty(slot.length, rs.acc.dtype) for _ in (0, 1)]
+            dst = slot.bufs[rnd % 2]
+        else:
+            dst = rs.acc
+        if rs.div:            # the workers' own rule (wire.average): copy, not divide
+            average(rs.acc, rs.div, dst)
+        else:
+            np.copyto(dst, rs.acc)
         rs.acc = dst
     rs.result = rs.acc
     rs.acc = None
     ROUNDS_DONE[0] += 1
     for w_ident, w_rank, w_entry in rs.waiting:
+        if rs.div:
+            w_entry[3] |= AVG
         out.setdefault(w_ident, []).append((w_entry, rs.result))
         rs.pulled.add(w_rank)
     rs.waiting.clear()
@@ -115,13 +127,16 @@ def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> int:
 
 
 def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
-          out: dict, joined: frozenset = frozenset()) -> None:
+          out: dict, joined: frozenset = frozenset(), size: int = 0) -> None:
     """Apply one entry (push and/or pull) of a synchronous key from ``rank``; queue
     replies into ``out`` (asynchronous keys: byteps.server.staleness.AsyncStore).
 
     ``out`` maps a worker identity to a list of (entry, array-or-None).  Pushes are
     acknowledged by the caller on receipt (that releases the worker's credit).
     ``joined``: ranks that called ``join()``; they count as having pushed zeros.
+    ``size``: the job's ranks, when this server may average (0: never); a round whose
+    every push carries AVG (float, uncompressed) is divided here and its results carry
+    AVG, so the workers copy instead of dividing.
     A compressed push (``arr`` is its frame) is decompressed only when it is summed,
     the first one straight into the round's buffer; a malformed frame raises
     CompressionError before the round changes.
@@ -153,6 +168,11 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
                 rs.owned = True
             else:
                 slot.reduce(rs.acc, arr, out=rs.acc)
+            if not rs.ranks:
+                rs.div = size if size > 1 and flags & AVG and slot.pipe is None and \
+                    DTYPES[dt].kind == "f" else 0
+            elif not flags & AVG:
+                rs.div = 0
             rs.ranks.add(rank)
             slot.pushes += 1
             slot.bytes_in += nbytes
@@ -162,6 +182,7 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
         reply = [key, part, rnd, PULL | COMP if slot.pipe is not None
                  else PULL | (flags & SHM if slot.segs else 0), dt, length]
         if rs.result is not None:
+            reply[3] |= AVG if rs.div else 0
             if rank not in rs.pulled:
                 rs.pulled.add(rank)
             out.setdefault(ident, []).append((reply, rs.result))

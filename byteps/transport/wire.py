@@ -39,7 +39,7 @@ from typing import NamedTuple
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_HEADER_BYTES = 1 << 20
 MAX_ENTRIES = 65536
 
@@ -84,7 +84,21 @@ SHM = 8          # payload is in a shared-memory segment (colocated peers), not 
 COMP = 16        # payload is a compressed frame (byteps.compression), not raw elements
 ASYNC = 32       # asynchronous key (BYTEPS_ENABLE_ASYNC=1): the push is added to the stored
                  # value at once, the pull returns the current value (byteps/server/staleness.py)
+AVG = 64         # push: the worker averages (float); result: the server already did (average)
 MAX_COMP_PAIRS = 16
+
+
+
+def average(src: np.ndarray, n: int, out: np.ndarray) -> None:
+    """``out = src / n``, the one averaging rule of workers and servers (AVG): a float
+    multiplied by 2**-k is bit-identical to the division by 2**k, and faster."""
+    if out.dtype.kind == "f" and not n & (n - 1):
+        np.multiply(src, 1.0 / n, out=out)
+    elif out.dtype.kind == "f":
+        np.divide(src, n, out=out)
+    else:
+        np.floor_divide(src, n, out=out)
+
 
 # element-wise reductions a server applies to the pushes of a round (declaration field 6)
 REDUCE_OPS = ("sum", "min", "max", "product")
@@ -103,7 +117,7 @@ class Entry(NamedTuple):
     key: int
     part: int
     round: int
-    flags: int       # PUSH, PULL, ACK, SHM, COMP, ASYNC
+    flags: int       # PUSH, PULL, ACK, SHM, COMP, ASYNC, AVG
     dtype: int       # index into DTYPES
     length: int      # elements
 
@@ -269,7 +283,7 @@ def _check_entries(body) -> None:
                 and type(flags) is int and type(dt) is int and type(length) is int):
             raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
         if not (0 <= key < 1 << 63 and 0 <= part < 1 << 31 and 0 <= rnd < 1 << 62
-                and 0 <= flags < 64 and 0 <= dt < ndt and 0 <= length < 1 << 40):
+                and 0 <= flags < 128 and 0 <= dt < ndt and 0 <= length < 1 << 40):
             raise WireError(f"data entry out of range: {e}")
 
 

@@ -1,0 +1,49 @@
+"""The summation store's averaging (wire.AVG): a round whose every push asks for the
+average is divided on the server with the workers' own rule, and its results say so."""
+from __future__ import annotations
+
+import numpy as np
+
+from byteps.server.store import Slot, apply
+from byteps.transport.wire import AVG, PULL, PUSH, average
+
+
+def _round(flags: list[int], dtype=np.float32, size: int = 3, code: int = 0):
+    slot = Slot(7, 0, code, 4, -1)
+    out: dict = {}
+    for rank, f in enumerate(flags):
+        arr = np.full(4, rank + 1, dtype)
+        apply(slot, [7, 0, 0, PUSH | PULL | f, code, 4], arr, rank, b"w%d" % rank,
+              len(flags), out, size=size)
+    return {k: v[-1] for k, v in out.items()}     # each worker's result (entry, array)
+
+
+def test_every_push_averaged_is_divided_on_the_server():
+    res = _round([AVG, AVG, AVG])
+    want = np.empty(4, np.float32)
+    average(np.full(4, 6, np.float32), 3, want)
+    for entry, arr in res.values():
+        assert entry[3] & AVG and entry[3] & PULL
+        np.testing.assert_array_equal(arr, want)      # the same bits the worker would make
+
+
+def test_a_push_without_avg_or_an_integer_round_stays_a_sum():
+    for entry, arr in _round([AVG, 0, AVG]).values():
+        assert not entry[3] & AVG
+        np.testing.assert_array_equal(arr, np.full(4, 6, np.float32))
+    for entry, arr in _round([AVG] * 3, np.int32, code=3).values():
+        assert not entry[3] & AVG
+        np.testing.assert_array_equal(arr, np.full(4, 6, np.int32))
+    for entry, arr in _round([AVG] * 3, size=0).values():     # e.g. a backup keeps sums
+        assert not entry[3] & AVG
+
+
+def test_a_single_pusher_is_averaged_into_the_servers_buffer():
+    slot = Slot(7, 0, 0, 4, -1)
+    out: dict = {}
+    pushed = np.full(4, 8, np.float32)
+    apply(slot, [7, 0, 0, PUSH | PULL | AVG, 0, 4], pushed, 0, b"w0", 1, out, size=4)
+    (entry, arr), = out[b"w0"]
+    assert entry[3] & AVG and arr is not pushed
+    np.testing.assert_array_equal(arr, np.full(4, 2, np.float32))
+    np.testing.assert_array_equal(pushed, np.full(4, 8, np.float32))   # untouched
