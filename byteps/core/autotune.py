@@ -23,16 +23,15 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
 4. **Choose**: the summed median step times decide; the initial setting stays unless
    another is 5 % faster; the keys of the other sizes are then freed
    (``byteps/core/retire.py``, ``byteps/server/retire.py``).
-5. **Overlap or not** (k more steps): partitions stay held until the first wait (what a
+5. **Overlap or not** (2k more steps, held and sent at once alternating step by step, so
+   that both see the same machine): partitions stay held until the first wait (what a
    push_pull after backward does) unless sending them as pushed was 5 % faster.
 
-Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` in the path is
-replaced by the rank); the choice is logged at INFO.  Under local reduction the size is
-the reducer's chunk size (``LocalReducer.layout_key``: a fresh shared segment and fresh
-slice keys per cut); a compressed tensor's pipelines are rebuilt for the new cut with
-their residual and momentum carried per element
-(:func:`byteps.core.engine_comp.recut_pipelines`).  Asynchronous keys keep their first
-partitioning (the servers hold their values); the credit window is tuned for them too.
+Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` -> the rank) and
+the choice to INFO.  Under local reduction the size is the reducer's chunk size
+(``LocalReducer.layout_key``); compressed tensors' pipelines are re-cut with residual and
+momentum carried per element (``engine_comp.recut_pipelines``).  Asynchronous keys keep
+their first partitioning (the servers hold their values); their window is tuned too.
 """
 from __future__ import annotations
 
@@ -166,12 +165,10 @@ def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
     the initial setting (``initial`` bytes, ``credit0`` in flight, already measured);
     then the size the model ranks best, the candidate nearest to the geometric middle of
     that and the initial size (the model is rough: this brackets it), the model's next
-    best, and last the initial size with its bandwidth-delay window (when that differs
-    by more than a quarter), TRIALS alternatives in all.  The best size is also
-    tried with twice its window, right after it: the round trip is measured on pushes
-    with nothing queued ahead, while under load acknowledgements queue behind results on
-    the servers' links (on the emulated 1 Gbit/s cluster 8 MB in flight beat the 4.6 MB
-    bandwidth-delay window by 10 %)."""
+    best, and last the initial size with its own window (if a quarter off), TRIALS in
+    all.  The best size is also tried with twice its window, right after it: under load
+    acknowledgements queue behind results (emulated 1 Gbit/s: 8 MB in flight beat the
+    4.6 MB bandwidth-delay window by 10 %)."""
     ranks, steps, step_bytes = sums[0], sums[1], sums[2]
     per = sums[3:].reshape(nservers, 4)        # bytes, busy, rtt sum, ranks with an rtt
     if ranks <= 0 or steps <= 0 or per[:, 0].sum() <= 0:
@@ -239,9 +236,7 @@ class Tuner:
         self.credit0 = cfg.credit_bytes
         self.layout = 0                  # bumped whenever the partition size changes
         self.saved: dict = {}            # (name, key) -> next round, for a key left behind
-        self.step = 0
-        self.state = "wait"
-        self.step_bytes = 0
+        self.step, self.state, self.step_bytes = 0, "wait", 0
         self.start = 0                   # first step of the current trial
         self.t_step = time.monotonic()
         self.times: list[list[float]] = [[]]     # step times per trial
@@ -258,7 +253,7 @@ class Tuner:
         self.hold = False
         self.held: list = []
         self.lock = threading.Lock()
-        self.base: list[float] = []      # the chosen setting's step times (defer trial)
+        self.held_t, self.sent_t = [], []     # defer trial: step times held / sent at once
         path = cfg.autotune_log
         self.log_path = path.replace("{rank}", str(rank)) if path else None
 
@@ -297,8 +292,13 @@ class Tuner:
                 scores = np.array([statistics.median(t) if t else math.inf
                                    for t in self.times], np.float64)
                 self.choose(np.asarray(exchange(scores, NAME + ".choice"), np.float64), n)
-        elif st == "defer" and n - self.start >= self.k:
-            med = [statistics.median(t) if t else math.inf for t in (self.base, self.times[-1])]
+        elif st == "defer":
+            (self.held_t if self.hold else self.sent_t).append(dt)
+            if min(len(self.held_t), len(self.sent_t)) < self.k:
+                with self.lock:           # alternate step by step: paired, not drifting
+                    self.hold = not self.hold
+                return
+            med = [statistics.median(t) for t in (self.sent_t, self.held_t)]
             scores = np.asarray(exchange(np.array(med, np.float64), NAME + ".defer"))
             # held (what a push_pull after backward does) unless sending each partition
             # as it is pushed was at least KEEP_UNLESS_GAIN faster: overlap must earn it
@@ -350,7 +350,7 @@ class Tuner:
         changed = choice[0] != self.initial
         self.set(n, *choice)
         self.choice, self.applied_step = choice, n
-        self.base = self.times[best]
+        self.held_t, self.sent_t = [], []
         with self.lock:
             self.hold = True
         self.state, self.start = "defer", n
@@ -404,8 +404,7 @@ class Tuner:
             return
         try:
             d = os.path.dirname(self.log_path)
-            if d:
-                os.makedirs(d, exist_ok=True)
+            os.makedirs(d or ".", exist_ok=True)
             with open(self.log_path, "w", newline="") as f:
                 w = csv.writer(f)
                 w.writerow(["rank", "step", "kind", "partition_bytes", "credit_bytes",
