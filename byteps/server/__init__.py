@@ -107,8 +107,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             self.nworkers = pc
         self.local_reduce = body.get("local_reduce", "off")
         pushers = body.get("pushers")
-        self.pushers = set(pushers) if isinstance(pushers, list) else \
-            {w["rank"] for w in workers}
+        self.pushers = set(pushers if isinstance(pushers, list) else (w["rank"] for w in workers))
         self.joined, self.gone = frozenset(), {}
         self.free_votes.clear()         # ranks of the new book vote again
         self.peers.clear()
@@ -415,10 +414,10 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                     arr = slot.unpack(arr, e[2])
                 return self.async_store.apply(slot, e, arr, rank, ident, self.async_ranks(),
                                               out)
-            # asynchronous keys carry wire.ASYNC; the rest (broadcasts, collectives) keep
-            # rounds; compressed pushes are decompressed there, only when summed
+            # other keys keep rounds (compressed pushes decompressed only when summed);
+            # averaged on this server unless it has a backup (backups keep raw sums)
             apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined,
-                  0 if self.replica.active else self.size)    # backups keep raw sums
+                  0 if self.replica.active else self.size)
         except CompressionError as exc:
             name = self.decls.get(e[0], {}).get("name", e[0])
             self.drops.warn("malformed compressed push",
