@@ -180,3 +180,48 @@ def test_settings_sent_at_registration():
                                BYTEPS_SCHEDULING_CREDIT="4", BYTEPS_AUTOTUNE="0"))
     assert autotune.settings(cfg) == [0, 4096000, 4]
     assert json.loads(json.dumps(autotune.settings(cfg))) == [0, 4096000, 4]
+
+
+class _Engine:
+    """What the Tuner uses of an engine in its overlap trial (no sockets)."""
+
+    def __init__(self, cfg):
+        self.cfg, self.probe, self.submitted = cfg, None, []
+
+    def submit(self, tasks):
+        self.submitted.extend(tasks)
+
+
+def _defer_trial(sent_s: float, held_s: float):
+    """Drive a Tuner through its overlap trial (step 5) with fixed step times; returns the
+    hold flag seen in each step and the tuner."""
+    from byteps.common.config import Config
+    env = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+           "DMLC_PS_ROOT_PORT": "9000", "DMLC_ROLE": "worker"}
+    cfg = Config.from_env(env)
+    tuner = autotune.Tuner(cfg, 0, 1, _Engine(cfg), True)
+    tuner.plan = autotune.Plan(trials=((cfg.partition_bytes, cfg.credit_bytes),),
+                               bandwidth=1e8, rtt=1e-3, step_bytes=1e6, predicted=())
+    tuner.finish(0, 10, [1.0])             # the final choice: the overlap trial starts held
+    seen, n = [], 10
+    while tuner.state == "defer":
+        hold = tuner.hold
+        seen.append(hold)
+        assert tuner.defer(["task"]) is hold          # held tasks wait for the next wait
+        tuner.release()
+        n += 1
+        tuner.t_step = time.monotonic() - (held_s if hold else sent_s)   # this step's time
+        tuner.at_step(n, lambda arr, name: arr * 2)       # two identical ranks
+    return seen, tuner
+
+
+@pytest.mark.parametrize("sent_s,held_s,hold", [(1.0, 1.0, True), (0.97, 1.0, True),
+                                                 (0.9, 1.0, False), (1.2, 1.0, True)])
+def test_overlap_trial_alternates_and_overlap_must_win_clearly(sent_s, held_s, hold):
+    seen, tuner = _defer_trial(sent_s, held_s)
+    k = tuner.k
+    # held and sent at once alternate step by step (both see the same machine), k of each
+    assert seen == [True, False] * k
+    assert tuner.state == "verify" and tuner.hold is hold
+    assert len(tuner.held_t) == len(tuner.sent_t) == k
+    assert tuner.engine.submitted == ["task"] * k       # what was held was sent at the wait
