@@ -208,7 +208,7 @@ def test_trace_summary_reads_timelines(tmp_path):
 
 def test_cli_validation(capsys):
     for bad in (["--systems", "mpi"], ["--rates", "fast"], ["--workers", "0"],
-                ["--env", "NOEQUALS"]):
+                ["--env", "NOEQUALS"], ["--tcp-cc", "cubic;reboot"]):
         with pytest.raises(SystemExit):
             run.parse_args(bad)
     a = run.parse_args(["--rates", "1gbit,100mbit", "--workers", "2,4"])
@@ -225,9 +225,10 @@ def test_two_namespaces_end_to_end(tmp_path):
     rc = run.main(["--rates", "100mbit", "--workers", "2", "--slow-size-mb", "2",
                    "--iters", "2", "--warmup", "1", "--probe-seconds", "1.5",
                    "--systems", "byteps-coloc", "--servers", "1", "--out", str(out),
-                   "--timeout", "60"])
+                   "--timeout", "60", "--tcp-cc", "reno"])
     assert rc == 0
     doc = json.loads((out / "results.json").read_text())
+    assert doc["tcp_cc"] == "reno" and doc["kernel"]       # pinned in every host, recorded
     probe = doc["probes"]["100mbit"]
     assert 0.05 < probe["pair_Gbps"] <= 0.105, probe          # shaped to 100 Mbit/s
     (row,) = doc["rows"]

@@ -21,13 +21,15 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import platform
 import signal
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.cluster import jobs, report
-from benchmarks.cluster.netns import Cluster, NetnsError, Plan, cleanup, rate_bps
+from benchmarks.cluster.netns import (Cluster, NetnsError, Plan, cleanup, rate_bps,
+                                      run_cmds)
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("byteps", "byteps-coloc", "gloo")
@@ -63,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "port never sends faster than its rate; 10 was the old default)")
     ap.add_argument("--latency-ms", type=float, default=50.0,
                     help="tbf queue: packets waiting longer are dropped (the switch buffer)")
+    ap.add_argument("--tcp-cc", default=None, metavar="NAME",
+                    help="TCP congestion control in every emulated host (cubic, bbr, reno; "
+                         "default: the machine's, recorded in results.json)")
     ap.add_argument("--train", action="store_true", help="also run the training variant")
     ap.add_argument("--train-rate", default="1gbit")
     ap.add_argument("--train-workers", type=int, default=4)
@@ -84,6 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     for r in a.rates + [a.train_rate]:
         try:
             rate_bps(r)
+        except ValueError as exc:
+            ap.error(str(exc))
+    if a.tcp_cc is not None:
+        try:
+            Plan(1, "bpsc-0").tcp_cc_commands(a.tcp_cc)
         except ValueError as exc:
             ap.error(str(exc))
     for kv in a.env:
@@ -266,9 +276,13 @@ def main(argv=None) -> int:
     started = time.time()
     try:
         with cluster:
+            if a.tcp_cc:
+                run_cmds(plan.tcp_cc_commands(a.tcp_cc))
+            machine = {"kernel": platform.release(), "tcp_cc": cluster.tcp_cc()}
             print(f"cluster {plan.prefix}: {plan.nhosts} hosts, {os.cpu_count()} CPU cores, "
                   f"load average {os.getloadavg()[0]:.1f} (other work on this machine skews "
-                  f"the numbers)", flush=True)
+                  f"the numbers), kernel {machine['kernel']}, TCP {machine['tcp_cc']}",
+                  flush=True)
             runner = Runner(a, plan, cluster)
             runner.sweep()
     except NetnsError as exc:
@@ -287,6 +301,7 @@ def main(argv=None) -> int:
     print(report.train_table(runner.train_rows))
     print(report.trace_table(runner.traces))
     doc = {"started": started, "seconds": time.time() - started, "cpu_count": os.cpu_count(),
+           **machine,
            "loadavg_at_end": os.getloadavg(),
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "probes": runner.probes, "rows": runner.rows, "train": runner.train_rows,
