@@ -27,7 +27,8 @@ def test_rates_and_tbf():
     assert a[:3] == ["tbf", "rate", "1gbit"] and int(a[4]) == 1_250_000
     assert a[5:] == ["latency", "50ms"]
     assert int(netns.tbf_args("1gbit", burst_ms=1)[4]) == 125_000
-    assert int(netns.tbf_args("1mbit")[4]) == 64 * 1024       # never below 64 KiB
+    assert int(netns.tbf_args("1mbit")[4]) == 80 * 1024       # a whole GSO packet fits
+    assert int(netns.tbf_args("200mbit", burst_ms=2)[4]) == 80 * 1024
 
 
 def test_plan_names_addresses_and_commands():
