@@ -236,8 +236,8 @@ def main() -> None:
                                                   f"deep_mlp with --overlap)")
     ap.add_argument("--batch-size", type=int, default=32, help="per worker")
     ap.add_argument("--num-iters", type=int, default=10, help="timed steps per round")
-    ap.add_argument("--num-warmup", type=int, default=18,
-                    help="untimed steps per system first (autotune decides within 16)")
+    ap.add_argument("--num-warmup", type=int, default=20,
+                    help="untimed steps per system first (autotune decides within 19)")
     ap.add_argument("--env", action="append", default=[],
                     help="KEY=VALUE for the job (e.g. BYTEPS_AUTOTUNE=0)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per system")

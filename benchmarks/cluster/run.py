@@ -56,8 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--slow-size-mb", type=float, default=25.0,
                     help="tensor MB below 500mbit (keeps one run short)")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=17,
-                    help="untimed iterations first (autotune decides within 16 steps)")
+    ap.add_argument("--warmup", type=int, default=20,
+                    help="untimed iterations first (autotune decides within 19 steps)")
     ap.add_argument("--systems", type=_csv(str), default=list(SYSTEMS))
     ap.add_argument("--probe-seconds", type=float, default=3.0)
     ap.add_argument("--burst-ms", type=float, default=2.0,
@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--train", action="store_true", help="also run the training variant")
     ap.add_argument("--train-rate", default="1gbit")
     ap.add_argument("--train-workers", type=int, default=4)
-    ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 17",
+    ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 20",
                     help="train_mlp.py options (the warm-up covers autotune's trials)")
     ap.add_argument("--env", action="append", default=[],
                     help="KEY=VALUE for every byteps process (e.g. BYTEPS_SCHEDULING_CREDIT=8)")
