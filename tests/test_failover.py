@@ -96,6 +96,20 @@ def test_without_replicas_a_dead_server_still_ends_the_job(tmp_path):
     assert "takes over" not in res.stderr
 
 
+def test_workers_end_by_themselves_before_sigterm(tmp_path):
+    """A dead server ends the job; bpslaunch SIGTERMs the workers only after they had a
+    moment to end by themselves (each one's ``finally`` takes 1 s here): without that
+    wait a worker died in its ``finally`` whenever the scheduler named the dead server
+    first (what made test_without_replicas_a_dead_server_still_ends_the_job flaky)."""
+    res = run_script("slow_cleanup.py", tmp_path, workers=2, servers=2, timeout=60, **FAST)
+    assert res.returncode != 0
+    for r in (0, 1):
+        f = tmp_path / f"cleanup{r}"
+        assert f.exists(), (r, res.stderr[-3000:])
+        assert "server" in f.read_text(), f.read_text()
+    assert "root cause: server" in res.stderr.strip().splitlines()[-1], res.stderr[-2000:]
+
+
 @pytest.mark.root
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces); CI runs as root")

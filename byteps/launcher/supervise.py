@@ -25,6 +25,10 @@ ROOT_CAUSE_WAIT_S = 10.0
 # end by themselves (bpslaunch --grace-period); then SIGTERM, and SIGKILL TERM_GRACE_S later
 GRACE_PERIOD_S = 10.0
 TERM_GRACE_S = 3.0
+# A failed job: once the scheduler has told everyone (its reason is left after its
+# broadcast), the workers get this long to end by themselves, with their own error line
+# and their `except`/`finally` blocks, before SIGTERM
+WORKER_EXIT_WAIT_S = 2.0
 _OUT_LOCK = threading.Lock()
 # called with _OUT_LOCK held before anything is written (the live view erases its lines)
 OUTPUT_HOOKS: list = []
@@ -292,6 +296,7 @@ class Job:
                      f"of the job failed")
         say(f"{first}; ending the job")
         self._wait_for_scheduler_reason()
+        self._wait_for_workers()
         self.terminate()
         # said last (by the caller, after its clean-up), so that follow-on errors of other
         # processes do not bury it
@@ -307,6 +312,14 @@ class Job:
         deadline = time.monotonic() + limit
         while sched is not None and sched.p.poll() is None and time.monotonic() < deadline \
                 and sched.p.pid not in self.reasons():
+            time.sleep(0.05)
+
+    def _wait_for_workers(self, limit: float = WORKER_EXIT_WAIT_S) -> None:
+        """Every worker has been told of the failure: let them end by themselves first (a
+        worker SIGTERMed while it handles the error loses its ``finally`` blocks)."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and \
+                any(w.p.poll() is None for w in self.workers or []):
             time.sleep(0.05)
 
     def say_last(self) -> None:
