@@ -62,6 +62,13 @@ def tbf_args(rate: str, latency_ms: float = 50.0, burst_ms: float = 10.0) -> lis
     return ["tbf", "rate", rate, "burst", str(burst), "latency", f"{latency_ms:g}ms"]
 
 
+def tcp_cc_name(cc: str) -> str:
+    """``cc`` if it is a congestion-control name (cubic, bbr, reno), else ValueError."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", cc):
+        raise ValueError(f"TCP congestion control {cc!r} is not a name like cubic or bbr")
+    return cc
+
+
 @dataclasses.dataclass(frozen=True)
 class Host:
     index: int
@@ -131,10 +138,8 @@ class Plan:
         A new namespace copies the machine's default, which differs between machines
         (this VM's is bbr; Linux's is cubic): on the emulated 200 Mbit/s links the raw
         TCP worker<->server mesh reached 0.175 Gbit/s with bbr and 0.14 with cubic."""
-        if not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", cc):
-            raise ValueError(f"TCP congestion control {cc!r} is not a name like cubic or bbr")
         return [["ip", "netns", "exec", h.ns, "sysctl", "-q", "-w",
-                 f"net.ipv4.tcp_congestion_control={cc}"] for h in self.hosts]
+                 f"net.ipv4.tcp_congestion_control={tcp_cc_name(cc)}"] for h in self.hosts]
 
     def teardown_commands(self) -> list[list[str]]:
         return [["ip", "netns", "del", h.ns] for h in self.hosts] + [

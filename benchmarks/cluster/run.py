@@ -29,19 +29,24 @@ from pathlib import Path
 
 from benchmarks.cluster import jobs, report
 from benchmarks.cluster.netns import (Cluster, NetnsError, Plan, cleanup, rate_bps,
-                                      run_cmds)
+                                      run_cmds, tcp_cc_name)
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("byteps", "byteps-coloc", "gloo")
 
 
-def _csv(kind):
-    def parse(text: str) -> list:
+def _checked(kind):
+    """An argparse type from ``kind`` whose ValueError message reaches the user."""
+    def parse(text: str):
         try:
-            return [kind(x) for x in text.split(",") if x.strip()]
+            return kind(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return parse
+
+
+def _csv(kind):
+    return _checked(lambda text: [kind(x) for x in text.split(",") if x.strip()])
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "port never sends faster than its rate; 10 was the old default)")
     ap.add_argument("--latency-ms", type=float, default=50.0,
                     help="tbf queue: packets waiting longer are dropped (the switch buffer)")
-    ap.add_argument("--tcp-cc", default=None, metavar="NAME",
+    ap.add_argument("--tcp-cc", type=_checked(tcp_cc_name), default=None, metavar="NAME",
                     help="TCP congestion control in every emulated host (cubic, bbr, reno; "
                          "default: the machine's, recorded in results.json)")
     ap.add_argument("--train", action="store_true", help="also run the training variant")
@@ -89,11 +94,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for r in a.rates + [a.train_rate]:
         try:
             rate_bps(r)
-        except ValueError as exc:
-            ap.error(str(exc))
-    if a.tcp_cc is not None:
-        try:
-            Plan(1, "bpsc-0").tcp_cc_commands(a.tcp_cc)
         except ValueError as exc:
             ap.error(str(exc))
     for kv in a.env:

@@ -39,6 +39,13 @@ def _before_output() -> None:
         hook()
 
 
+def _wait_until(done, limit: float) -> None:
+    """Poll ``done()`` every 50 ms for at most ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class LaunchError(Exception):
     """A child could not be started (a missing or non-executable program)."""
 
@@ -309,18 +316,13 @@ class Job:
     def _wait_for_scheduler_reason(self, limit: float = 2.0) -> None:
         """The scheduler tells everyone first and then leaves its reason: give it a moment."""
         sched = self.scheduler
-        deadline = time.monotonic() + limit
-        while sched is not None and sched.p.poll() is None and time.monotonic() < deadline \
-                and sched.p.pid not in self.reasons():
-            time.sleep(0.05)
+        _wait_until(lambda: sched is None or sched.p.poll() is not None
+                    or sched.p.pid in self.reasons(), limit)
 
     def _wait_for_workers(self, limit: float = WORKER_EXIT_WAIT_S) -> None:
         """Every worker has been told of the failure: let them end by themselves first (a
         worker SIGTERMed while it handles the error loses its ``finally`` blocks)."""
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and \
-                any(w.p.poll() is None for w in self.workers or []):
-            time.sleep(0.05)
+        _wait_until(lambda: all(w.p.poll() is not None for w in self.workers or []), limit)
 
     def say_last(self) -> None:
         """Print the root-cause line (if the job failed) as bpslaunch's last line."""
