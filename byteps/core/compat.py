@@ -1,0 +1,90 @@
+"""The combinations of features that cannot work, each refused by one rule.
+
+Every feature of byteps composes with every other one (docs/compatibility.md).  Where a
+combination truly cannot work, it is refused here and nowhere else: a caller names the
+rule and what it was asked to do, :func:`refuse` raises the one error, with the reason
+and the fix.  ``tests/test_compatibility.py`` regenerates docs/compatibility.md's table
+from :data:`RULES` and fails when the document differs.
+
+"Not available yet" is never a reason: a rule states why the combination has no meaning
+or cannot be exact.  Imports nothing of the worker, so any floor can use it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NoReturn
+
+from byteps.common.errors import BytePSError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One refused combination: ``what`` (the features), ``reason`` (why it cannot work)
+    and ``fix`` (what the user does instead)."""
+
+    id: str
+    what: str
+    reason: str
+    fix: str
+    error: type = BytePSError
+
+
+_RULES = (
+    Rule("async-average",
+         "asynchronous push_pull (BYTEPS_ENABLE_ASYNC=1, AsyncPS) with average=True",
+         "an asynchronous push adds this worker's delta to the servers' value at once and "
+         "the pull returns that value; there is no round whose sum could be divided by the "
+         "number of workers",
+         "pass average=False and push parameter deltas (AsyncPS does), or unset "
+         "BYTEPS_ENABLE_ASYNC to average synchronously"),
+    Rule("async-op",
+         "asynchronous push_pull with a reduction other than a sum (min, max, product)",
+         "an asynchronous key accumulates deltas one push at a time; min, max and product of "
+         "a running value with deltas have no meaning",
+         "use op=Sum for asynchronous keys, or a synchronous push_pull for min/max/product",
+         ValueError),
+    Rule("op-average",
+         "push_pull with op min, max or product and average=True",
+         "an average divides a sum; a minimum, maximum or product is not a sum",
+         "pass average=False (or op=Average / op=Sum)", ValueError),
+    Rule("op-compression",
+         "push_pull with op min, max or product and gradient compression",
+         "compressors (onebit, topk, int8, ...) approximate a sum with error feedback; the "
+         "error of a compressed minimum or product is not carried to the next round",
+         "drop compression_params for this tensor (compression is for summed gradients)",
+         ValueError),
+)
+
+#: every rule by id, in the order docs/compatibility.md lists them
+RULES: dict[str, Rule] = {r.id: r for r in _RULES}
+
+
+def refuse(rule_id: str, subject: str) -> NoReturn:
+    """Raise the error of rule ``rule_id``; ``subject`` names the tensor, rank or object
+    that asked (``"tensor 'w' on rank 1"``)."""
+    r = RULES[rule_id]
+    raise r.error(f"{subject}: {r.what} is refused: {r.reason}. Fix: {r.fix} "
+                  f"(docs/compatibility.md, rule {r.id!r})")
+
+
+def markdown_table() -> str:
+    """docs/compatibility.md's table of refused combinations, generated from RULES."""
+    rows = ["| rule | combination | why it cannot work | instead |", "|---|---|---|---|"]
+    rows += [f"| `{r.id}` | {r.what} | {r.reason} | {r.fix} |" for r in RULES.values()]
+    return "\n".join(rows) + "\n"
+
+
+def write_document(path: str = "docs/compatibility.md") -> None:
+    """Rewrite the table between the ``rules`` markers of ``path`` from RULES
+    (``python -m byteps.core.compat``)."""
+    begin, end = "<!-- rules:begin -->", "<!-- rules:end -->"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + begin + "\n" + markdown_table() + end + tail)
+
+
+if __name__ == "__main__":
+    write_document()
