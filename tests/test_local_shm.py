@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from byteps.core.local.shm import Segment, host_prefix, job_prefix, remove_prefix
+from byteps.common.shm_cleanup import remove_prefix
+from byteps.core.local.shm import Segment, host_prefix, job_prefix
 
 
 def _seg(tmp_path, name="w", n=10, dtype=np.float32, L=2, chunk=4, groups=1, rank=0):

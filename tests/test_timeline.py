@@ -7,7 +7,8 @@ import types
 import pytest
 from conftest import assert_ok, read_results, run_script
 
-from byteps.core.timeline import PushPullSpeed, StepCounter, Timeline, _lanes, format_summary
+from byteps.common.summary import format_summary
+from byteps.core.timeline import PushPullSpeed, StepCounter, Timeline, _lanes
 
 STAGES = {"queue", "push", "server+pull", "copy_out", "server_sum (est.)"}
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from byteps.core.local import numa, topology
+from byteps.common import numa
+from byteps.core.local import topology
 from byteps.core.local.topology import (
     TopologyError,
     from_sysfs,

@@ -9,7 +9,7 @@ import warnings
 import pytest
 from conftest import BPSLAUNCH, ROOT, SCRIPTS, assert_ok, job_env, read_results
 
-from byteps.core import torchrun
+from byteps.common import torchrun
 from byteps.launcher import free_port
 
 

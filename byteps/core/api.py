@@ -27,16 +27,17 @@ from byteps.core.engine import Engine, Handle, Task, comp_pipeline
 from byteps.core.engine_servers import colocated_config
 from byteps.common.logs import setup_logging
 from byteps.common.node import BytePSError, SchedulerLink
-from byteps.core.timeline import StepCounter, Timeline, write_summary
-from byteps.core.torchrun import warn_if_torchrun_without_byteps
+from byteps.common.summary import write_summary
+from byteps.core.timeline import StepCounter, Timeline
+from byteps.common.torchrun import warn_if_torchrun_without_byteps
 from byteps.transport.wire import ASYNC, dtype_code
 
 log = logging.getLogger("byteps.worker")
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull_async", "push_pull", "poll", "synchronize", "broadcast",
-           "barrier", "join", "BytePSError", "tensor_key", "get_config", "get_pushpull_speed",
-           "set_compression_lr"]
+           "broadcast_async", "barrier", "join", "BytePSError", "tensor_key", "get_config",
+           "get_pushpull_speed", "set_compression_lr"]
 
 
 def tensor_key(name: str) -> int:
@@ -219,7 +220,7 @@ def local_size() -> int:
 
 def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
                     out: np.ndarray | None = None, compression_params: dict | None = None,
-                    op: int = 0, asynchronous: bool = False) -> int:
+                    op: int = 0, asynchronous: bool = False, uncompressed: bool = False) -> int:
     """Start summing (or averaging) ``array`` across all workers; returns a handle.
 
     Higher ``priority`` goes first.  The input must not change until the
@@ -234,7 +235,10 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     ``BYTEPS_ENABLE_ASYNC=1``): the servers add ``array`` (a delta) to the value they
     hold for ``name`` at once and the result is their current value, with no rounds
     and no averaging (``average=True`` is an error); ``BYTEPS_ASYNC_STALENESS`` bounds
-    how far a worker may run ahead (docs/algorithms.md).
+    how far a worker may run ahead (docs/algorithms.md).  A compressed asynchronous name
+    pushes compressed deltas (error feedback on this worker) and pulls the servers' value
+    uncompressed; ``uncompressed=True`` pushes this one array exactly (AsyncPS's seeds
+    and pulls: parameters and zeros, where compression would lose the model).
     """
     st = _state()
     if not isinstance(name, str) or not name:
@@ -242,6 +246,9 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     if asynchronous:
         from byteps.core.algorithms.async_ps import check_async
         check_async(st, name, average, op, compression_params)
+    elif uncompressed:
+        raise ValueError(f"tensor {name!r}: uncompressed=True is for asynchronous pushes "
+                         f"(a synchronous round sums every rank's compressed push)")
     if op:
         _check_op(st, name, op, average, compression_params)
     if not isinstance(array, np.ndarray):
@@ -286,7 +293,8 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         t.busy = hid
     if st.local is not None:            # local reduction: shared memory, then the network
         try:
-            st.handles[hid] = st.local.submit(hid, t, src, out, average, priority)
+            st.handles[hid] = st.local.submit(hid, t, src, out, average, priority,
+                                              raw=uncompressed)
         except BaseException:
             t.busy = None
             raise
@@ -304,7 +312,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     for part, start, length, server in t.parts:
         tasks.append(Task(h, part, start, length, server, t.round, flat[start:start + length],
                           -priority, seq, order=(part - first) % nparts,
-                          comp=comp_pipeline(t, part, length)))
+                          comp=None if uncompressed else comp_pipeline(t, part, length)))
     t.round += 1
     st.handles[hid] = h
     try:
@@ -397,17 +405,28 @@ def push_pull(array: np.ndarray, name: str, average: bool = True, priority: int 
                                        asynchronous=asynchronous))
 
 
+def broadcast_async(array: np.ndarray, root_rank: int, name: str, out: np.ndarray | None = None,
+                    priority: int = 0) -> int:
+    """Start sending rank ``root_rank``'s ``array`` to every rank under ``name``: the one
+    broadcast of byteps, a sum in which every other rank contributes zeros (exact for
+    every dtype); returns a handle for :func:`synchronize`.  The checked broadcast of
+    every plugin (:func:`byteps.core.collectives.broadcast`) first agrees on the root,
+    dtype and shape, then calls this."""
+    from byteps.core.rules import check_root
+    st = _state()
+    root = check_root(root_rank, f"broadcast of {name!r}", st.size)
+    array = _contiguous(array)
+    src = array if st.rank == root else np.zeros_like(array)
+    return push_pull_async(src, name, average=False, priority=priority, out=out)
+
+
 def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
               out: np.ndarray | None = None) -> np.ndarray:
-    """Return rank ``root_rank``'s ``array`` on every rank."""
-    st = _state()
-    if not 0 <= root_rank < st.size:
-        raise ValueError(f"root_rank={root_rank} is out of range for {st.size} worker(s)")
-    if name is None:
-        name = f"anon.{array.dtype}.{array.shape}"
-    array = _contiguous(array)
-    src = array if st.rank == root_rank else np.zeros_like(array)
-    return push_pull(src, "broadcast." + name, average=False, out=out)
+    """Return rank ``root_rank``'s ``array`` on every rank (:func:`broadcast_async` under
+    ``"broadcast." + name``; without ``name``, :func:`byteps.core.rules.auto_name`)."""
+    from byteps.core.rules import auto_name
+    name = auto_name("broadcast") if name is None else name
+    return synchronize(broadcast_async(array, root_rank, "broadcast." + name, out))
 
 
 def barrier() -> None:
@@ -440,7 +459,12 @@ def join(device: int = -1) -> int:
         while not h.event.wait(0.5):
             if st.engine.fatal:
                 st.engine.fail_handle(h, st.engine.fatal)
+    peers = getattr(st, "peers", None)
+    if peers is not None:
+        peers.announce_join()        # peer algorithms treat this rank as absent (peers.py)
     last = st.engine.join()
+    if peers is not None:
+        peers.join_done()
     with st.lock:
         for t in st.tensors.values():
             t.round = 0                       # the servers reset their rounds too

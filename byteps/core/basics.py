@@ -3,7 +3,9 @@
 Horovod scripts and test suites ask what the library was built with before anything else
 (``hvd.mpi_built()``, ``hvd.gloo_enabled()``, ...).  byteps answers truthfully: it uses
 neither MPI, Gloo, DDL nor oneCCL (its own parameter servers over ZeroMQ), and it is
-byteps.  What depends on the framework (CUDA, ROCm, NCCL) is answered by each plugin.
+byteps.  It never uses NCCL either: GPU tensors are copied through host memory in every
+plugin, so ``nccl_built()`` is False everywhere.  What depends on the framework (CUDA,
+ROCm) is answered by each plugin.
 The answers come from :func:`byteps.core.collectives.build_info`; the host layout
 (``cross_rank``, ``cross_size``, ``is_homogeneous``) from the core's ranks.
 """
@@ -17,8 +19,8 @@ from byteps.core import api
 
 __all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built",
            "export_horovod_env", "global_only", "gloo_built", "gloo_enabled", "init",
-           "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "process_set_kw",
-           "shutdown", "start_timeline", "stop_timeline"]
+           "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+           "process_set_kw", "shutdown", "start_timeline", "stop_timeline"]
 
 
 def _info() -> dict:
@@ -89,6 +91,11 @@ def ddl_built() -> bool:
 def ccl_built() -> bool:
     """False: no oneCCL."""
     return _info()["ccl_built"]
+
+
+def nccl_built() -> bool:
+    """False: byteps has no NCCL stage (GPU tensors go through host memory)."""
+    return _info()["nccl_built"]
 
 
 def byteps_built() -> bool:

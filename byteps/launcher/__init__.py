@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from byteps import DIST
-from byteps.core import torchrun
+from byteps.common import torchrun
 from byteps.common import variables
 from byteps.common.config import NAMES_CHECKED, Config, ConfigError, name_report
 from byteps.launcher import liveview
@@ -203,7 +203,7 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
 
 def print_summaries(folder: str) -> None:
     """Print the one-line summary each worker left in ``folder``; remove it."""
-    from byteps.core.timeline import format_summary
+    from byteps.common.summary import format_summary
     docs = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if not name.endswith(".json"):
@@ -272,7 +272,7 @@ def role_mode(args, cmd: list[str]) -> int:
 
 def _numa_cpus(local_rank: int, local_size: int, env) -> list[int] | None:
     """Cores of the NUMA node of a local rank when BYTEPS_NUMA_ON (default: >1 node)."""
-    from byteps.core.local.numa import worker_cpus
+    from byteps.common.numa import worker_cpus
     setting = variables.value("BYTEPS_NUMA_ON", env)   # None: on with >1 NUMA node
     try:
         return worker_cpus(local_rank, local_size, setting)
@@ -283,7 +283,7 @@ def _numa_cpus(local_rank: int, local_size: int, env) -> list[int] | None:
 
 def _remove_shm(env, host_id: str | None) -> None:
     """Remove the job's shared-memory files (all hosts, or one host) once its processes ended."""
-    from byteps.core.local.shm import host_prefix, job_prefix, remove_prefix, shm_dir
+    from byteps.common.shm_cleanup import host_prefix, job_prefix, remove_prefix, shm_dir
     job = variables.value("BYTEPS_JOB_ID", env)
     prefix = host_prefix(job, host_id) if host_id is not None else job_prefix(job)
     gone = remove_prefix(shm_dir(variables.value("BYTEPS_SHM_DIR", env)), prefix)

@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 
-from byteps.core import torchrun
+from byteps.common import torchrun
 from byteps.common.config import NAMES_CHECKED, ConfigError
 from byteps.launcher.supervise import Job, LaunchError, say
 

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 
-from byteps.core import torchrun
+from byteps.common import torchrun
 from byteps.common.config import NAMES_CHECKED, ConfigError
 from byteps.launcher.slurm import servers_on
 from byteps.launcher.supervise import Job, LaunchError, _child_setup, _pump, say

@@ -57,7 +57,7 @@ class ServiceActor:
         """Start ``python -m module`` with the actor's environment (less its own
         ``BYTEPS_*``/``DMLC_*``) and ``env`` (the job secret travels in the environment,
         never on the command line); returns its pid."""
-        from byteps.core.torchrun import NAMES
+        from byteps.common.torchrun import NAMES
         from byteps.ray._child import PARENT_VAR
         full = {k: v for k, v in os.environ.items()
                 if not k.startswith(("BYTEPS_", "DMLC_")) and k not in NAMES}

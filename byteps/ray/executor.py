@@ -11,7 +11,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from byteps.core import torchrun
+from byteps.common import torchrun
 from byteps.common.config import NAMES_CHECKED, Config, ConfigError
 from byteps.ray._actors import ServiceActor, WorkerActor, describe
 from byteps.ray.errors import RayExecutorError, WorkerFailedError

@@ -218,8 +218,8 @@ def gloo_enabled() -> bool:
 
 
 def nccl_built() -> bool:
-    """True where CUDA is available (GPU tensors are handled), else False."""
-    return _cuda()
+    """False: byteps has no NCCL stage (CUDA tensors are staged through host memory)."""
+    return _coll.build_info()["nccl_built"]
 
 
 def cuda_built() -> bool:

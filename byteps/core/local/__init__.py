@@ -12,8 +12,7 @@ slices go to the servers, and the results come back to every local rank
 * :mod:`.cuts`      — autotune's cuts of a tensor (layout keys, re-cuts, old slice keys)
 * :mod:`.parts`     — operation state, slice tensors, peer liveness
 * :mod:`.topology`  — PCIe switches / NUMA nodes from sysfs and nvidia-smi
-* :mod:`.numa`      — NUMA nodes and CPU binding
-* :mod:`.gpu`       — the NCCL stage for GPU tensors (needs CUDA; not used by the numpy core)
+  (NUMA discovery and CPU binding: :mod:`byteps.common.numa`, shared with bpslaunch)
 """
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ import zmq
 from byteps.core.engine import Handle, Task, comp_pipeline  # noqa: F401 (old import place)
 from byteps.core.local.cuts import Cuts
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
-from byteps.core.local.shm import Segment, host_prefix, remove_prefix, shm_dir, warn_once
+from byteps.common.shm_cleanup import remove_prefix
+from byteps.core.local.shm import Segment, host_prefix, shm_dir, warn_once
 from byteps.core.local.stages import ReduceStages
 from byteps.common.errors import BytePSError
 

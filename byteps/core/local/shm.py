@@ -2,8 +2,8 @@
 
 Every file of a job lives in ``BYTEPS_SHM_DIR`` (default ``/dev/shm``) under
 the prefix ``bps-<job>-<host>-e<epoch>-``, so that one ``unlink`` by prefix
-(:func:`remove_prefix`, used by ``bpslaunch`` after any exit) leaves nothing
-behind.  One segment per tensor name holds a header, small per-chunk
+(:func:`byteps.common.shm_cleanup.remove_prefix`, also used by ``bpslaunch`` after
+any exit) leaves nothing behind.  One segment per tensor name holds a header, small per-chunk
 counters and the data buffers::
 
     header   10 x int64: magic, version, dtype code, n, local size, chunks,
@@ -53,27 +53,6 @@ FIX = ("give the host more shared memory (Docker: `docker run --shm-size=1g ...`
 
 class ShmSpaceError(ValueError):
     """The shared-memory directory cannot hold even the smallest buffer of a tensor."""
-
-
-def remove_prefix(directory: str, prefix: str) -> list[str]:
-    """Unlink every file in ``directory`` whose name starts with ``prefix``; return them."""
-    if not prefix.startswith("bps-"):
-        raise ValueError(f"refusing to remove files with prefix {prefix!r} (not a BytePS prefix)")
-    gone = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return gone
-    for name in names:
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(directory, name))
-                gone.append(name)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                pass
-    return gone
 
 
 def _align(x: int) -> int:

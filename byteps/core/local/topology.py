@@ -28,7 +28,7 @@ import re
 import shutil
 import subprocess
 
-from byteps.core.local.numa import node_of_local_rank, numa_enabled, numa_nodes, parse_cpulist
+from byteps.common.numa import node_of_local_rank, numa_enabled, numa_nodes, parse_cpulist
 
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")          # VGA / 3D controller (class code prefix)
