@@ -233,7 +233,7 @@ def test_decentralized_single_process_and_argument_errors():
     raise naming the choices."""
     import byteps.numpy as bps
     with pytest.raises(ValueError, match="shift_one"):
-        bps.algorithms.Decentralized(peer_selection="ring")
+        bps.algorithms.Decentralized(peer_selection="star")
     with pytest.raises(ValueError, match="communication_interval"):
         bps.algorithms.Decentralized(communication_interval=0)
     with pytest.raises(ValueError, match="gamma"):

@@ -53,6 +53,15 @@ _RULES = (
          "error of a compressed minimum or product is not carried to the next round",
          "drop compression_params for this tensor (compression is for summed gradients)",
          ValueError),
+    Rule("algorithm-momentum",
+         "compressor momentum (compression_params 'momentum': 'nesterov') with an algorithm "
+         "that exchanges parameters or parameter differences (AsyncPS, AsyncModelAverage, "
+         "Decentralized)",
+         "compressor momentum accumulates gradients before they are compressed; a parameter "
+         "difference already carries the optimizer's momentum, and accumulating it again "
+         "would apply every step's update many times over",
+         "drop 'momentum' (and 'mu') from compression_params and keep the optimizer's own "
+         "momentum", ValueError),
 )
 
 #: every rule by id, in the order docs/compatibility.md lists them

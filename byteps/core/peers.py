@@ -40,6 +40,7 @@ log = logging.getLogger("byteps.peers")
 MAX_SLOT = 1 << 31
 MAX_KINDS = 16
 MAX_BUFFERED = 4096        # messages from peers that are ahead, before they are dropped
+KIND_JOINED = MAX_KINDS - 1   # "this rank called join()" (tag: the join generation)
 
 
 def listen(cfg, ctx: zmq.Context):
@@ -85,6 +86,8 @@ class PeerNet:
         self.fatal = lambda: None                     # the engine's failure, if any
         self.closed = False
         self.slots = 0
+        self.joined: set[int] = set()                 # peers that called join() (this round)
+        self.join_gen = 0                             # join() rounds completed
 
     def new_slot(self) -> int:
         """A message slot for one algorithm instance (every rank creates its instances in
@@ -102,6 +105,23 @@ class PeerNet:
                 raise WireError("address book: a worker entry without rank/node_id")
             self.workers[w["rank"]] = w
             self.by_node[w["node_id"]] = w["rank"]
+
+    # ------------------------------------------------------------------ join()
+    def announce_join(self) -> None:
+        """This rank called join(): tell every peer it talks to (after everything it sent
+        them, on the same connections), so that they treat it as absent instead of
+        waiting for it."""
+        with self.lock:
+            ranks = list(self.out)
+        for r in ranks:
+            self.send(r, self.join_gen, 0, KIND_JOINED, 0, np.zeros(0, np.uint8))
+
+    def join_done(self) -> None:
+        """Every rank has joined: peers are present again (a later JOINED message of the
+        finished round is ignored by its generation)."""
+        with self.lock:
+            self.join_gen += 1
+            self.joined.clear()
 
     def describe(self, rank: int) -> str:
         w = self.workers.get(rank) or {"rank": rank}
@@ -150,8 +170,10 @@ class PeerNet:
             s.send_multipart(hdr + [memoryview(buf.reshape(-1).view(np.uint8))], copy=False)
 
     def recv(self, rank: int, tag: int, slot: int, kind: int, layout: int, nbytes: int,
-             what: str) -> memoryview:
-        """Wait for the message (``rank``, ``tag``, ``slot``); its payload's bytes.
+             what: str, absent_ok: bool = False) -> memoryview | None:
+        """Wait for the message (``rank``, ``tag``, ``slot``); its payload's bytes.  With
+        ``absent_ok``, None when ``rank`` called join() without sending it (its messages
+        arrive before its JOINED, so every receiver decides alike).
 
         Raises BytePSError naming the peer when it died, when the job failed, or when
         its message does not match (kind, layout fingerprint, size)."""
@@ -172,6 +194,8 @@ class PeerNet:
                             f"every worker must train the same parameters (names, shapes, "
                             f"dtypes) with the same algorithm")
                     return buf
+                if absent_ok and rank in self.joined:
+                    return None
                 now = time.monotonic()
                 err = self.fatal()
                 if err is not None:
@@ -179,8 +203,9 @@ class PeerNet:
                 self._check_peer(rank, now, what)
                 if not warned and now - started > self.cfg.stall_warning_s:
                     warned = True
-                    log.warning("worker rank %d: %s: waiting %.0f s for %s", self.rank, what,
-                                now - started, self.describe(rank))
+                    log.warning("worker rank %d: %s: waiting %.0f s for %s (it has not "
+                                "called join())", self.rank, what, now - started,
+                                self.describe(rank))
                 if self.sock.poll(100):
                     self._read()
 
@@ -225,6 +250,10 @@ class PeerNet:
                 continue
             if not self.seqs.accept(rank, hdr.seq):
                 self.drops.warn("peer message", f"replayed seq {hdr.seq} from rank {rank}")
+                continue
+            if kind == KIND_JOINED:
+                if tag >= self.join_gen:
+                    self.joined.add(rank)
                 continue
             if len(self.inbox) >= MAX_BUFFERED:
                 self.drops.warn("peer message", f"more than {MAX_BUFFERED} buffered")

@@ -1,9 +1,9 @@
 """The algorithm interface (docs/algorithms.md).
 
-An algorithm decides what is communicated (gradients or weights), when (every step,
-in the background) and how results are combined.  Plugins call four hooks with
-``{name: numpy array}`` dicts whose arrays they write back to the framework's tensors
-(views where the framework allows, e.g. CPU torch tensors):
+An algorithm decides what is communicated (gradients, parameter differences or
+parameters), when (every step, in the background) and with whom (servers or peers).
+Plugins call four hooks with ``{name: numpy array}`` dicts whose arrays they write back
+to the framework's tensors (views where the framework allows, e.g. CPU torch tensors):
 
 * :meth:`Algorithm.init` once, after the initial broadcast of the parameters;
 * :meth:`Algorithm.reduce_gradients` after backward, before the local optimizer step
@@ -11,14 +11,24 @@ in the background) and how results are combined.  Plugins call four hooks with
 * :meth:`Algorithm.after_step` after the local optimizer step (parameters in place);
 * :meth:`Algorithm.finish` at the end of training (all ranks).
 
-Algorithms communicate only through :mod:`byteps.core.api` (push_pull with names), so
-partitioning, priority, compression and the timeline come with them.
+Before the first hook a plugin hands the optimizer's settings to the algorithm with
+:meth:`Algorithm.bind` (the one rule for every plugin): the compressor
+(``compression_params``) and ``backward_passes_per_step``.  Every algorithm receives the
+compressor (each applies it to what it exchanges: gradients, or parameter differences
+with error feedback; never raw parameters), and with ``backward_passes_per_step = N``
+the plugin accumulates N backward passes locally and the hooks run once per optimizer
+step.
+
+Algorithms communicate only through :mod:`byteps.core.api` (push_pull with names) or the
+worker-to-worker links (:mod:`byteps.core.peers`), so partitioning, priority,
+compression and the timeline come with them.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from byteps.core import api
+from byteps.core import compat
 
 
 class Algorithm:
@@ -27,6 +37,46 @@ class Algorithm:
     #: the plugins' gradient exchange (hooks overlapping backward) is used instead of
     #: :meth:`reduce_gradients` (only SyncPS)
     plugin_gradients = False
+    #: what :meth:`bind`'s compressor compresses (docs/algorithms.md's table)
+    compresses = "nothing"
+    #: the validated ``compression_params`` (None: uncompressed); set by the constructor
+    #: or by :meth:`bind`
+    compression_params: dict | None = None
+    #: backward passes accumulated locally per optimizer step (set by :meth:`bind`)
+    passes = 1
+
+    def _set_compression(self, compression_params) -> None:
+        """The constructor's ``compression_params=`` (validated now, a clear error)."""
+        self.compression_params = _validated(compression_params, self)
+
+    def bind(self, compression_params=None, backward_passes_per_step: int = 1,
+             subject: str | None = None) -> "Algorithm":
+        """Hand the optimizer's settings to this algorithm: the one rule every plugin
+        calls (``Algorithm.check`` is the same call).
+
+        ``compression_params`` (the original BytePS keys) becomes this algorithm's
+        compressor unless its constructor already got one (the same settings twice are
+        fine; different ones are an error naming both).  Compressor momentum
+        (``"momentum": "nesterov"``) is refused for algorithms that exchange parameters
+        (rule ``algorithm-momentum``).  ``backward_passes_per_step`` is accepted for every
+        algorithm: the plugin accumulates that many passes locally, then the hooks run
+        on the optimizer step.  Returns ``self``."""
+        who = subject or self.describe()
+        if type(backward_passes_per_step) is not int or backward_passes_per_step < 1:
+            raise ValueError(f"{who}: backward_passes_per_step must be an int >= 1, got "
+                             f"{backward_passes_per_step!r}")
+        params = _validated(compression_params, self, who)
+        if params and self.compression_params and \
+                _spec(params) != _spec(self.compression_params):
+            raise ValueError(f"{who}: the optimizer's compression_params={compression_params!r} "
+                             f"differ from the algorithm's own "
+                             f"{self.compression_params!r}; pass them in one place")
+        if params and not self.compression_params:
+            self.compression_params = params
+        self.passes = backward_passes_per_step
+        return self
+
+    check = bind
 
     def init(self, params: dict[str, np.ndarray]) -> None:
         """Called once with the (broadcast) parameters; may modify them in place."""
@@ -43,19 +93,46 @@ class Algorithm:
     def describe(self) -> str:
         return type(self).__name__
 
+    def _compressed(self) -> str:
+        return "" if not self.compression_params else \
+            f", compression={_spec(self.compression_params).describe()}"
+
+
+def _spec(params):
+    from byteps import compression
+    return compression.parse(params)
+
+
+def _validated(params, alg: Algorithm, who: str | None = None) -> dict | None:
+    """``params`` as a dict after a clear error for bad keys or values; None when empty.
+    Compressor momentum is refused unless the algorithm exchanges gradients."""
+    if not params:
+        return None
+    if not isinstance(params, dict):
+        raise TypeError(f"compression_params must be a dict, got {type(params).__name__}")
+    spec = _spec(params)
+    if spec is None:
+        return None
+    if spec.momentum and not alg.plugin_gradients and alg.compresses != "gradients":
+        compat.refuse("algorithm-momentum", who or type(alg).__name__)
+    return dict(params)
+
 
 class SyncPS(Algorithm):
     """Synchronous data parallelism through the servers (the default, today's behaviour):
-    gradients are averaged every step before the local optimizer step."""
+    gradients are averaged every step before the local optimizer step.  With a compressor
+    the gradients are compressed in the core (the plugins declare their names with it)."""
 
     plugin_gradients = True
+    compresses = "gradients"
 
-    def __init__(self, prefix: str = "Gradient."):
+    def __init__(self, prefix: str = "Gradient.", compression_params=None):
         self.prefix = prefix
+        self._set_compression(compression_params)
 
     def reduce_gradients(self, grads: dict[str, np.ndarray]) -> None:
         hs = [(g, api.push_pull_async(g, self.prefix + n, average=True, out=g,
-                                      priority=-i))
+                                      priority=-i, compression_params=self.compression_params))
               for i, (n, g) in enumerate(grads.items())]
         for _, h in hs:
             api.synchronize(h)

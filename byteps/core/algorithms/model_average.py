@@ -7,6 +7,14 @@ flags (stop, pause) so that all ranks agree on what the round does: ``abort()`` 
 rank pauses the averaging of every rank until it calls ``resume()``; ``finish()``
 stops the threads after the same round everywhere and averages the model once more,
 synchronously, so that all ranks end with identical parameters.
+
+With ``compression_params`` (e.g. onebit with error feedback) a round exchanges
+*differences*, never raw parameters: every rank holds the same last average ``a``
+(``init`` averages the model exactly), pushes ``snapshot - a`` compressed (the core's
+per-partition pipeline, error feedback on the worker and on the servers), and every rank
+pulls the same compressed average of the differences ``m``; the new average is
+``a + m``, identical on every rank, and the correction ``a + m - snapshot``.  What a
+round's compression dropped stays in the residuals and goes out with the next round.
 """
 from __future__ import annotations
 
@@ -29,7 +37,11 @@ class AsyncModelAverage(Algorithm):
     :meth:`after_step`, so local progress made while the average was computed is kept.
     """
 
-    def __init__(self, sync_interval_ms: int = 500, prefix: str = "AsyncAverage."):
+    compresses = "parameter differences"
+
+    def __init__(self, sync_interval_ms: int = 500, prefix: str = "AsyncAverage.",
+                 compression_params=None):
+        self._set_compression(compression_params)
         if not isinstance(sync_interval_ms, (int, float)) or sync_interval_ms < 0:
             raise ValueError(f"sync_interval_ms must be a number >= 0, got "
                              f"{sync_interval_ms!r}")
@@ -45,9 +57,11 @@ class AsyncModelAverage(Algorithm):
         self.rounds = 0                     # averaging rounds done (all ranks agree)
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.last: dict | None = None       # the last average (compressed rounds)
 
     def describe(self) -> str:
-        return f"AsyncModelAverage(sync_interval_ms={self.interval * 1000:g})"
+        return (f"AsyncModelAverage(sync_interval_ms={self.interval * 1000:g}"
+                f"{self._compressed()})")
 
     def abort(self) -> None:
         """Pause the background averaging (e.g. around evaluation); collective effect."""
@@ -59,6 +73,10 @@ class AsyncModelAverage(Algorithm):
 
     def init(self, params: dict[str, np.ndarray]) -> None:
         self.names = list(params)
+        if self.compression_params:
+            # the reference every rank's differences are taken from: one exact average
+            self.last = {k: np.array(v, np.float32, copy=True) for k, v in params.items()}
+            average_now(self.last, self.prefix + "init.")
         self.thread = threading.Thread(target=self._run, name="bps-async-average",
                                        daemon=True)
         self.thread.start()
@@ -79,9 +97,9 @@ class AsyncModelAverage(Algorithm):
                 self.want.set()
                 self.have.wait()          # the main thread's next step (or finish())
                 snap = self.snapshot
-                avg = {k: v.copy() for k, v in snap.items()}
-                average_now(avg, self.prefix)
-                corr = {k: avg[k] - snap[k] for k in snap}
+                avg = self._average(snap)
+                corr = {k: (avg[k] - snap[k]).astype(snap[k].dtype, copy=False)
+                        for k in snap}
                 with self.lock:
                     if self.pending is None:
                         self.pending = corr
@@ -91,6 +109,22 @@ class AsyncModelAverage(Algorithm):
                 self.rounds += 1
         except BaseException as exc:      # reported at the next step
             self.error = exc
+
+    def _average(self, snap: dict) -> dict:
+        """This round's average of the snapshots (every rank gets the same one)."""
+        if not self.compression_params:
+            avg = {k: v.copy() for k, v in snap.items()}
+            average_now(avg, self.prefix)
+            return avg
+        diff = {k: np.asarray(snap[k], np.float32) - self.last[k] for k in snap}
+        hs = [(k, api.push_pull_async(d, f"{self.prefix}delta.{k}", average=True, out=d,
+                                      priority=-i,
+                                      compression_params=self.compression_params))
+              for i, (k, d) in enumerate(diff.items())]
+        for k, h in hs:
+            api.synchronize(h)
+            self.last[k] += diff[k]
+        return {k: v.copy() for k, v in self.last.items()}
 
     def _serve(self, params: dict[str, np.ndarray]) -> None:
         with self.lock:
