@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 from conftest import ROOT, SCRIPTS, job_env
 
-from byteps.core import metrics
-from byteps.core.config import ConfigError
+from byteps.common import metrics
+from byteps.common.config import ConfigError
 from byteps.launcher import liveview
 
 pytestmark = pytest.mark.timeout(120)

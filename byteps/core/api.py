@@ -19,7 +19,7 @@ import zmq
 
 from byteps.core import autotune as _autotune
 from byteps.core import local as _local
-from byteps.core import metrics
+from byteps.core import worker_metrics
 from byteps.core import partitions as _partitions
 from byteps.core import redeclare as _redeclare
 from byteps.common.config import Config
@@ -162,7 +162,8 @@ def init(lazy: bool = False) -> None:
             install_exit_hooks()
         _STATE = st
         if st.engine is not None:
-            metrics.start_worker(cfg, st.rank)   # BYTEPS_METRICS_PORT, bpslaunch's live view
+            # BYTEPS_METRICS_PORT, bpslaunch's live view: they read the current state
+            worker_metrics.start(cfg, st.rank, lambda: _STATE)
 
 
 def shutdown() -> None:

@@ -1,8 +1,9 @@
 """bpslaunch's live view: one status line per worker while a standalone job runs.
 
-Every worker writes ``worker<rank>.live`` (JSON, :class:`byteps.common.metrics.StatusWriter`)
-into the launcher's summary folder every ``BPSLAUNCH_LIVE_S`` seconds; the launcher
-polls those files from its supervision loop (no sockets).
+Every worker writes ``worker<rank>.live`` (JSON,
+:class:`byteps.core.worker_metrics.StatusWriter`) into the launcher's summary folder every
+``BPSLAUNCH_LIVE_S`` seconds; the launcher polls those files from its supervision loop
+(no sockets).
 
 * On a terminal (stderr is a TTY) the lines are redrawn in place below the job's
   output, about once a second (ANSI: cursor up, erase).  Before any other output

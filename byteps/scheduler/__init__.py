@@ -22,13 +22,13 @@ import zmq
 from byteps import transport
 from byteps.common.config import Config
 from byteps.common.config import scheduler_listen_host as _bind_host
-from byteps.common.metrics import serve_scheduler
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                                 require_secret)
 from byteps.scheduler import membership
 from byteps.scheduler.checks import _check_local_reduce, _check_tuning, _pushers
 from byteps.scheduler.departures import DeparturesMixin
 from byteps.scheduler.failover import Failover
+from byteps.scheduler.metrics import serve_scheduler
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
 

@@ -23,11 +23,11 @@ from byteps import transport
 from byteps.transport import shm
 from byteps.common import malloc
 from byteps.common.config import Config
-from byteps.common.metrics import serve_server
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
                                 failure_exit_code)
 from byteps.compression import CompressionError
 from byteps.server.decls import INLINE_BYTES, TensorChecks, engine_threads  # noqa: F401
+from byteps.server.metrics import serve_server
 from byteps.server.records import Records
 from byteps.server.replica import Replicator
 from byteps.server.retire import KeyRetirement
