@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import time
 
-from byteps.launcher.supervise import PEER_FAILED_EXIT, describe_code, say
+from byteps.launcher.supervise import PEER_FAILED_EXIT, _spare_servers, describe_code, say
 
 DISCOVERY_TIMEOUT_S = 10.0
 
@@ -137,10 +137,13 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
         if args.host_discovery_script else None
     order: list = []
     gone: set = set()
+    spare = _spare_servers(services)    # BYTEPS_SERVER_REPLICAS=1: one server's death survived
     while True:
         if job.interrupted is not None:
             return job._interrupt(workers)
         job._note_exits(order)
+        # (a worker's death is not the job's failure here: only services count for _survive)
+        job._survive([p for p in order if p in services], spare)
         for p in order:
             if p in workers and p not in gone:
                 gone.add(p)
@@ -157,8 +160,8 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
             if sched.p.returncode == 0:
                 return _finish(job, workers, services)
             return job._fail(sched, order)
-        bad = next((s for s in services if s is not sched and s.p.poll() not in (None, 0)),
-                   None)
+        bad = next((s for s in services if s is not sched and s.p.poll() not in (None, 0)
+                    and s not in job.survived), None)
         if bad is not None:
             return job._fail(bad, order)
         if disco is not None and not any(w.p.returncode == 0 for w in gone):

@@ -1,0 +1,69 @@
+"""Issue 24: elastic workers composed with server replication and with peer algorithms.
+
+Real jobs under ``bpslaunch --standalone --min-workers 2`` with a hard timeout
+(tests/scripts/elastic_compose.py: full-batch least squares whose result does not depend
+on the number of workers, so it must equal one process's run of the same steps):
+
+* ``BYTEPS_SERVER_REPLICAS=1``: a worker is SIGKILLed at step 12 (the group re-forms, the
+  servers' replication follows the new epoch), then a server at step 25 (its backup, with
+  the copies of the new epoch, takes over); the job finishes with the exact result;
+* ``Decentralized``: after a worker is lost the peers of the re-formed group (dense ranks,
+  the new epoch's address book) go on averaging and finish with the exact result.
+"""
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import SCRIPTS, assert_ok, read_results, run_job
+
+pytestmark = pytest.mark.timeout(200)
+STEPS = 40
+
+
+def _reference(steps: int = STEPS) -> np.ndarray:
+    """elastic_compose.py's training in one process: every step once, the whole batch."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((96, 40)).astype(np.float32)
+    y = X @ rng.standard_normal(40).astype(np.float32)
+    w = np.zeros(40, np.float32)
+    for _ in range(steps):
+        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
+    return w
+
+
+def _job(tmp_path, mode: str, worker_kill: int, server_kill: int, workers=3, **env):
+    out = tmp_path / mode
+    out.mkdir()
+    res = run_job([sys.executable, str(SCRIPTS / "elastic_compose.py"), str(out), str(STEPS),
+                   str(worker_kill), str(server_kill), mode], workers=workers, servers=2,
+                  timeout=170, launcher_args=("--min-workers", "2"), BYTEPS_ENABLE_IPC=0,
+                  BYTEPS_HEARTBEAT_INTERVAL=0.2, **env)
+    return res, read_results(out)
+
+
+def _check_exact(res, ranks, survivors: int):
+    assert_ok(res)
+    assert "ended with signal SIGKILL; the elastic job goes on with " \
+           f"{survivors} worker(s)" in res.stderr, res.stderr[-3000:]
+    assert sorted(ranks) == list(range(survivors)), res.stderr[-3000:]
+    got = [np.array(ranks[r]["w"], np.float32) for r in sorted(ranks)]
+    for r, g in enumerate(got):
+        assert ranks[r]["size"] == survivors
+        assert np.array_equal(g, got[0]), "ranks differ"
+    np.testing.assert_allclose(got[0], _reference(), rtol=1e-4, atol=1e-5)
+
+
+def test_elastic_with_replicas_survives_a_worker_then_a_server(tmp_path):
+    # 64-byte partitions: the 160-byte gradient has partitions on both servers
+    res, ranks = _job(tmp_path, "sync", 12, 25, BYTEPS_SERVER_REPLICAS=1,
+                      BYTEPS_PARTITION_BYTES=64)
+    _check_exact(res, ranks, 2)
+    assert "BYTEPS_SERVER_REPLICAS=1: its backup server takes over, the job goes on" \
+        in res.stderr, res.stderr[-3000:]
+    assert ranks[0].get("server_killed"), ranks[0]
+    # the survivors restored the commit of step 10 and re-formed as ranks 0 and 1 of 2
+    for r in (0, 1):
+        assert ranks[r]["resets"] == [[10, r, 2]], ranks[r]["resets"]
+    # the backup held copies of the re-formed group's rounds when its primary died
+    assert "this server owns its keys now" in res.stderr, res.stderr[-3000:]
