@@ -67,3 +67,14 @@ def test_elastic_with_replicas_survives_a_worker_then_a_server(tmp_path):
         assert ranks[r]["resets"] == [[10, r, 2]], ranks[r]["resets"]
     # the backup held copies of the re-formed group's rounds when its primary died
     assert "this server owns its keys now" in res.stderr, res.stderr[-3000:]
+
+
+def test_decentralized_keeps_training_after_a_worker_is_lost(tmp_path):
+    """Decentralized(peer_selection="all"): the last of 3 ranks dies before its step-12
+    exchange; the two survivors (blocked on its model) restore the commit of step 10 and
+    average with the peers of the re-formed group; the mean of the local steps is the
+    full-batch step, so the result is one process's."""
+    res, ranks = _job(tmp_path, "decentralized", 12, -1)
+    _check_exact(res, ranks, 2)
+    for r in (0, 1):
+        assert ranks[r]["resets"] == [[10, r, 2]], ranks[r]["resets"]

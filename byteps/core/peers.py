@@ -96,6 +96,13 @@ class PeerNet:
             self.slots += 1
             return self.slots - 1
 
+    def keep_slot(self, slot: int) -> int:
+        """An algorithm instance of an earlier group keeps its slot in this one (an elastic
+        re-form: a newcomer creates its instances in the same order, so numbers agree)."""
+        with self.lock:
+            self.slots = max(self.slots, slot + 1)
+            return slot
+
     def attach(self, book: dict, node_id: int, epoch: int, fatal) -> None:
         """Take the address book of the formed job (workers with their addresses)."""
         self.rank, self.node_id, self.epoch, self.fatal = book["rank"], node_id, epoch, fatal

@@ -122,6 +122,7 @@ class _PeerAlgorithm(Algorithm):
         extra = _spec(self.compression_params).describe() if self.compression_params else ""
         self.layout = layout_id(params, extra)
         self.rank, self.size = api.rank(), api.size()
+        self.group = api._state()     # this group's state; another one: _regroup()
         if self.size == 1:
             return False
         self.net = getattr(api._state(), "peers", None)
@@ -136,6 +137,8 @@ class _PeerAlgorithm(Algorithm):
         return True
 
     def _due(self, params: dict[str, np.ndarray]) -> bool:
+        if getattr(self, "group", None) is not api._state():   # elastic re-form, init() again
+            self._regroup(params)
         self.steps += 1
         if self.net is None:
             return False
@@ -153,6 +156,20 @@ class _PeerAlgorithm(Algorithm):
         self.comm = int(total[0]) + 1
         self._restart(params)
 
+    def _regroup(self, params: dict[str, np.ndarray]) -> None:
+        """A new group (``bps.elastic.run`` re-formed it: a new epoch, dense ranks, the
+        peers of the new address book): steps and message tags count from 0 on every
+        member (a newcomer's too) and replicas start from the parameters, which
+        ``state.sync()`` made identical on every rank."""
+        slot = getattr(self, "slot", None)
+        self.steps = self.comm = 0
+        self.net = None
+        if not self._setup(params):
+            return
+        if slot is not None:
+            self.slot = self.net.keep_slot(slot)
+        self._restart(params)
+
     def _restart(self, params: dict[str, np.ndarray]) -> None:
         """Replicas start again from the (identical) parameters."""
 
@@ -164,7 +181,7 @@ class _PeerAlgorithm(Algorithm):
 
     def finish(self, params: dict[str, np.ndarray]) -> None:
         """An exact average through the servers: every rank ends identical."""
-        if self.size > 1:
+        if api.size() > 1:                  # (the current group's: elastic re-forms)
             average_now(params, self.prefix + "final.")
 
 
@@ -209,17 +226,24 @@ class Decentralized(_PeerAlgorithm):
     def init(self, params: dict[str, np.ndarray]) -> None:
         if not self._setup(params) or not self.compression_params:
             return
+        if api._state().book.get("elastic_gen"):
+            # joined a re-formed elastic group: the members average nothing now, and the
+            # state is synced from rank 0 before the first step (_regroup() then)
+            self.group = None
+            return
         # every rank starts from the same model, so replicas start equal everywhere
         average_now(params, self.prefix + "init.")
-        from byteps.compression.pipeline import REGISTRY
-        spec = _spec(self.compression_params)
-        self.codec = REGISTRY[spec.compressor](spec, self.flat.n, 0, 0)
-        self.dec = np.empty(self.flat.n, np.float32)
         self._restart(params)
 
     def _restart(self, params: dict[str, np.ndarray]) -> None:
         if not self.compression_params:
             return
+        if getattr(self, "codec", None) is None or self.codec_n != self.flat.n:
+            from byteps.compression.pipeline import REGISTRY
+            spec = _spec(self.compression_params)
+            self.codec, self.codec_n = REGISTRY[spec.compressor](spec, self.flat.n, 0, 0), \
+                self.flat.n
+            self.dec = np.empty(self.flat.n, np.float32)
         x = self.flat.gather(params).astype(np.float32)
         others = [r for r in range(self.size) if r != self.rank]
         if self.selection == "shift_one":
