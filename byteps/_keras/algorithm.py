@@ -39,12 +39,9 @@ def resolve(algorithm, settings):
         raise core.BytePSError(f"{what}: algorithms that combine gradients "
                                f"(reduce_gradients) are not available in byteps.keras; "
                                f"combine parameters in after_step instead")
-    if settings.passes != 1:
-        raise core.BytePSError(f"{what}: backward_passes_per_step={settings.passes} is not "
-                               f"available; use 1 (the algorithm runs after each step)")
-    if getattr(settings.compression, "params", None):
-        raise core.BytePSError(f"{what}: gradient compression is not available (parameters "
-                               f"are exchanged, not gradients); drop compression_params")
+    # the core's one rule: the algorithm receives the compressor and the backward passes
+    algorithm.bind(getattr(settings.compression, "params", None) or None, settings.passes,
+                   subject=what)
     return KerasAlgorithm(algorithm, settings.prefix)
 
 

@@ -62,6 +62,25 @@ _RULES = (
          "would apply every step's update many times over",
          "drop 'momentum' (and 'mu') from compression_params and keep the optimizer's own "
          "momentum", ValueError),
+    Rule("process-set-algorithm",
+         "DistributedOptimizer(process_set=...) with an algorithm other than SyncPS "
+         "(AsyncPS, AsyncModelAverage, Decentralized)",
+         "these algorithms keep one value per name on the servers for every worker of the "
+         "job (a server round or an asynchronous key counts every worker) or run a peer "
+         "topology over every rank; a process set is a subset of the workers, which "
+         "neither the servers' keys nor the peer rings can tell apart",
+         "use SyncPS (the default) with process_set, or drop process_set to train every "
+         "worker with the algorithm", ValueError),
+    Rule("qadam-algorithm",
+         "QAdamOptimizer (1-bit Adam) with an algorithm other than SyncPS (AsyncPS, "
+         "BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, Decentralized)",
+         "QAdam is a synchronous method: every step all workers average their Adam momentum "
+         "(compressed) under one variance frozen on every rank; these algorithms exchange "
+         "parameters or parameter differences instead, so there is no averaged momentum "
+         "for QAdam to compress and it would be plain local Adam",
+         "use Adam with the algorithm and the algorithm's compression_params (AsyncPS "
+         "compresses its parameter differences with error feedback), or QAdam with SyncPS "
+         "(no algorithm, BYTEPS_ENABLE_ASYNC unset)"),
 )
 
 #: every rule by id, in the order docs/compatibility.md lists them

@@ -211,11 +211,13 @@ class _Worker:
 _worker: list = []
 
 
-def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what: str):
+def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what: str,
+        frame_bytes: int | None = None):
     """One set operation: returns a function that waits for and returns its result.
 
     ``row``: this rank's metadata row (int64, the same length on every member);
-    ``data``: its array; ``compute(rows, arrays, ranks)`` (on the leader) returns every
+    ``data``: its array (with ``frame_bytes``: a compressed frame of exactly that many
+    bytes, uint8, while ``row`` describes the tensor it encodes); ``compute(rows, arrays, ranks)`` (on the leader) returns every
     member's ``(result array, extra int64 row)`` or raises BytePSError;
     ``finish(result, extra)`` turns the reply into the caller's result."""
     st = api._state()
@@ -228,7 +230,7 @@ def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what
 
     def job():
         try:
-            box["r"] = _exchange(st, ps, tag, row, data, compute, finish, what)
+            box["r"] = _exchange(st, ps, tag, row, data, compute, finish, what, frame_bytes)
         except BaseException as exc:
             box["e"] = exc
         finally:
@@ -243,7 +245,7 @@ def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what
     return wait
 
 
-def _exchange(st, ps, tag, row, data, compute, finish, what):
+def _exchange(st, ps, tag, row, data, compute, finish, what, frame_bytes=None):
     ranks, me = ps.ranks, st.rank
     leader = ranks[0]
     slot = (1 << 31) - 1 - ps.process_set_id
@@ -280,7 +282,7 @@ def _exchange(st, ps, tag, row, data, compute, finish, what):
     try:
         meta = np.stack(rows)
         for i, r in enumerate(ranks[1:], 1):
-            arrays.append(_payload(net, r, tag, slot, meta[i], what))
+            arrays.append(_payload(net, r, tag, slot, meta[i], what, frame_bytes))
         results = compute(meta, arrays, ranks)
     except BytePSError as exc:
         err = str(exc)
@@ -309,9 +311,14 @@ def _exchange(st, ps, tag, row, data, compute, finish, what):
     return finish(np.ascontiguousarray(res), out_extra)
 
 
-def _payload(net, r, tag, slot, row, what) -> np.ndarray:
-    """The data a member sent, sized from its own metadata row (checked first)."""
+def _payload(net, r, tag, slot, row, what, frame_bytes=None) -> np.ndarray:
+    """The data a member sent, sized from its own metadata row (checked first), or its
+    compressed frame of ``frame_bytes`` (a member with other settings sent another size:
+    the error names it)."""
     from byteps.core import collectives as c
+    if frame_bytes is not None:
+        return np.frombuffer(net.recv(r, tag * 4 + 1, slot, KIND, 0, frame_bytes, what),
+                             np.uint8).copy()
     code, ndim = int(row[c._DTYPE]), int(row[c._NDIM])
     if not 0 <= code < len(DTYPES) or not 0 <= ndim <= _MAX_DIMS:
         raise BytePSError(f"{what}: rank {r} sent a malformed metadata row")

@@ -3,13 +3,25 @@
 Each function starts one operation of the set's star and returns a function that waits for
 its result.  The rules are those of :mod:`byteps.core.collectives` (the same metadata rows
 and checks, the same scaling, averaging and row layouts); only the transport differs.
+
+**Compression.**  A sum or average of a name declared with ``compression_params``
+(``api.declare``; byteps.torch's ``DistributedOptimizer(process_set=...,
+compression_params=...)`` declares its gradients) is compressed as on the servers' path:
+each member compresses its tensor (momentum, error feedback, compressor: a worker pipeline
+per set and name), the leader decodes every member's frame, sums in float32, compresses the
+sum once (error feedback: the servers' pipeline, on the leader) and every member decodes
+that same frame (identical results on every member), then divides by the set's size.  The
+same rule as the servers' path: floating tensors of at least
+``BYTEPS_MIN_COMPRESS_BYTES``; min/max/product are never compressed.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from byteps.core import api
 from byteps.core import collectives as c
 from byteps.core import process_sets
+from byteps.core.node import BytePSError
 from byteps.transport.wire import REDUCE_OPS
 
 
@@ -35,6 +47,9 @@ def _run(ps, kind, name, a, row, compute, finish=lambda r, extra: r):
 def allreduce(ps, name, a, wire, avg, pre, post):
     code = len(REDUCE_OPS) if avg else wire
     row = c._row("allreduce", a, op=code, n=len(ps.ranks))
+    comp = _compression(ps, name, a, wire)
+    if comp is not None:
+        return _compressed_allreduce(ps, name, a, avg, pre, post, row, comp)
 
     def compute(meta, arrays, ranks):
         c._check("allreduce", name, meta, trailing=False, ranks=ranks)
@@ -99,3 +114,64 @@ def barrier(ps):
         return [(empty, None)] * len(ranks)
     return _run(ps, "barrier", f"barrier.{n}", empty,
                 c._row("barrier", empty, n=len(ps.ranks)), compute, lambda r, extra: None)
+
+
+class _SetCompression:
+    """Compression state of one name in one set: this member's worker pipeline, the
+    leader's server pipeline (made on first use) and the round counter (every member
+    issues the set's operations in the same order, so the rounds agree)."""
+
+    def __init__(self, spec, n: int, key: int):
+        from byteps.compression import worker_pipeline
+        self.spec, self.n, self.key = spec, n, key
+        self.worker = worker_pipeline(spec, n, key, 0)
+        self.server = None
+        self.rnd = 0
+
+
+_COMP: dict = {}
+
+
+def _compression(ps, name, a, wire) -> _SetCompression | None:
+    st = api._state()
+    spec = st.declared.get(name)
+    if spec is None or wire != 0 or a.dtype.kind != "f" or not a.size \
+            or a.nbytes < st.cfg.min_compress_bytes:
+        return None
+    key = (ps.process_set_id, name)
+    s = _COMP.get(key)
+    if s is None or s.n != a.size or s.spec != spec:
+        s = _COMP[key] = _SetCompression(spec, a.size, api.tensor_key(name))
+    return s
+
+
+def _compressed_allreduce(ps, name, a, avg, pre, post, row, s: _SetCompression):
+    from byteps.compression import CompressionError, server_pipeline
+    rnd, s.rnd = s.rnd, s.rnd + 1
+    k = len(ps.ranks)
+    frame = s.worker.compress(np.asarray(c.scale(a, pre), np.float32).reshape(-1), rnd)
+    what = f"compressed allreduce of {name!r} on {ps!r}"
+
+    def compute(meta, frames, ranks):
+        c._check("allreduce", name, meta, trailing=False, ranks=ranks)
+        total, dec = np.zeros(s.n, np.float32), np.empty(s.n, np.float32)
+        for r, f in zip(ranks, frames):
+            try:
+                s.worker.decompress(f, rnd, dec)
+            except CompressionError as exc:
+                raise BytePSError(f"{what}: the frame of rank {r} is invalid ({exc}); every "
+                                  f"member must declare {name!r} with the same "
+                                  f"compression_params") from None
+            total += dec
+        if s.server is None:
+            s.server = server_pipeline(s.spec, s.n, s.key, 0)
+        out = s.server.compress(total, rnd)
+        return [(out, None)] * len(ranks)
+
+    def finish(fr, extra):
+        res = np.empty(s.n, np.float32)
+        s.worker.decompress(fr, rnd, res)
+        if avg and k > 1:
+            res /= k
+        return c.scale(res.astype(a.dtype, copy=False).reshape(a.shape), post)
+    return process_sets.run(ps, row, frame, compute, finish, what, frame_bytes=frame.nbytes)

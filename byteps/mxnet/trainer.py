@@ -60,21 +60,21 @@ class DistributedTrainer(mx.gluon.Trainer):
         if not isinstance(alg, _algorithms.Algorithm):
             raise TypeError(f"algorithm must be a byteps.algorithms.Algorithm, got "
                             f"{type(alg).__name__}")
-        if not alg.plugin_gradients and (compression_params or type(alg).reduce_gradients
-                                         is not _algorithms.Algorithm.reduce_gradients):
-            raise core.BytePSError(f"DistributedTrainer: {alg.describe()} exchanges "
-                                   f"parameters after the local step; gradient compression "
-                                   f"and reduce_gradients are not available with it")
+        if not alg.plugin_gradients and type(alg).reduce_gradients \
+                is not _algorithms.Algorithm.reduce_gradients:
+            raise core.BytePSError(f"DistributedTrainer: {alg.describe()} combines gradients "
+                                   f"(reduce_gradients), which DistributedTrainer does not "
+                                   f"call; combine parameters in after_step instead")
+        if not alg.plugin_gradients:
+            # the core's one rule: the algorithm compresses what it exchanges
+            alg.bind(self._bps_cparams, 1, subject=f"DistributedTrainer: {alg.describe()}")
         self._bps_alg = None if alg.plugin_gradients else alg
         self._bps_alg_ready = False
         super().__init__(_param_list(params), optimizer, optimizer_params=optimizer_params,
                          kvstore=None)
-        size = core.size()
-        if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
-                or not 0 <= root_rank < size:
-            raise ValueError(f"root_rank={root_rank!r} is out of range for {size} worker(s)")
-        self.root_rank = root_rank
-        self._bps_size = size
+        from byteps.core.collectives import check_root
+        self.root_rank = check_root(root_rank, "DistributedTrainer")
+        self._bps_size = size = core.size()
         self._bps_index = {id(p): i for i, p in enumerate(self._params)}
         prefix = group_prefix(("params", tuple(p.name for p in self._params)))
         plain = [plain_name(p.name) for p in self._params]

@@ -72,13 +72,7 @@ class _DistributedOptimizer:
         self._bps_should_sync = True
         self._bps_synchronized = False
         self._bps_hooks = []
-        if algorithm is None:
-            algorithm = _algorithms.default()
-        elif not isinstance(algorithm, _algorithms.Algorithm):
-            raise TypeError(f"algorithm must be a byteps.torch.algorithms.Algorithm (SyncPS, "
-                            f"AsyncPS, AsyncModelAverage or a subclass), got "
-                            f"{type(algorithm).__name__}")
-        self.algorithm = algorithm
+        self.algorithm = algorithm          # bound by DistributedOptimizer (the core's rule)
         # every algorithm but SyncPS runs in step() (``_bps_alg_*``); the flag keeps its name
         self._bps_async = not algorithm.plugin_gradients
         for name in sorted(self._bps_names.values()):
@@ -306,7 +300,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     tensors are fused automatically); ``sparse_as_dense`` (sparse gradients
     are densified; without it they are gathered, as Horovod's
     ``sparse_allreduce_async``); ``process_set`` (gradients averaged among
-    that set's ranks, byteps.core.process_sets).
+    that set's ranks, byteps.core.process_sets; compressed there too with
+    ``compression_params``, byteps/core/set_ops.py).
 
     With ``BYTEPS_ENABLE_ASYNC=1`` (asynchronous training, as in the original)
     the servers hold the parameters: they are seeded with rank 0's values when
@@ -317,7 +312,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``algorithm`` (``bps.algorithms.SyncPS()``, the default; ``AsyncPS()``;
     ``AsyncModelAverage(sync_interval_ms=500)``, or your own subclass of
     ``bps.algorithms.Algorithm``, docs/algorithms.md) chooses the training algorithm;
-    call ``optimizer.finish()`` at the end of training for its final exchange.
+    call ``optimizer.finish()`` at the end of training for its final exchange.  Every
+    algorithm receives ``compression_params`` (``Algorithm.bind``: SyncPS compresses
+    gradients, the others the parameter differences they exchange) and
+    ``backward_passes_per_step=N`` (autograd accumulates N passes; the algorithm runs
+    on ``step()``).
 
     ``compression_params`` (the original BytePS keys, e.g. ``{"compressor":
     "onebit", "ef": "vanilla"}``) compresses gradients in the core, on the way
@@ -361,28 +360,49 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
     from byteps.core import collectives as _coll
     dist._bps_process_set = _coll._set(process_set)
-    if dist._bps_process_set is not None and (compression_params or algorithm is not None):
-        raise ValueError("process_set cannot be combined with compression_params or an "
-                         "algorithm (they run over the servers, with every worker)")
-    compression, compression_params = _core_compression(dist, compression, compression_params)
-    if algorithm is not None and not getattr(algorithm, "plugin_gradients", False) and \
-            (compression_params or backward_passes_per_step != 1):
-        raise ValueError(f"algorithm={type(algorithm).__name__} cannot be combined with "
-                         f"gradient compression or backward_passes_per_step > 1")
+    if algorithm is None:            # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
+        algorithm = _algorithms.default()
+    elif not isinstance(algorithm, _algorithms.Algorithm):
+        raise TypeError(f"algorithm must be a byteps.torch.algorithms.Algorithm (SyncPS, "
+                        f"AsyncPS, AsyncModelAverage, Decentralized or a subclass), got "
+                        f"{type(algorithm).__name__}")
+    if dist._bps_process_set is not None and not algorithm.plugin_gradients:
+        from byteps.core import compat
+        compat.refuse("process-set-algorithm", f"DistributedOptimizer(process_set="
+                                               f"{dist._bps_process_set!r}, algorithm="
+                                               f"{algorithm.describe()})")
+    # the core's one rule (Algorithm.bind): the algorithm receives the compressor and the
+    # backward passes.  SyncPS's gradients are compressed in the core pipeline (names
+    # declared below); the other algorithms compress what they exchange themselves.
+    if algorithm.plugin_gradients:
+        compression, compression_params = _core_compression(
+            dist, compression, compression_params or algorithm.compression_params)
+        algorithm.bind(compression_params, backward_passes_per_step)
+        compression_params = algorithm.compression_params
+    else:
+        compression, params = _fp16_params(compression, compression_params)
+        algorithm.bind(params, backward_passes_per_step)
+        compression_params = None
     dist._bps_setup(named_parameters, compression, backward_passes_per_step, compression_params,
                     algorithm)
     return dist
 
 
-def _core_compression(opt, compression, params):
-    """Move fp16 and ``compression_params`` into the core pipeline; take compressor
-    momentum's ``mu`` from the optimizer and switch the optimizer's own momentum off."""
+def _fp16_params(compression, params):
+    """``compression=Compression.fp16`` as ``compression_params={"compressor": "fp16"}``."""
     from byteps.torch.compression import FP16Compressor
     if compression is FP16Compressor or isinstance(compression, FP16Compressor):
         if params and params.get("compressor") not in (None, "fp16"):
             raise ValueError(f"compression=Compression.fp16 and compression_params="
                              f"{params!r} both choose a compressor; pass one of them")
         params, compression = dict(params or {}, compressor="fp16"), Compression.none
+    return compression, params
+
+
+def _core_compression(opt, compression, params):
+    """Move fp16 and ``compression_params`` into the core pipeline; take compressor
+    momentum's ``mu`` from the optimizer and switch the optimizer's own momentum off."""
+    compression, params = _fp16_params(compression, params)
     if not params:
         return compression, None
     from byteps import compression as _comp
