@@ -299,6 +299,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         except BaseException:
             t.busy = None
             raise
+        _redeclare.check(st, t, hid, push_pull_async)   # ranks agree on a re-used name
         return hid
     h = Handle(hid, t, out, len(t.parts), average)
     if st.engine.timeline is not None:
@@ -323,6 +324,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         t.busy = None
         del st.handles[hid]
         raise
+    _redeclare.check(st, t, hid, push_pull_async)       # ranks agree on a re-used name
     return hid
 
 
@@ -469,6 +471,7 @@ def join(device: int = -1) -> int:
     with st.lock:
         for t in st.tensors.values():
             t.round = 0                       # the servers reset their rounds too
+        _redeclare.reset(st)
         if st.tuner is not None:
             st.tuner.saved.clear()            # (also those of keys autotune left behind)
         st.barrier_n = itertools.count()
