@@ -300,13 +300,13 @@ class _Optimizer:
 
 
 def test_keras_state_commit_restore_sync_and_run(monkeypatch):
-    """TensorFlowKerasState on objects with Keras's interface, in one process (no
-    TensorFlow import): restore brings back weights, optimizer variables (a 0-d step count
+    """TensorFlowKerasState (byteps/_keras/elastic.py) on objects with Keras's interface,
+    in one process (no real model): restore brings back weights, optimizer variables (a 0-d step count
     too) and attributes; run() syncs, commits; an unbuilt optimizer is built by sync()."""
     for k in [k for k in __import__("os").environ if k.startswith(("DMLC_", "BYTEPS_"))]:
         monkeypatch.delenv(k)
     import byteps.numpy as bps
-    from byteps.core.elastic_state import KerasState
+    from byteps.keras.elastic import KerasState
     bps.init()
     try:
         m, opt = _Model(), _Optimizer()
