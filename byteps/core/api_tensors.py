@@ -36,10 +36,6 @@ def _spec(name: str, params):
         spec = compression.parse(params)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"tensor {name!r}: {exc}") from None
-    if spec is not None and _api._STATE is not None and _api._STATE.cfg.enable_async:
-        raise BytePSError(f"tensor {name!r}: gradient compression is not available with "
-                          f"BYTEPS_ENABLE_ASYNC=1 (asynchronous mode sends parameter deltas); "
-                          f"unset BYTEPS_ENABLE_ASYNC or drop compression_params")
     return spec
 
 

@@ -22,7 +22,8 @@ import zmq
 from byteps import transport
 from byteps.common import malloc
 from byteps.common.config import Config
-from byteps.core.engine_comp import COMP_LR, CompressionMixin, comp_pipeline  # noqa: F401
+from byteps.core.engine_comp import (COMP_LR, CompressionMixin, comp_flags,  # noqa: F401
+                                    comp_pipeline, result_compressed)
 from byteps.core.engine_servers import ServersMixin
 from byteps.core.failover import WorkerFailover
 from byteps.common.metrics import RoundLatency
@@ -304,7 +305,7 @@ class Engine(CompressionMixin, ServersMixin):
                             f"worker rank {self.rank}: cannot compress tensor {tn.name!r} "
                             f"partition {t.part}: {exc}"))
                         continue
-                entries.append(Entry(tn.key, t.part, t.round, PUSH | PULL | COMP,
+                entries.append(Entry(tn.key, t.part, t.round, PUSH | PULL | comp_flags(tn),
                                      tn.dtype_code, t.length))
                 payload.append(t.wire)
                 t.sent_at = now
@@ -361,7 +362,7 @@ class Engine(CompressionMixin, ServersMixin):
             if t is None or t.round != e.round:
                 continue          # duplicate or stale
             try:
-                if bool(e.flags & COMP) != (t.comp is not None):
+                if bool(e.flags & COMP) != result_compressed(t):
                     raise WireError(f"result {list(e)} is {'' if e.flags & COMP else 'un'}"
                                     f"compressed, "
                                     f"the tensor is not")

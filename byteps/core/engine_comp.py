@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from byteps.common.errors import BytePSError
-from byteps.transport.wire import Entry, frame_bytes
+from byteps.transport.wire import ASYNC, COMP, Entry, frame_bytes
 
 COMP_LR: list = [None]    # the learning rate last given to api.set_compression_lr()
 
@@ -46,6 +46,19 @@ def recut_pipelines(tensor, old_parts: list) -> None:
     new = [(start, comp_pipeline(tensor, part, length))
            for part, start, length, _ in tensor.parts]
     carry_state(old, new, sum(length for _, _, length, _ in tensor.parts))
+
+
+def comp_flags(tensor) -> int:
+    """Entry flags of a compressed push (or resent pull) of ``tensor``: COMP, plus ASYNC
+    for an asynchronous key (AsyncPS's compressed parameter deltas)."""
+    return COMP | (getattr(tensor, "wire_flags", 0) & ASYNC)
+
+
+def result_compressed(t) -> bool:
+    """Whether task ``t``'s result is a compressed frame: a compressed synchronous round
+    is; an asynchronous key's pull returns the servers' parameters uncompressed (they
+    hold them in full precision: compressing parameters would lose the model)."""
+    return t.comp is not None and not getattr(t.handle.tensor, "wire_flags", 0) & ASYNC
 
 
 class CompressionMixin:

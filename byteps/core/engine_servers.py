@@ -11,8 +11,9 @@ import numpy as np
 
 from byteps.common.errors import BytePSError
 from byteps.common.node import describe, held_tensors
+from byteps.core.engine_comp import comp_flags
 from byteps.transport import shm
-from byteps.transport.wire import COMP, DTYPES, MAX_FREE_KEYS, PULL, SHM, Entry, Op
+from byteps.transport.wire import DTYPES, MAX_FREE_KEYS, PULL, SHM, Entry, Op
 
 log = logging.getLogger("byteps.worker")
 
@@ -130,7 +131,8 @@ class ServersMixin:
         for server, ts in pulls.items():
             self.resends += len(ts)
             flags = PULL | (SHM if self.shm_ok[server] else 0)
-            entries = [Entry(t.handle.tensor.key, t.part, t.round, PULL | COMP if t.comp else
+            entries = [Entry(t.handle.tensor.key, t.part, t.round, PULL | comp_flags(
+                             t.handle.tensor) if t.comp else
                              flags | getattr(t.handle.tensor, "wire_flags", 0),
                              t.handle.tensor.dtype_code, t.length) for t in ts]
             for t in ts:

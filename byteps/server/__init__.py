@@ -33,8 +33,8 @@ from byteps.server.replica import Replicator
 from byteps.server.retire import KeyRetirement
 from byteps.server.staleness import AsyncStore
 from byteps.server.stalls import StallReports
-from byteps.server.store import Slot, apply, recheck
-from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Op,
+from byteps.server.store import Slot, apply, async_groups, counted_joined, recheck
+from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Entry, Op,
                                    WireError, decode, encode, entry_array, frame_bytes, new_seq,
                                    payload_count)
 
@@ -78,7 +78,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.push_maps: dict[tuple, np.ndarray] = {}
         # membership within an epoch (the scheduler's MEMBERS): ranks that called join()
         # count as pushing zeros; ranks gone (shutdown() or exit 0) fail rounds they miss
-        self.joined: frozenset = frozenset()
+        self.joined = self.joined_ranks = frozenset()   # as counted (store) / as told
         self.gone: dict[int, str] = {}
         self.pushers: set = set()
         self.async_store = AsyncStore(cfg.async_staleness)   # ASYNC entries (staleness.py)
@@ -108,7 +108,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.local_reduce = body.get("local_reduce", "off")
         pushers = body.get("pushers")
         self.pushers = set(pushers if isinstance(pushers, list) else (w["rank"] for w in workers))
-        self.joined, self.gone = frozenset(), {}
+        self.joined, self.joined_ranks, self.gone = frozenset(), frozenset(), {}
         self.free_votes.clear()         # ranks of the new book vote again
         self.peers.clear()
         self.seqs.forget()
@@ -178,19 +178,19 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                     seg.close()
             self.push_maps.clear()
 
-    def shm_push(self, w: dict, e: list):
+    def shm_push(self, w: dict, e: Entry):
         """The array a colocated worker left in its shared-memory segment."""
         if not self.cfg.enable_ipc or w.get("machine") != shm.machine_id():
             raise WireError(f"shared-memory push from rank {w['rank']}, which is not colocated")
-        k = (w["node_id"], e[0], e[1])
+        k = (w["node_id"], e.key, e.part)
         arr = self.push_maps.get(k)
-        if arr is None or arr.size != e[5] or arr.dtype != DTYPES[e[4]]:
+        if arr is None or arr.size != e.length or arr.dtype != DTYPES[e.dtype]:
             try:
-                seg = shm.Segment(shm.push_path(self.cfg.job_id, w["node_id"], e[0], e[1]),
-                                  e[5] * DTYPES[e[4]].itemsize, False)
+                seg = shm.Segment(shm.push_path(self.cfg.job_id, w["node_id"], e.key, e.part),
+                                  e.length * DTYPES[e.dtype].itemsize, False)
             except (OSError, ValueError) as exc:
                 raise WireError(f"shared-memory push from rank {w['rank']}: {exc}") from None
-            arr = self.push_maps[k] = seg.array(DTYPES[e[4]], e[5])
+            arr = self.push_maps[k] = seg.array(DTYPES[e.dtype], e.length)
         return arr
 
     def on_scheduler(self) -> None:
@@ -228,9 +228,10 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                 for slot in self.slots.values():
                     slot.reset_rounds()
                 self.replica.reset()
-            self.joined = frozenset()
+            self.joined = self.joined_ranks = frozenset()
         else:
-            self.joined = frozenset(joined)
+            self.joined_ranks, self.joined = frozenset(joined), counted_joined(
+                joined, self.workers_by_id.values(), self.local_reduce)
         self.gone.update((r, text[:1000]) for r, text in gone)
         if self.joined or self.gone:
             for slot in list(self.slots.values()):
@@ -332,10 +333,11 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         if payload_count(entries, Op.DATA) != len(payload):
             return self.drops.warn("message with wrong payload count",
                                    f"{len(payload)} frames for {len(entries)} entries")
+        entries = [Entry._make(e) for e in entries]     # validated by decode: 6 integers
         frames = iter(payload)
         try:
-            arrays = [None if not e[3] & PUSH else self.shm_push(w, e) if e[3] & SHM
-                      else frame_bytes(next(frames)) if e[3] & COMP
+            arrays = [None if not e.flags & PUSH else self.shm_push(w, e) if e.flags & SHM
+                      else frame_bytes(next(frames)) if e.flags & COMP
                       else entry_array(e, next(frames)) for e in entries]
         except WireError as exc:
             return self.drops.warn("truncated payload", str(exc))
@@ -360,42 +362,44 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             self.declare(d, w)
         out: dict = {}
         for e, arr in zip(entries, arrays):
-            err = self.decls.get(e[0], {}).get("error")
-            if err or e[0] not in self.decls:
-                self.key_error(e[0], err or f"partition key {e[0]} pushed by rank {rank} "
+            err = self.decls.get(e.key, {}).get("error")
+            if err or e.key not in self.decls:
+                self.key_error(e.key, err or f"partition key {e.key} pushed by rank {rank} "
                                f"without a declaration")
                 continue
-            slot = self.slots.get((e[0], e[1]))
+            slot = self.slots.get((e.key, e.part))
             if slot is None:
                 slot = self.new_slot(e, rank)
                 if slot is None:
                     continue
-            elif slot.dtype != e[4] or slot.length != e[5]:
-                self.key_error(e[0], self.mismatch(e, slot, rank))
+            elif slot.dtype != e.dtype or slot.length != e.length:
+                self.key_error(e.key, self.mismatch(e, slot, rank))
                 continue
             if arr is not None and not self.comp_ok(slot, e, arr, rank):
                 continue
-            why = self.blocked(slot, e[2]) if self.gone and not e[3] & ASYNC else None
+            why = self.blocked(slot, e.round) if self.gone and not e.flags & ASYNC else None
             if why:
-                self.round_error(ident, e[0], why)
+                self.round_error(ident, e.key, why)
                 continue
-            if e[3] & SHM and slot.segs is None and not slot.rounds:
+            if e.flags & SHM and slot.segs is None and not slot.rounds:
                 try:
                     segs = [shm.Segment(shm.result_path(self.cfg.job_id, self.link.node_id,
-                                                        e[0], e[1], p),
-                                        e[5] * DTYPES[e[4]].itemsize, True) for p in (0, 1)]
-                    slot.segs, slot.bufs = segs, [g.array(DTYPES[e[4]], e[5]) for g in segs]
+                                                        e.key, e.part, p),
+                                        e.length * DTYPES[e.dtype].itemsize, True)
+                            for p in (0, 1)]
+                    slot.segs = segs
+                    slot.bufs = [g.array(DTYPES[e.dtype], e.length) for g in segs]
                 except OSError as exc:   # results travel as payload frames instead
                     self.drops.warn("shared-memory result segment", str(exc))
                     slot.segs = []
             if arr is not None:
-                out.setdefault(ident, []).append(([e[0], e[1], e[2], ACK, e[4], e[5]], None))
+                out.setdefault(ident, []).append((e._replace(flags=ACK), None))
                 self.bytes_received += arr.nbytes
                 hid = w.get("host_id") or "?"
                 self.bytes_by_host[hid] = self.bytes_by_host.get(hid, 0) + arr.nbytes
                 if self.record:
                     self.record_push(rank, e)
-            if e[3] & ASYNC and arr is not None and self.replica.active:
+            if e.flags & ASYNC and arr is not None and self.replica.active:
                 self.replica.forward(e, arr, rank)     # copied before its pull is answered
             if slot.engine < 0:
                 self.apply(slot, e, arr, rank, ident, out)
@@ -406,12 +410,12 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         for ident, items in out.items():      # acks and inline results of one receive burst
             self.batch.setdefault(ident, []).extend(items)
 
-    def apply(self, slot: Slot, e: list, arr, rank: int, ident, out: dict) -> None:
+    def apply(self, slot: Slot, e: Entry, arr, rank: int, ident, out: dict) -> None:
         """Apply one entry; a malformed compressed push is dropped with a log line."""
         try:
-            if e[3] & ASYNC:
-                if arr is not None and e[3] & COMP:
-                    arr = slot.unpack(arr, e[2])
+            if e.flags & ASYNC:
+                if arr is not None and e.flags & COMP:
+                    arr = slot.unpack(arr, e.round)
                 return self.async_store.apply(slot, e, arr, rank, ident, self.async_ranks(),
                                               out)
             # other keys keep rounds (compressed pushes decompressed only when summed);
@@ -419,14 +423,13 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined,
                   0 if self.replica.active else self.size)
         except CompressionError as exc:
-            name = self.decls.get(e[0], {}).get("name", e[0])
+            name = self.decls.get(e.key, {}).get("name", e.key)
             self.drops.warn("malformed compressed push",
-                            f"tensor {name!r} partition {e[1]} from rank {rank}: {exc}")
+                            f"tensor {name!r} partition {e.part} from rank {rank}: {exc}")
 
-    def async_ranks(self) -> set:
-        """Ranks whose progress bounds the staleness (not joined, not gone)."""
-        return {w["rank"] for w in self.workers_by_id.values()} - set(self.joined) \
-            - set(self.gone)
+    def async_ranks(self) -> dict:      # who bounds the staleness (store.async_groups)
+        return async_groups(self.workers_by_id.values(), self.local_reduce,
+                            self.joined_ranks, self.gone)
 
     # ---------------------------------------------------------------- engines
     def engine(self, q: queue.SimpleQueue) -> None:
@@ -458,7 +461,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
     def send_results(self, out: dict) -> None:
         out = self.replica.hold(out)      # results wait until the backup has their round
         for ident, items in out.items():
-            frames = [a for e, a in items if a is not None and not e[3] & SHM]
+            frames = [a for e, a in items if a is not None and not e.flags & SHM]
             self.send(ident, Op.RESULT, [[e for e, _ in items], []], frames)
 
     def send(self, ident: bytes, op: int, body, payload=()) -> None:

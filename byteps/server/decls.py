@@ -11,7 +11,7 @@ import os
 
 from byteps.compression import CompressionError, Spec, server_pipeline
 from byteps.server.store import Slot
-from byteps.transport.wire import COMP, DTYPES, REDUCE_OPS, Op
+from byteps.transport.wire import ASYNC, COMP, DTYPES, REDUCE_OPS, Op
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024     # partitions up to this size are summed on the I/O thread
@@ -27,6 +27,8 @@ class TensorChecks:
         if bool(e[3] & COMP) == (slot.pipe is not None) and (
                 slot.pipe is None or buf.nbytes == slot.pipe.frame_bytes):
             return True
+        if e[3] & ASYNC and not e[3] & COMP:   # an asynchronous key's exact push (AsyncPS's
+            return True                        # seed, a pull's zeros): raw, length checked
         name = self.decls.get(e[0], {}).get("name", e[0])
         self.drops.warn("malformed compressed push", (
             f"tensor {name!r} partition {e[1]} from rank {rank}: "

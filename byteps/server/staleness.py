@@ -10,7 +10,14 @@ pushing rank has reached on this partition), and answered as soon as that rank p
 round ``r - s``.  So no worker runs more than ``s`` steps ahead of the slowest one:
 ``s = 0`` is synchronous (every pull of round ``r`` sees exactly the pushes of rounds
 ``<= r`` of every rank), unset is unbounded.  Ranks that called ``join()`` or left do
-not hold anyone back.
+not hold anyone back.  With local reduction a host pushes once per key (its local
+root), so the bound holds per host (:func:`byteps.server.store.async_groups`).
+
+Compressed asynchronous keys (AsyncPS with ``compression_params``): each push is a
+compressed delta (``COMP | ASYNC``, its frame validated like a synchronous one), which
+the server decompresses into float32 and adds at once; a raw push of the same key
+(``ASYNC`` alone: AsyncPS's exact seed and its pulls' zeros) is added as it is; the pull
+always answers the full-precision value, uncompressed (parameters, never deltas).
 
 ``stats`` counts what happened (``max_lag``: the largest ``r - slowest`` ever answered),
 written by the server to ``<BYTEPS_TEST_RECORD>.staleness.<pid>.json`` for the tests.
@@ -35,18 +42,26 @@ class AsyncStore:
         self.reported = None        # the last stall report (tensor, slow ranks, round)
 
     def slowest(self, slot, ranks) -> tuple[int, list]:
-        """The smallest round pushed on ``slot`` by any of ``ranks`` (-1: one has not
-        pushed yet) and the ranks at that round."""
-        rounds = {r: slot.applied.get(r, -1) for r in ranks}
+        """The smallest round pushed on ``slot`` by any group of ``ranks`` (-1: one has
+        not pushed yet) and the ranks of the groups at that round.  ``ranks``: a set of
+        ranks (each its own group), or ``{group: ranks}`` (byteps.server.store.async_groups:
+        with local reduction a host is one group, whichever of its ranks pushes)."""
+        groups = ranks if isinstance(ranks, dict) else {r: (r,) for r in ranks}
+        rounds = {g: max(slot.applied.get(r, -1) for r in rs) for g, rs in groups.items()}
         if not rounds:
             return 1 << 62, []
         low = min(rounds.values())
-        return low, sorted(r for r, v in rounds.items() if v == low)
+        return low, sorted(r for g, v in rounds.items() if v == low for r in groups[g])
 
     def apply(self, slot, entry: list, arr, rank: int, ident: bytes, ranks, out: dict) -> None:
         """Apply one asynchronous entry from ``rank``; queue replies into ``out``.
 
-        ``ranks``: the ranks that still push (not joined, not gone)."""
+        ``arr``: the pushed delta, float32 already when it came compressed (the server
+        decompressed it with the slot's pipeline), raw elements otherwise (an exact push:
+        AsyncPS's seed, or zeros); it is added to the key's full-precision value at once,
+        and the pull answers that value uncompressed.
+        ``ranks``: who still pushes (not joined, not gone): a set of ranks or
+        ``{group: ranks}`` (see :meth:`slowest`)."""
         key, part, rnd, flags, dt, length = entry
         if flags & PUSH and slot.applied.get(rank, -1) < rnd:     # a resend is not re-added
             slot.applied[rank] = rnd

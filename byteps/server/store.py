@@ -84,6 +84,40 @@ def full(rs: Round, nworkers: int, joined: frozenset) -> bool:
     return len(rs.ranks) + len(joined - rs.ranks) >= nworkers
 
 
+def counted_joined(joined, workers, local_reduce: str) -> frozenset:
+    """The ranks a round counts as having pushed zeros.  Without local reduction: the
+    ranks that called ``join()``.  With it a host pushes once per key (its local root, or
+    one local rank per slice), and a joined local rank only adds zeros to its host's
+    local sum: a host counts as joined once every one of its local ranks has, by one rank
+    (its local root), so that one host never counts twice."""
+    joined = frozenset(joined)
+    if local_reduce == "off" or not joined:
+        return joined
+    hosts: dict = {}
+    for w in workers:
+        hosts.setdefault(w["host_id"], []).append(w)
+    return frozenset(min(ws, key=lambda w: w["local_rank"])["rank"] for ws in hosts.values()
+                     if all(w["rank"] in joined for w in ws))
+
+
+def async_groups(workers, local_reduce: str, joined, gone) -> dict:
+    """Who bounds the staleness of asynchronous keys: ``{group: ranks}`` of the groups
+    still pushing (not joined, not gone); a group's round on a partition is the newest any
+    of its ranks pushed.  Without local reduction every rank is its own group; with it a
+    host is one (its local root, or its local rank of a slice, pushes for it), so the
+    bound applies per host (byteps.server.staleness)."""
+    out: dict = {}
+    for w in workers:
+        r = w["rank"]
+        if r in gone:
+            continue
+        g = r if local_reduce == "off" else w["host_id"]
+        out.setdefault(g, [[], False])
+        out[g][0].append(r)
+        out[g][1] |= r not in joined
+    return {g: rs for g, (rs, active) in out.items() if active}
+
+
 ROUNDS_DONE = [0]     # rounds finished by this process (byteps.core.metrics)
 
 
