@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from byteps.core.carry import carry
+from byteps.core.carry import carry, reduction
 from tests.conftest import assert_ok, read_results, run_script
 
 
@@ -26,8 +26,11 @@ def test_carry_reductions_wrap_like_the_dtype():
     wire, back = carry(a, copy=False)
     assert wire.dtype == np.int32
     assert np.array_equal(back(wire + wire), a + a)   # int16 arithmetic wraps the same way
-    b = np.array([True])
-    assert carry(b, copy=False)[0].dtype == np.bool_  # refused later by the core, by name
+    b = np.array([True, False])
+    wire, wop, avg, back = reduction(b, 0, True)        # bool: uint8, reduced logically
+    assert wire.dtype == np.uint8 and (wop, avg) == (2, False)    # "any": max
+    assert back(wire).dtype == np.bool_ and reduction(b, 3, False)[1] == 1  # product: min
+    assert carry(np.ones(2, np.uint64), copy=False)[0].dtype == np.uint64  # refused by name
 
 
 @pytest.mark.parametrize("workers,servers", [(2, 1), (3, 2)])

@@ -143,13 +143,10 @@ def process_set_kw(process_set, what: str) -> dict:
 
 
 def barrier(process_set=None) -> None:
-    """Wait until every worker (of ``process_set``) reaches the barrier."""
-    kw = process_set_kw(process_set, "barrier")
-    if kw:
-        from byteps.core import collectives
-        collectives.barrier(**kw)
-    else:
-        api.barrier()
+    """Wait until every worker (of ``process_set``) reaches the barrier (the one barrier,
+    :func:`byteps.core.collectives.barrier`)."""
+    from byteps.core import collectives
+    collectives.barrier(**process_set_kw(process_set, "barrier"))
 
 
 def global_only(process_set, what: str) -> None:

@@ -3,11 +3,11 @@
 Plugins adapt tensors (dtype, device, autograd) and call these; they decide no
 policy of their own.  What is decided here:
 
-* **names**: :func:`auto_name` for unnamed calls (deterministic when every rank makes
-  its unnamed calls in the same order);
-* **ops**: :func:`resolve_op` maps Horovod's ``average=``/``op=`` to the servers'
-  element-wise reduction (sum, min, max, product) and an average flag; ``Adasum``
-  is refused clearly;
+* **arguments**: names, ops and root ranks by :mod:`byteps.core.rules` (re-exported
+  here: :func:`auto_name`, :func:`resolve_op`, :func:`check_root`);
+* **dtypes**: every operation takes any dtype of :mod:`byteps.core.carry`'s table and
+  gives the result back in the input's dtype (a bool stays a bool), and 0-d arrays where
+  an operation allows them (allreduce, broadcast);
 * **scaling**: :func:`scale` applies ``prescale_factor``/``postscale_factor`` keeping
   the dtype (integers are scaled in float64 and truncated, float16 in float32, as
   Horovod does);
@@ -27,12 +27,15 @@ fills its own rows of a zero buffer (exact copies for every dtype).
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numpy as np
 
 from byteps.common.errors import BytePSError
+from byteps.core import carry as _carry
+from byteps.core.rules import (ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, ReduceOp,  # noqa: F401
+                               auto_name, check_name, resolve_op)
+from byteps.core.rules import check_root as _check_root
 from byteps.transport.wire import DTYPES, REDUCE_OPS, dtype_code
 
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "ReduceOp", "allgather",
@@ -41,48 +44,6 @@ __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "ReduceOp", "all
            "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_async",
            "grouped_reducescatter", "grouped_reducescatter_async", "reducescatter",
            "reducescatter_async", "reducescatter_rows", "resolve_op", "scale"]
-
-
-class ReduceOp:
-    """A Horovod reduction op (``hvd.Sum``, ``hvd.Average``, ``hvd.Min``, ...)."""
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"hvd.{self.name}"
-
-    def __reduce__(self):
-        return (_op_by_name, (self.name,))
-
-
-AVERAGE, SUM, ADASUM = ReduceOp("Average"), ReduceOp("Sum"), ReduceOp("Adasum")
-MIN, MAX, PRODUCT = ReduceOp("Min"), ReduceOp("Max"), ReduceOp("Product")
-_OPS_BY_NAME = {o.name.lower(): o for o in (AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT)}
-_WIRE = {"sum": 0, "average": 0, "min": 1, "max": 2, "product": 3}
-
-
-def _op_by_name(name: str) -> ReduceOp:
-    return _OPS_BY_NAME[name.lower()]
-
-
-def resolve_op(average=None, op=None) -> tuple[int, bool]:
-    """Horovod's ``average``/``op`` arguments -> (server reduction, average).
-
-    ``op`` may be a :class:`ReduceOp` or its name; without either argument the result
-    is an average (Horovod's default).  ``Adasum`` is refused."""
-    if op is None:
-        return 0, True if average is None else bool(average)
-    if average is not None:
-        raise ValueError("give either average= or op=, not both")
-    name = getattr(op, "name", op)
-    if not isinstance(name, str) or name.lower() not in _OPS_BY_NAME:
-        raise ValueError(f"op={op!r} is unknown; use Average, Sum, Min, Max or Product")
-    if name.lower() == "adasum":
-        raise ValueError("op=Adasum is not supported by byteps (a parameter server reduces "
-                         "element-wise); use Average, Sum, Min, Max or Product")
-    return _WIRE[name.lower()], name.lower() == "average"
 
 
 def scale(array: np.ndarray, factor: float) -> np.ndarray:
@@ -97,20 +58,6 @@ def scale(array: np.ndarray, factor: float) -> np.ndarray:
     if array.dtype == np.float16:
         return (array.astype(np.float32) * np.float32(factor)).astype(np.float16)
     return array * array.dtype.type(factor)
-
-
-_names: dict[int, itertools.count] = {}
-_names_lock = threading.Lock()
-
-
-def auto_name(kind: str, process_set=None) -> str:
-    """A name for an unnamed call: ``<kind>.noname.<n>`` from one per-process counter per
-    process set (``.ps<id>`` added for a set other than the global one), so every rank of
-    a set must make its unnamed calls on that set in the same order."""
-    pid = getattr(process_set, "process_set_id", None) or 0
-    with _names_lock:
-        n = next(_names.setdefault(pid, itertools.count()))
-    return f"{kind}.noname.{n}" if not pid else f"{kind}.noname.ps{pid}.{n}"
 
 
 def build_info() -> dict:
@@ -194,6 +141,16 @@ def _shape_name(name: str, shape) -> str:
     return f"{name}.{'x'.join(map(str, shape)) or 'scalar'}"
 
 
+def check_root(root_rank, what: str, ps=None) -> int:
+    """:func:`byteps.core.rules.check_root` in this job (and process set ``ps``)."""
+    return _check_root(root_rank, what, api.size(), ps)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    """The core exchanges arrays of at least one dimension (a 0-d one travels as (1,))."""
+    return a.reshape(1) if a.ndim == 0 else a
+
+
 def _set(process_set):
     """The registered non-global process set of ``process_set`` (None: every rank)."""
     if process_set is None:
@@ -202,10 +159,13 @@ def _set(process_set):
     return process_sets.resolve(process_set)
 
 
-def _on_set(ps, kind: str, name: str, fn) -> int:
-    """A set operation (byteps/core/set_ops.py) under ``name``, reserved until synchronized."""
+def _on_set(ps, kind: str, name: str, fn, done=None) -> int:
+    """A set operation (byteps/core/set_ops.py) under ``name``, reserved until synchronized
+    (``done``: turns its result into the caller's)."""
     from byteps.core import set_ops
-    return _reserved(kind, name, lambda: _start(kind, fn(set_ops)))
+    wait = fn(set_ops)
+    return _reserved(kind, name, lambda: _start(kind, wait if done is None else
+                                                lambda: done(wait())))
 
 
 # ------------------------------------------------------------------ allreduce
@@ -216,18 +176,22 @@ def allreduce_async(array: np.ndarray, name: str | None = None, average=None, op
     average); returns a handle."""
     wire, avg = resolve_op(average, op)
     ps = _set(process_set)
-    name = name or auto_name("allreduce", process_set)
-    a = api._contiguous(np.asarray(array))
+    name = check_name(name, "allreduce", process_set)
+    given = np.asarray(array)
+    a, wire, avg, back = _carry.reduction(api._contiguous(_flat(given)), wire, avg)
+
+    def done(r):
+        return back(scale(r, postscale_factor)).reshape(given.shape)
     if ps is not None:
         return _on_set(ps, "allreduce", name, lambda so: so.allreduce(
-            ps, name, a, wire, avg, prescale_factor, postscale_factor))
-    if prescale_factor == 1.0 and postscale_factor == 1.0:
+            ps, name, a, wire, avg, prescale_factor, 1.0), done)
+    if prescale_factor == 1.0 and postscale_factor == 1.0 and back is _carry._identity \
+            and given.ndim:
         return _reserved("allreduce", name, lambda: api.push_pull_async(
             a, name, average=avg, priority=priority, op=wire))
     src = scale(a, prescale_factor)
     return _reserved("allreduce", name, lambda: _start("allreduce", _then(
-        api.push_pull_async(src, name, average=avg, priority=priority, op=wire),
-        lambda r: scale(r, postscale_factor))))
+        api.push_pull_async(src, name, average=avg, priority=priority, op=wire), done)))
 
 
 def _then(handle: int, fn):
@@ -266,7 +230,7 @@ def grouped_allreduce_async(arrays: list, name: str | None = None, average=None,
                             process_set=None) -> int:
     """Reduce every array of ``arrays`` (one handle; the result is a list)."""
     resolve_op(average, op)
-    name = name or auto_name("grouped_allreduce", process_set)
+    name = check_name(name, "grouped_allreduce", process_set)
     return _grouped("grouped_allreduce", name, list(arrays), lambda a, n: allreduce_async(
         a, n, average, op, prescale_factor, postscale_factor, process_set=process_set))
 
@@ -296,13 +260,15 @@ def allgather_async(array: np.ndarray, name: str | None = None, process_set=None
     """Concatenate every rank's ``array`` along the first dimension (which may differ
     between ranks; dtype and the other dimensions must agree)."""
     ps = _set(process_set)
-    name = name or auto_name("allgather", process_set)
-    a = api._contiguous(np.asarray(array))
+    name = check_name(name, "allgather", process_set)
+    a = np.asarray(array)
     if a.ndim == 0:
         raise ValueError(f"allgather of {name!r}: the tensor needs at least one dimension")
+    a, back = _carry.carry(api._contiguous(a), copy=True)
     if ps is not None:
-        return _on_set(ps, "allgather", name, lambda so: so.allgather(ps, name, a))
-    return _reserved("allgather", name, lambda: _start("allgather", lambda: _gather(name, a)))
+        return _on_set(ps, "allgather", name, lambda so: so.allgather(ps, name, a), back)
+    return _reserved("allgather", name, lambda: _start("allgather",
+                                                       lambda: back(_gather(name, a))))
 
 
 def allgather(array, name=None, process_set=None) -> np.ndarray:
@@ -311,7 +277,7 @@ def allgather(array, name=None, process_set=None) -> np.ndarray:
 
 def grouped_allgather_async(arrays: list, name: str | None = None, process_set=None) -> int:
     """:func:`allgather_async` of every array (one handle; the result is a list)."""
-    name = name or auto_name("grouped_allgather", process_set)
+    name = check_name(name, "grouped_allgather", process_set)
     return _grouped("grouped_allgather", name, list(arrays),
                     lambda a, n: allgather_async(a, n, process_set))
 
@@ -321,35 +287,25 @@ def grouped_allgather(arrays, name=None, process_set=None) -> list:
 
 
 # ------------------------------------------------------------------ broadcast
-def check_root(root_rank, what: str, ps=None) -> int:
-    """A root rank valid in this job (and a member of ``ps``): the same check for every
-    plugin."""
-    n = api.size()
-    if isinstance(root_rank, (bool, np.bool_)) or not isinstance(root_rank, (int, np.integer)) \
-            or not 0 <= root_rank < n:
-        raise ValueError(f"{what}: root_rank={root_rank!r} is out of range for a job of {n} "
-                         f"worker(s); use 0..{n - 1}")
-    if ps is not None and int(root_rank) not in ps.ranks:
-        raise ValueError(f"{what}: root_rank={root_rank} is not a member of {ps!r}")
-    return int(root_rank)
-
-
 def broadcast_async(array: np.ndarray, root_rank: int, name: str | None = None,
                     process_set=None) -> int:
     """Rank ``root_rank``'s ``array`` on every rank (checked: every rank must pass the
     same root rank, dtype and shape, else every rank gets an error naming both ranks)."""
     ps = _set(process_set)
     root = check_root(root_rank, "broadcast", ps)
-    name = name or auto_name("broadcast", process_set)
-    a = api._contiguous(np.asarray(array))
+    name = check_name(name, "broadcast", process_set)
+    given = np.asarray(array)
+    a, back = _carry.carry(api._contiguous(_flat(given)), copy=True)
+
+    def done(r):
+        return back(r).reshape(given.shape)
     if ps is not None:
-        return _on_set(ps, "broadcast", name, lambda so: so.broadcast(ps, name, a, root))
+        return _on_set(ps, "broadcast", name, lambda so: so.broadcast(ps, name, a, root), done)
 
     def run():
         meta = _sync(_meta_start(name, _row("broadcast", a, root=root)))
         _check("broadcast", name, meta, trailing=False)
-        src = a if api.rank() == root else np.zeros_like(a)
-        return _sync(api.push_pull_async(src, _shape_name(name, a.shape), average=False))
+        return done(_sync(api.broadcast_async(a, root, _shape_name(name, a.shape))))
     return _reserved("broadcast", name, lambda: _start("broadcast", run))
 
 
@@ -385,17 +341,18 @@ def reducescatter_async(array: np.ndarray, name: str | None = None, average=None
                         process_set=None) -> int:
     """Reduce ``array`` over every rank (default: average) and give each rank its block of
     rows (:func:`reducescatter_rows`)."""
-    wire, avg = resolve_op(average, op)
+    wire, avg = resolve_op(average, op, "reducescatter")
     ps = _set(process_set)
-    name = name or auto_name("reducescatter", process_set)
-    a = api._contiguous(np.asarray(array))
+    name = check_name(name, "reducescatter", process_set)
+    a = np.asarray(array)
     if a.ndim == 0:
         raise ValueError(f"reducescatter of {name!r}: the tensor needs at least one dimension")
+    a, wire, avg, back = _carry.reduction(api._contiguous(a), wire, avg)
     if ps is not None:
         return _on_set(ps, "reducescatter", name, lambda so: so.reducescatter(
-            ps, name, a, wire, avg, prescale_factor, postscale_factor))
-    return _reserved("reducescatter", name, lambda: _start("reducescatter", lambda: _scatter(
-        name, a, wire, avg, prescale_factor, postscale_factor)))
+            ps, name, a, wire, avg, prescale_factor, postscale_factor), back)
+    return _reserved("reducescatter", name, lambda: _start("reducescatter", lambda: back(
+        _scatter(name, a, wire, avg, prescale_factor, postscale_factor))))
 
 
 def reducescatter(array, name=None, average=None, op=None, prescale_factor=1.0,
@@ -407,8 +364,8 @@ def reducescatter(array, name=None, average=None, op=None, prescale_factor=1.0,
 def grouped_reducescatter_async(arrays: list, name: str | None = None, average=None, op=None,
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0, process_set=None) -> int:
-    resolve_op(average, op)
-    name = name or auto_name("grouped_reducescatter", process_set)
+    resolve_op(average, op, "grouped_reducescatter")
+    name = check_name(name, "grouped_reducescatter", process_set)
     return _grouped("grouped_reducescatter", name, list(arrays), lambda a, n:
                     reducescatter_async(a, n, average, op, prescale_factor, postscale_factor,
                                         process_set))
@@ -459,13 +416,17 @@ def alltoall_async(array: np.ndarray, splits=None, name: str | None = None,
     equal parts; the first dimension must divide by the number of ranks).  The result is
     ``(received rows concatenated by sending rank, received_splits)``."""
     ps = _set(process_set)
-    name = name or auto_name("alltoall", process_set)
-    a = api._contiguous(np.asarray(array))
+    name = check_name(name, "alltoall", process_set)
+    a = np.asarray(array)
     sp, bad = alltoall_splits(name, a, splits, api.size() if ps is None else len(ps.ranks))
+    a, back = _carry.carry(api._contiguous(a), copy=True)
+
+    def done(r):
+        return back(r[0]), r[1]
     if ps is not None:
-        return _on_set(ps, "alltoall", name, lambda so: so.alltoall(ps, name, a, sp, bad))
-    return _reserved("alltoall", name, lambda: _start("alltoall", lambda: _alltoall(
-        name, a, sp, bad)))
+        return _on_set(ps, "alltoall", name, lambda so: so.alltoall(ps, name, a, sp, bad), done)
+    return _reserved("alltoall", name, lambda: _start("alltoall", lambda: done(_alltoall(
+        name, a, sp, bad))))
 
 
 def alltoall(array, splits=None, name=None, process_set=None) -> tuple[np.ndarray, np.ndarray]:

@@ -5,6 +5,8 @@ Values travel as msgpack (the core's codec, :func:`byteps.core.elastic_state.enc
 None, bools, numbers, strings, bytes, lists, dicts, numpy arrays), never pickle, over the
 checked collectives of :mod:`byteps.core.collectives`: a broadcast first agrees on the
 root rank and the length, an allgather on every rank's length.  Tuples arrive as lists.
+A plugin whose objects hold its own tensors passes its ``codec`` (``(encode, decode)``,
+e.g. :data:`byteps.torch._objects.CODEC`); the transport and its rules stay these.
 """
 from __future__ import annotations
 
@@ -17,19 +19,22 @@ from byteps.core.elastic_state import decode, encode
 __all__ = ["allgather_object", "broadcast_object"]
 
 
-def _decode(raw: bytes, what: str, rank: int):
+_CODEC = (encode, decode)
+
+
+def _decode(raw: bytes, what: str, rank: int, codec=_CODEC):
     try:
-        return decode(raw)
+        return codec[1](raw)
     except ValueError as exc:
         raise api.BytePSError(f"{what} on rank {api.rank()}: the data from rank {rank} is "
                               f"malformed: {exc}") from None
 
 
-def _encode(obj):
+def _encode(obj, codec=_CODEC):
     """(bytes, None), or (b"", the error) when ``obj`` cannot be sent: the other ranks are
     told (a length of -1) instead of being left waiting."""
     try:
-        return encode(obj), None
+        return codec[0](obj), None
     except (TypeError, ValueError, OverflowError) as exc:
         return b"", exc
 
@@ -41,11 +46,11 @@ def _failed(what: str, rank: int, err):
                            f"None, bool, numbers, str, bytes, lists, dicts, numpy arrays)")
 
 
-def broadcast_object(obj, root_rank: int = 0, name: str | None = None, **kw):
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None, codec=_CODEC, **kw):
     """Rank ``root_rank``'s ``obj`` on every rank (``kw``: ``process_set=``)."""
-    root = coll.check_root(root_rank, "broadcast_object")
-    name = name or coll.auto_name("broadcast_object", **kw)
-    data, err = _encode(obj) if api.rank() == root else (b"", None)
+    root = coll.check_root(root_rank, "broadcast_object", coll._set(kw.get("process_set")))
+    name = coll.check_name(name, "broadcast_object", kw.get("process_set"))
+    data, err = _encode(obj, codec) if api.rank() == root else (b"", None)
     n = coll.broadcast(np.array([-1 if err else len(data)], np.int64), root, f"{name}.len",
                       **kw)
     length = int(n[0])
@@ -54,13 +59,13 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, **kw):
     buf = np.frombuffer(data, np.uint8) if api.rank() == root else np.zeros(length, np.uint8)
     if length:
         buf = coll.broadcast(buf, root, f"{name}.data", **kw)
-    return _decode(buf.tobytes(), "broadcast_object", root)
+    return _decode(buf.tobytes(), "broadcast_object", root, codec)
 
 
-def allgather_object(obj, name: str | None = None, **kw) -> list:
+def allgather_object(obj, name: str | None = None, codec=_CODEC, **kw) -> list:
     """Every rank's ``obj``, as a list in rank order (``kw``: ``process_set=``)."""
-    name = name or coll.auto_name("allgather_object", **kw)
-    data, err = _encode(obj)
+    name = coll.check_name(name, "allgather_object", kw.get("process_set"))
+    data, err = _encode(obj, codec)
     lengths = coll.allgather(np.array([-1 if err else len(data)], np.int64), f"{name}.len",
                              **kw)
     bad = [r for r, n in enumerate(lengths.tolist()) if n < 0]
@@ -69,6 +74,6 @@ def allgather_object(obj, name: str | None = None, **kw) -> list:
     raw = coll.allgather(np.frombuffer(data, np.uint8), f"{name}.data", **kw)
     out, start = [], 0
     for r, n in enumerate(lengths.tolist()):
-        out.append(_decode(raw[start:start + n].tobytes(), "allgather_object", r))
+        out.append(_decode(raw[start:start + n].tobytes(), "allgather_object", r, codec))
         start += n
     return out

@@ -11,20 +11,19 @@ trainer re-created over the same parameters reuses its names.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import re
 import threading
 
 import numpy as np
 
 from byteps.core import api as core
+from byteps.core import collectives as coll
 from byteps.mxnet._mx import mx
 
 _HOST = ("cpu", "cpu_pinned", "cpu_shared")
 
 _GROUPS: dict[tuple, int] = {}
 _LOCK = threading.Lock()
-_NONAME = itertools.count()
 _COUNTER = re.compile(r"\d+_")
 
 
@@ -111,8 +110,7 @@ def byteps_push_pull(tensor, version: int = 0, priority: int = 0, name: str | No
     in order (every rank must then make the same calls in the same order).
     ``version`` is accepted for compatibility and unused.
     """
-    if name is None:
-        name = f"byteps.noname.{next(_NONAME)}"
+    name = coll.check_name(name, "push_pull")
     check_dense(tensor, f"byteps_push_pull of tensor {name!r}")
     arr, shared = host_array(tensor)
     core.push_pull(arr, str(name), average=bool(is_average), priority=int(priority), out=arr)
@@ -128,19 +126,14 @@ def byteps_declare_tensor(name: str, **kwargs) -> None:
 def broadcast_arrays(items: list, root_rank: int) -> None:
     """Broadcast ``[(name, [ndarray, ...]), ...]`` from ``root_rank``: the first array
     of each entry is sent, every array of the entry receives the result."""
-    size = core.size()
-    if isinstance(root_rank, bool) or not isinstance(root_rank, int) \
-            or not 0 <= root_rank < size:
-        raise ValueError(f"root_rank={root_rank!r} is out of range for {size} worker(s)")
-    if size == 1:
+    root = coll.check_root(root_rank, "broadcast_parameters")
+    if core.size() == 1:
         return
-    mine = core.rank() == root_rank
     pending = []
     try:
         for i, (name, arrays) in enumerate(items):
             view, shared = host_array(arrays[0])
-            src = view if mine else np.zeros_like(view)
-            handle = core.push_pull_async(src, name, average=False, priority=-i, out=view)
+            handle = core.broadcast_async(view, root, name, out=view, priority=-i)
             pending.append((handle, writer(arrays, view if shared else None)))
     except BaseException:
         drain(pending)

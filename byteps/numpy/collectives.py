@@ -1,6 +1,6 @@
-"""Horovod's collectives on numpy arrays: the core's (:mod:`byteps.core.collectives`), with
-dtypes the servers do not carry converted exactly (:mod:`byteps.core.carry`) and results
-given back in the input's dtype.
+"""Horovod's collectives on numpy arrays: the core's (:mod:`byteps.core.collectives`, which
+decides every rule: names, ops, root ranks, dtypes by :mod:`byteps.core.carry`, results in
+the input's dtype and shape); this module only checks that it is given arrays.
 
 Every operation takes ``process_set=`` (passed to the core's process sets where the core has
 them; otherwise only the global set) and has an ``*_async`` form whose handle
@@ -14,9 +14,9 @@ import threading
 import numpy as np
 
 from byteps.core import collectives as _coll
-from byteps.core.basics import barrier, process_set_kw  # noqa: F401  (barrier: exported)
 from byteps.core import objects as _objects
-from byteps.core.carry import carry
+from byteps.core.basics import process_set_kw
+from byteps.core.collectives import barrier  # noqa: F401  (exported: the one barrier)
 
 Average, Sum, Adasum = _coll.AVERAGE, _coll.SUM, _coll.ADASUM
 Min, Max, Product = _coll.MIN, _coll.MAX, _coll.PRODUCT
@@ -58,21 +58,14 @@ def _array(a, what: str) -> np.ndarray:
     return np.asarray(a)
 
 
-def _flat(a: np.ndarray) -> np.ndarray:
-    return a.reshape(1) if a.ndim == 0 else a
-
-
 # ------------------------------------------------------------------ allreduce
 def allreduce_async(array, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None) -> int:
     """Start reducing ``array`` over every worker (default: average; ``op`` Sum, Average,
     Min, Max or Product); the result keeps ``array``'s dtype and shape."""
     kw = process_set_kw(process_set, "allreduce")
-    a = _array(array, "allreduce")
-    wire, back = carry(a, copy=False)
-    h = _coll.allreduce_async(_flat(wire), name, average, op, prescale_factor,
-                              postscale_factor, **kw)
-    return _register(h, lambda r: back(r).reshape(a.shape))
+    return _coll.allreduce_async(_array(array, "allreduce"), name, average, op,
+                                 prescale_factor, postscale_factor, **kw)
 
 
 def allreduce(array, average=None, name=None, op=None, prescale_factor=1.0,
@@ -86,12 +79,9 @@ def grouped_allreduce_async(arrays, average=None, name=None, op=None, prescale_f
                             postscale_factor=1.0, process_set=None) -> int:
     """Start reducing every array of ``arrays`` (one handle; the result is a list)."""
     kw = process_set_kw(process_set, "grouped_allreduce")
-    arrs = [_array(a, "grouped_allreduce") for a in arrays]
-    wired = [carry(a, copy=False) for a in arrs]
-    h = _coll.grouped_allreduce_async([_flat(w) for w, _ in wired], name, average, op,
-                                      prescale_factor, postscale_factor, **kw)
-    return _register(h, lambda rs: [b(r).reshape(a.shape)
-                                    for r, (_, b), a in zip(rs, wired, arrs)])
+    return _coll.grouped_allreduce_async([_array(a, "grouped_allreduce") for a in arrays],
+                                         name, average, op, prescale_factor,
+                                         postscale_factor, **kw)
 
 
 def grouped_allreduce(arrays, average=None, name=None, op=None, prescale_factor=1.0,
@@ -105,8 +95,7 @@ def allgather_async(array, name=None, process_set=None) -> int:
     """Start concatenating every worker's ``array`` along the first dimension (which may
     differ between workers; dtype and the other dimensions must agree)."""
     kw = process_set_kw(process_set, "allgather")
-    wire, back = carry(_array(array, "allgather"), copy=True)
-    return _register(_coll.allgather_async(wire, name, **kw), back)
+    return _coll.allgather_async(_array(array, "allgather"), name, **kw)
 
 
 def allgather(array, name=None, process_set=None) -> np.ndarray:
@@ -116,9 +105,8 @@ def allgather(array, name=None, process_set=None) -> np.ndarray:
 def grouped_allgather_async(arrays, name=None, process_set=None) -> int:
     """Start an allgather of every array (one handle; the result is a list)."""
     kw = process_set_kw(process_set, "grouped_allgather")
-    wired = [carry(_array(a, "grouped_allgather"), copy=True) for a in arrays]
-    h = _coll.grouped_allgather_async([w for w, _ in wired], name, **kw)
-    return _register(h, lambda rs: [b(r) for r, (_, b) in zip(rs, wired)])
+    return _coll.grouped_allgather_async([_array(a, "grouped_allgather") for a in arrays],
+                                         name, **kw)
 
 
 def grouped_allgather(arrays, name=None, process_set=None) -> list:
@@ -131,10 +119,7 @@ def broadcast_async(array, root_rank: int, name=None, process_set=None) -> int:
     the same root rank, shape and dtype, else every worker gets an error naming both
     ranks)."""
     kw = process_set_kw(process_set, "broadcast")
-    a = _array(array, "broadcast")
-    wire, back = carry(a, copy=True)
-    h = _coll.broadcast_async(_flat(wire), root_rank, name, **kw)
-    return _register(h, lambda r: back(r.reshape(wire.shape)))
+    return _coll.broadcast_async(_array(array, "broadcast"), root_rank, name, **kw)
 
 
 def broadcast(array, root_rank: int, name=None, process_set=None) -> np.ndarray:
@@ -143,22 +128,13 @@ def broadcast(array, root_rank: int, name=None, process_set=None) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ reducescatter
-def _scatter_op(op):
-    op = Average if op is None else op
-    if _coll.resolve_op(None, op)[0]:
-        raise ValueError(f"reducescatter: op={op!r} is not supported; use Average or Sum")
-    return op
-
-
 def reducescatter_async(array, name=None, op=Average, process_set=None, prescale_factor=1.0,
                         postscale_factor=1.0) -> int:
     """Start reducing ``array`` over every worker (Average or Sum); each worker gets its
     block of rows (the first ``n % size`` workers one row more)."""
     kw = process_set_kw(process_set, "reducescatter")
-    wire, back = carry(_array(array, "reducescatter"), copy=False)
-    h = _coll.reducescatter_async(wire, name, None, _scatter_op(op), prescale_factor,
-                                  postscale_factor, **kw)
-    return _register(h, back)
+    return _coll.reducescatter_async(_array(array, "reducescatter"), name, None, op,
+                                     prescale_factor, postscale_factor, **kw)
 
 
 def reducescatter(array, name=None, op=Average, process_set=None, prescale_factor=1.0,
@@ -171,10 +147,9 @@ def grouped_reducescatter_async(arrays, name=None, op=Average, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start a reducescatter of every array (one handle; the result is a list)."""
     kw = process_set_kw(process_set, "grouped_reducescatter")
-    wired = [carry(_array(a, "grouped_reducescatter"), copy=False) for a in arrays]
-    h = _coll.grouped_reducescatter_async([w for w, _ in wired], name, None, _scatter_op(op),
-                                          prescale_factor, postscale_factor, **kw)
-    return _register(h, lambda rs: [b(r) for r, (_, b) in zip(rs, wired)])
+    return _coll.grouped_reducescatter_async(
+        [_array(a, "grouped_reducescatter") for a in arrays], name, None, op, prescale_factor,
+        postscale_factor, **kw)
 
 
 def grouped_reducescatter(arrays, name=None, op=Average, process_set=None,
@@ -189,10 +164,9 @@ def alltoall_async(array, splits=None, name=None, process_set=None) -> int:
     ``splits``); the result is the rows received by sending rank, plus the received
     splits when ``splits`` is given (as Horovod)."""
     kw = process_set_kw(process_set, "alltoall")
-    wire, back = carry(_array(array, "alltoall"), copy=True)
     sp = None if splits is None else np.asarray(splits)
-    h = _coll.alltoall_async(wire, sp, name, **kw)
-    return _register(h, lambda r: back(r[0]) if splits is None else (back(r[0]), r[1]))
+    h = _coll.alltoall_async(_array(array, "alltoall"), sp, name, **kw)
+    return _register(h, lambda r: r[0]) if splits is None else h
 
 
 def alltoall(array, splits=None, name=None, process_set=None):

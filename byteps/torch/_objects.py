@@ -212,3 +212,6 @@ def fill_slots(obj, values: list):
     if isinstance(obj, tuple):
         return tuple(fill_slots(v, values) for v in obj)
     return obj
+
+
+CODEC = (encode, decode)      # for the core's object transport (byteps.core.objects)

@@ -12,20 +12,12 @@ import torch
 
 from byteps.core import api as _core
 from byteps.core import collectives as _coll
+from byteps.core import objects as _core_objects
 from byteps.core.collectives import ReduceOp, resolve_op
+from byteps.core.rules import sum_or_average as resolve_average  # noqa: F401 (optimizer)
 from byteps.torch import _objects
 from byteps.torch.compression import Compression
-from byteps.torch.functions import broadcast_inplace
-from byteps.torch.ops import (
-    _auto_name,
-    _handles,
-    _lock,
-    _wire_dtype,
-    async_mode,
-    rank,
-    size,
-    synchronize,
-)
+from byteps.torch.ops import _handles, _lock, host_array, rank, size, synchronize
 
 __all__ = ["Adasum", "Average", "HorovodInternalError", "Max", "Min", "Product", "ReduceOp",
            "Sum", "allgather", "allgather_async", "allgather_object", "allreduce",
@@ -39,15 +31,6 @@ Min, Max, Product = _coll.MIN, _coll.MAX, _coll.PRODUCT
 HorovodInternalError = _core.BytePSError     # Horovod's name for a failed collective
 
 
-def resolve_average(average, op) -> bool:
-    """``average``/``op`` for operations that can only sum or average (the optimizer)."""
-    wire, avg = resolve_op(average, op)
-    if wire:
-        raise ValueError(f"op={op!r} is not supported here (gradients are summed or "
-                         f"averaged); use hvd.Average or hvd.Sum")
-    return avg
-
-
 def _set_size(process_set) -> int:
     ps = _coll._set(process_set)
     return size() if ps is None else len(ps.ranks)
@@ -59,13 +42,7 @@ def _set_rank(process_set) -> int:
 
 
 # ------------------------------------------------------------------ tensors <-> arrays
-def _np(t: torch.Tensor, what: str) -> np.ndarray:
-    """A host numpy array of ``t`` in a dtype the core carries (a view when possible)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} expects a torch.Tensor, got {type(t).__name__}")
-    if t.is_sparse:
-        raise TypeError(f"{what}: sparse tensors are not supported; call .to_dense() first")
-    return t.detach().to("cpu", _wire_dtype(t, what)).contiguous().numpy()
+_np = host_array          # a host numpy array for the core (which carries every dtype)
 
 
 def _torch(arr: np.ndarray, like: torch.Tensor) -> torch.Tensor:
@@ -99,14 +76,10 @@ def _into(targets):
 
 
 # ------------------------------------------------------------------ allreduce
-def _flat(a: np.ndarray) -> np.ndarray:
-    return a.reshape(1) if a.ndim == 0 else a
-
-
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None) -> int:
     """Start an allreduce (default op Average); ``synchronize(handle)`` returns the result."""
-    h = _coll.allreduce_async(_flat(_np(tensor, "allreduce")), name, average, op,
+    h = _coll.allreduce_async((_np(tensor, "allreduce")), name, average, op,
                               prescale_factor, postscale_factor, process_set=process_set)
     return _register(h, lambda r: _torch(r, tensor).reshape(tensor.shape))
 
@@ -114,7 +87,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None) -> int:
     """In-place allreduce_async: ``synchronize`` writes the result into ``tensor``."""
-    h = _coll.allreduce_async(_flat(_np(tensor, "allreduce")), name, average, op,
+    h = _coll.allreduce_async((_np(tensor, "allreduce")), name, average, op,
                               prescale_factor, postscale_factor, process_set=process_set)
     return _register(h, lambda r: _into([tensor])([r])[0])
 
@@ -153,7 +126,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=None) -> int:
     """Start an allreduce of every tensor; ``synchronize`` returns a list."""
     tensors = list(tensors)
-    h = _coll.grouped_allreduce_async([_flat(_np(t, "grouped_allreduce")) for t in tensors],
+    h = _coll.grouped_allreduce_async([(_np(t, "grouped_allreduce")) for t in tensors],
                                       name, average, op, prescale_factor, postscale_factor,
                                       process_set)
     return _register(h, lambda rs: [_torch(r, t).reshape(t.shape)
@@ -164,7 +137,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
                              postscale_factor=1.0, process_set=None) -> int:
     """In-place grouped_allreduce_async."""
     tensors = list(tensors)
-    h = _coll.grouped_allreduce_async([_flat(_np(t, "grouped_allreduce")) for t in tensors],
+    h = _coll.grouped_allreduce_async([(_np(t, "grouped_allreduce")) for t in tensors],
                                       name, average, op, prescale_factor, postscale_factor,
                                       process_set)
     return _register(h, _into(tensors))
@@ -246,16 +219,10 @@ def grouped_allgather(tensors, name=None, process_set=None) -> list:
 
 
 def allgather_object(obj, name=None, process_set=None) -> list:
-    """Every rank's ``obj`` as a list by rank (msgpack, never pickle; see broadcast_object)."""
-    name = "allgather_object." + (name or _coll.auto_name("gather_obj", process_set))
-    data = np.frombuffer(_objects.encode(obj), np.uint8)
-    lens = _coll.allgather(np.array([data.size], np.int64), name + ".len", process_set)
-    blob = _coll.allgather(data, name + ".data", process_set)
-    out, start = [], 0
-    for n in lens.tolist():
-        out.append(_objects.decode(blob[start:start + n].tobytes()))
-        start += n
-    return out
+    """Every rank's ``obj`` as a list by rank (msgpack, never pickle; see broadcast_object):
+    the core's :func:`byteps.core.objects.allgather_object` with torch tensors encoded."""
+    return _core_objects.allgather_object(obj, name, codec=_objects.CODEC,
+                                          process_set=process_set)
 
 
 # ------------------------------------------------------------------ broadcast
@@ -273,11 +240,6 @@ def broadcast_async_(tensor, root_rank: int, name=None, process_set=None) -> int
 
 def broadcast_(tensor, root_rank: int, name=None, process_set=None):
     """Overwrite ``tensor`` with rank ``root_rank``'s value; returns it."""
-    if async_mode() and _coll._set(process_set) is None:
-        # servers add pushes at once: the root pushes, a barrier, the rest pull
-        _coll.check_root(root_rank, "broadcast")
-        broadcast_inplace([("broadcast." + (name or _auto_name("bcast")), tensor)], root_rank)
-        return tensor
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
@@ -299,8 +261,6 @@ class _Broadcast(torch.autograd.Function):
 
 def broadcast(tensor, root_rank: int, name=None, process_set=None):
     """Return rank ``root_rank``'s ``tensor`` (a new tensor) on every rank; differentiable."""
-    if async_mode() and _coll._set(process_set) is None:
-        return broadcast_(tensor.detach().clone(), root_rank, name)
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 

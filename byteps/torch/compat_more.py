@@ -11,7 +11,7 @@ import torch
 
 from byteps.core import collectives as _coll
 from byteps.core import process_sets as _ps
-from byteps.core.collectives import resolve_op
+from byteps.core.collectives import barrier, resolve_op  # noqa: F401 (barrier: exported)
 from byteps.core.process_sets import ProcessSet, add_process_set, global_process_set
 from byteps.torch.compression import Compression
 from byteps.torch.ops import local_size, rank, size, synchronize
@@ -36,9 +36,8 @@ def reducescatter_async(tensor, name=None, op=None, process_set=None, prescale_f
     """Start a reducescatter (default op Average); ``synchronize`` returns this rank's
     block of rows."""
     c = _c()
-    h = _coll.reducescatter_async(c._np(tensor, "reducescatter"), name, None,
-                                  op or _coll.AVERAGE, prescale_factor, postscale_factor,
-                                  process_set)
+    h = _coll.reducescatter_async(c._np(tensor, "reducescatter"), name, None, op,
+                                  prescale_factor, postscale_factor, process_set)
     return c._register(h, lambda r: c._torch(r, tensor))
 
 
@@ -55,7 +54,7 @@ class _Reducescatter(torch.autograd.Function):
         # op, so with Sum every rank's identical gathered gradient counts size() times
         g = synchronize(_c().allgather_async(grad.contiguous(), process_set=ps))
         n = _c()._set_size(ps)
-        factor = pre * post * (n if resolve_op(None, op) == (0, False) else 1)
+        factor = pre * post * (1 if resolve_op(None, op, "reducescatter")[1] else n)
         return (g * factor if factor != 1 else g), None, None, None, None, None
 
 
@@ -63,11 +62,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=None,
                   process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``tensor`` over every rank and return this rank's block of rows (the first
     ``n % size`` ranks get one row more); differentiable."""
-    op = op or _coll.AVERAGE
-    wire, _ = resolve_op(None, op)
-    if wire:
-        raise ValueError(f"reducescatter: op={op!r} is not supported; use hvd.Average or "
-                         f"hvd.Sum (as Horovod)")
+    resolve_op(None, op, "reducescatter")           # refuse bad arguments before compressing
     compressed, cctx = compression.compress(tensor)
     out = _Reducescatter.apply(compressed, name, op, prescale_factor, postscale_factor,
                                process_set)
@@ -80,8 +75,8 @@ def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
     c = _c()
     tensors = list(tensors)
     h = _coll.grouped_reducescatter_async([c._np(t, "grouped_reducescatter") for t in tensors],
-                                          name, None, op or _coll.AVERAGE, prescale_factor,
-                                          postscale_factor, process_set)
+                                          name, None, op, prescale_factor, postscale_factor,
+                                          process_set)
     return c._register(h, lambda rs: [c._torch(r, t) for r, t in zip(rs, tensors)])
 
 
@@ -142,11 +137,8 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None) -> int:
     c = _c()
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise TypeError("sparse_allreduce_async expects a sparse COO torch.Tensor")
-    wire, avg = resolve_op(None, op or _coll.AVERAGE)
-    if wire:
-        raise ValueError(f"sparse_allreduce_async: op={op!r} is not supported; use "
-                         f"hvd.Average or hvd.Sum")
-    name = name or _coll.auto_name("sparse_allreduce", process_set)
+    avg = resolve_op(None, op, "sparse_allreduce")[1]
+    name = _coll.check_name(name, "sparse_allreduce", process_set)
     t = tensor.coalesce()
     idx = t.indices().transpose(0, 1).contiguous().numpy()
     vals = c._np(t.values(), "sparse_allreduce")
@@ -163,11 +155,6 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None) -> int:
 
 
 # ------------------------------------------------------------------ the rest
-def barrier(process_set=None) -> None:
-    """Wait until every worker (of ``process_set``) reaches the barrier."""
-    _coll.barrier(process_set)
-
-
 def remove_process_set(process_set) -> bool:
     """Unregister ``process_set`` on every rank (every worker calls it)."""
     return _ps.remove_process_set(process_set)

@@ -1,22 +1,19 @@
 """Broadcast helpers: parameters, optimizer state and plain Python objects.
 
-A broadcast is a sum in which every rank but the root contributes zeros, so
-the result is the root's value bit for bit on every rank.
+Every broadcast here is the core's (:func:`byteps.core.collectives.broadcast`: the root
+rank checked once, the ranks' root, dtype and shape agreed, then a sum in which every
+rank but the root contributes zeros, so the result is the root's value bit for bit);
+objects travel by the core's :mod:`byteps.core.objects` with torch tensors encoded.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from byteps.core import api as _core
+from byteps.core import collectives as _coll
+from byteps.core import objects as _core_objects
 from byteps.torch import _objects
-from byteps.torch.ops import (
-    _auto_name,
-    push_pull_async_inplace,
-    rank,
-    size,
-    synchronize,
-)
+from byteps.torch.ops import rank, synchronize
 
 __all__ = ["broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
 _SLOT_NUMEL = 64          # optimizer-state tensors at least this big travel as tensors
@@ -24,44 +21,19 @@ _SLOT_NUMEL = 64          # optimizer-state tensors at least this big travel as 
 
 
 
-def _check_root(root_rank: int, what: str) -> None:
-    n = size()
-    if type(root_rank) is not int or not 0 <= root_rank < n:
-        raise ValueError(f"{what}: root_rank={root_rank!r} is out of range for a job of {n} "
-                         f"worker(s); use 0..{n - 1}")
-
-
 def broadcast_inplace(tensors: list, root_rank: int, process_set=None) -> None:
-    """Overwrite every ``(name, tensor)`` with the root's value, in place.
-
-    One synchronous sum in which the other ranks contribute zeros, in async mode too
-    (only the asynchronous algorithms' keys are asynchronous on the servers,
-    docs/algorithms.md).  With a ``process_set`` other than the global one, a broadcast
-    among its ranks (byteps.core.process_sets).
-    """
-    from byteps.core import collectives
-    if collectives._set(process_set) is not None:
-        from byteps.torch import compat
-        hs = [compat.broadcast_async_(t, root_rank, name, process_set) for name, t in tensors]
-        for h in hs:
+    """Overwrite every ``(name, tensor)`` with the root's value, in place (the core's
+    broadcast of each, all in flight together)."""
+    from byteps.torch import compat
+    hs = [compat.broadcast_async_(t, root_rank, name, process_set) for name, t in tensors]
+    first = None
+    for h in hs:                      # every handle is synchronized, even after an error
+        try:
             synchronize(h)
-        return
-    me = rank()
-    rounds = 1
-    with torch.no_grad():
-        for k in range(rounds):
-            if k == 1:
-                _core.barrier()            # every root push has been applied by now
-                if me == root_rank:
-                    return
-            handles = []
-            for i, (name, t) in enumerate(tensors):
-                if me != root_rank:
-                    t.zero_()
-                handles.append(push_pull_async_inplace(t, average=False, name=name,
-                                                       priority=-i))
-            for h in handles:
-                synchronize(h)
+        except BaseException as exc:  # noqa: BLE001 - the first error is raised below
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.",
@@ -72,7 +44,7 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.",
     ``(name, tensor)`` pairs such as ``named_parameters()``, or a list of
     tensors.  Tensors that share memory are sent once.
     """
-    _check_root(root_rank, "broadcast_parameters")
+    _coll.check_root(root_rank, "broadcast_parameters", _coll._set(process_set))
     if isinstance(params, dict):
         items = sorted(params.items())
     else:
@@ -96,21 +68,8 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter.",
             continue
         seen.add(ident)
         todo.append((name, p))
-    broadcast_inplace([(prefix + name if name is not None else _auto_name("broadcast"), p)
+    broadcast_inplace([(prefix + name if name is not None else None, p)
                        for name, p in todo], root_rank, process_set)
-
-
-def _broadcast_bytes(data: bytes | None, root_rank: int, name: str, process_set=None) -> bytes:
-    is_root = rank() == root_rank
-    n = torch.tensor([len(data) if is_root else 0], dtype=torch.int64)
-    broadcast_inplace([(name + ".len", n)], root_rank, process_set)
-    length = int(n[0])
-    if not length:
-        return b""
-    buf = torch.from_numpy(np.frombuffer(data, np.uint8).copy()) if is_root else \
-        torch.zeros(length, dtype=torch.uint8)
-    broadcast_inplace([(f"{name}.data.{length}", buf)], root_rank, process_set)
-    return buf.numpy().tobytes()
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=None):
@@ -122,17 +81,8 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_s
     msgpack, never pickle.  Without ``name``, every rank must call
     broadcast_object in the same order.
     """
-    _check_root(root_rank, "broadcast_object")
-    from byteps.core import collectives
-    name = "broadcast_object." + (name if name is not None else
-                                  collectives.auto_name("obj", process_set))
-    data = _objects.encode(obj) if rank() == root_rank else None
-    raw = _broadcast_bytes(data, root_rank, name, process_set)
-    try:
-        return _objects.decode(raw)
-    except ValueError as exc:
-        raise _core.BytePSError(f"broadcast_object on rank {rank()}: data from root rank "
-                                f"{root_rank} is malformed: {exc}") from None
+    return _core_objects.broadcast_object(obj, root_rank, name, codec=_objects.CODEC,
+                                          process_set=process_set)
 
 
 def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "OptimizerState.",
@@ -144,7 +94,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Optimize
     and small tensors such as step counts travel in one msgpack message;
     larger state tensors are push_pulled in place of zeros.
     """
-    _check_root(root_rank, "broadcast_optimizer_state")
+    _coll.check_root(root_rank, "broadcast_optimizer_state", _coll._set(process_set))
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state expects a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -156,17 +106,12 @@ def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Optimize
                     p.grad = torch.zeros_like(p)
     me = rank()
     tensors: list = []
-    data = None
-    if me == root_rank:
-        data = _objects.encode(optimizer.state_dict(), slots=tensors,
-                               min_slot_numel=_SLOT_NUMEL)
-    raw = _broadcast_bytes(data, root_rank, prefix + "meta", process_set)
-    try:
-        sd = _objects.decode(raw, allow_slots=True)
-        slots = _collect_slots(sd, [])
-    except ValueError as exc:
-        raise _core.BytePSError(f"broadcast_optimizer_state on rank {me}: data from root "
-                                f"rank {root_rank} is malformed: {exc}") from None
+    codec = (lambda o: _objects.encode(o, slots=tensors, min_slot_numel=_SLOT_NUMEL),
+             lambda raw: _objects.decode(raw, allow_slots=True))
+    sd = _core_objects.broadcast_object(optimizer.state_dict() if me == root_rank else None,
+                                        root_rank, prefix + "meta", codec=codec,
+                                        process_set=process_set)
+    slots = _collect_slots(sd, [])
     slots.sort(key=lambda s: s.index)
     if [s.index for s in slots] != list(range(len(slots))) or \
             (me == root_rank and len(slots) != len(tensors)):

@@ -6,8 +6,9 @@ core cannot carry directly go through a per-name staging buffer:
 
 * CUDA tensors are copied into pinned host memory before the push and copied
   back after the pull (the core sums on CPU servers);
-* ``bfloat16`` travels as ``float32``, ``int16`` and ``bool`` as ``int32``
-  (the core's dtypes are float16/32/64, int32/64, uint8 and int8);
+* other dtypes travel as the core's one table says (:mod:`byteps.core.carry`:
+  ``bfloat16`` as ``float32``, ``int16`` as ``int32``, ``bool`` as ``uint8`` reduced
+  logically), and come back in their own dtype;
 * non-contiguous tensors are made contiguous.
 """
 from __future__ import annotations
@@ -16,9 +17,13 @@ import threading
 
 import torch
 
+import numpy as np
+
 from byteps.core import api as _core
+from byteps.core import carry as _carry
 from byteps.core import collectives as _collectives
 from byteps.core.api import BytePSError
+from byteps.core.rules import check_name
 from byteps.torch.compression import Compression
 
 __all__ = [
@@ -38,10 +43,6 @@ __all__ = [
     "size",
     "synchronize",
 ]
-
-_NATIVE = {torch.float16, torch.float32, torch.float64, torch.int32, torch.int64,
-           torch.uint8, torch.int8}
-_CAST = {torch.bfloat16: torch.float32, torch.int16: torch.int32, torch.bool: torch.int32}
 
 _lock = threading.Lock()
 _handles: dict[int, _Pending] = {}
@@ -130,11 +131,6 @@ def declare(name: str, compression_params: dict | None = None) -> int:
     return 0
 
 
-def _auto_name(kind: str) -> str:
-    """A name for an unnamed call: deterministic if every rank calls in the same order."""
-    return _collectives.auto_name(kind)
-
-
 class _Pending:
     """What a core handle needs to become a torch result."""
     __slots__ = ("output", "src", "staged_out", "tensor")
@@ -149,14 +145,32 @@ class _Pending:
         return self.output
 
 
-def _wire_dtype(t: torch.Tensor, name: str) -> torch.dtype:
-    if t.dtype in _NATIVE:
-        return t.dtype
-    if t.dtype in _CAST:
-        return _CAST[t.dtype]
-    raise TypeError(f"push_pull of tensor {name!r}: dtype {t.dtype} is not supported; use one "
-                    f"of float16/32/64, bfloat16, int8/16/32/64, uint8 or bool (cast complex "
-                    f"tensors with torch.view_as_real)")
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _wire_dtype(t: torch.Tensor, name: str, copy: bool = False) -> torch.dtype:
+    """The dtype ``t`` travels as (the core's table, :func:`byteps.core.carry.wire_dtype`)."""
+    to = _carry.wire_dtype(_dtype_name(t.dtype), copy)
+    if to is None:
+        from byteps.transport.wire import dtype_code
+        dtype_code(_dtype_name(t.dtype), name)      # the core's error, naming the tensor
+    return getattr(torch, to)
+
+
+def host_array(t: torch.Tensor, what: str) -> np.ndarray:
+    """``t`` as a host numpy array for the core's collectives: in its own dtype when numpy
+    has it (the core carries it by its table), else (bfloat16, float8) in the dtype the
+    table names."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} expects a torch.Tensor, got {type(t).__name__}")
+    if t.is_sparse:
+        raise TypeError(f"{what}: sparse tensors are not supported; call .to_dense() first")
+    t = t.detach().to("cpu").contiguous()
+    try:
+        return t.numpy()
+    except TypeError:                   # a dtype numpy lacks
+        return t.to(_wire_dtype(t, what, copy=True)).numpy()
 
 
 def _stage(name: str, which: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -171,7 +185,7 @@ def _stage(name: str, which: str, like: torch.Tensor, dtype: torch.dtype) -> tor
 
 
 def _direct(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype in _NATIVE and t.is_contiguous()
+    return t.device.type == "cpu" and _wire_dtype(t, "") == t.dtype and t.is_contiguous()
 
 
 def async_mode() -> bool:
@@ -197,10 +211,7 @@ def _check_tensor(tensor, name) -> None:
 def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, name,
                      priority: int, compression_params: dict | None = None) -> int:
     _check_tensor(tensor, name)
-    if name is None:
-        name = _auto_name("push_pull")
-    elif not isinstance(name, str) or not name:
-        raise ValueError(f"push_pull: name must be a non-empty string, got {name!r}")
+    name = check_name(name, "push_pull")
     if tensor.is_sparse:
         raise TypeError(f"push_pull of tensor {name!r}: sparse tensors are not supported; "
                         f"call .to_dense() first")
@@ -232,8 +243,11 @@ def _push_pull_async(tensor: torch.Tensor, output: torch.Tensor, average: bool, 
             out = staged_out.numpy()
     if src.ndim == 0:              # the core works on arrays of at least one dimension
         src, out = src.reshape(1), out.reshape(1)
-    h = _core.push_pull_async(src, name, average=bool(average), priority=int(priority),
-                              out=out, compression_params=compression_params)
+    op, average = 0, bool(average)
+    if t.dtype == torch.bool:               # the core's table: uint8, reduced logically
+        op, average = _carry.bool_op(op, average)
+    h = _core.push_pull_async(src, name, average=average, priority=int(priority),
+                              out=out, compression_params=compression_params, op=op)
     with _lock:
         _handles[h] = _Pending(tensor, output, src, staged_out)
     return h
@@ -310,8 +324,7 @@ def push_pull(tensor: torch.Tensor, average: bool = True, name: str | None = Non
     Differentiable: the gradient of the result is push_pulled back.  See
     :func:`push_pull_async` for ``name``, ``version`` and ``priority``.
     """
-    if name is None:
-        name = _auto_name("push_pull")
+    name = check_name(name, "push_pull")
     compressed, cctx = compression.compress(tensor)
     out = _PushPull.apply(compressed, average, name, priority)
     return compression.decompress(out, cctx)

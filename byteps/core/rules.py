@@ -1,0 +1,121 @@
+"""The rules every collective obeys, decided once for every plugin (framework-free).
+
+Plugins (torch, tensorflow/keras, mxnet, numpy) convert tensors and hook autograd or
+graphs; the argument rules of a collective are the ones here, with one wording:
+
+* **ops**: Horovod's ``average=``/``op=`` -> the servers' element-wise reduction and an
+  average flag (:func:`resolve_op`); which ops each kind of operation accepts
+  (:data:`SUM_OR_AVERAGE`: reducescatter and the gradient exchanges sum or average only,
+  as Horovod); ``Adasum`` is refused;
+* **root rank**: :func:`check_root` (a ValueError, as Horovod's suites expect);
+* **names**: :func:`auto_name` for unnamed calls, :func:`check_name` for given ones.
+
+The dtype rule is :mod:`byteps.core.carry`; the broadcast rule ("zeros except the root,
+then a sum") is :func:`byteps.core.api.broadcast_async`; the barrier is
+:func:`byteps.core.collectives.barrier`; a name used again with another shape or dtype
+is :mod:`byteps.core.redeclare`'s rule.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+__all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "SUM_OR_AVERAGE", "ReduceOp",
+           "auto_name", "check_name", "check_root", "resolve_op", "sum_or_average"]
+
+
+class ReduceOp:
+    """A Horovod reduction op (``hvd.Sum``, ``hvd.Average``, ``hvd.Min``, ...)."""
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"hvd.{self.name}"
+
+    def __reduce__(self):
+        return (_op_by_name, (self.name,))
+
+
+AVERAGE, SUM, ADASUM = ReduceOp("Average"), ReduceOp("Sum"), ReduceOp("Adasum")
+MIN, MAX, PRODUCT = ReduceOp("Min"), ReduceOp("Max"), ReduceOp("Product")
+_OPS_BY_NAME = {o.name.lower(): o for o in (AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT)}
+_WIRE = {"sum": 0, "average": 0, "min": 1, "max": 2, "product": 3}
+
+# kinds of operation that only sum or average (as Horovod: reducescatter; and the
+# gradient exchanges, whose results are gradients)
+SUM_OR_AVERAGE = frozenset({"reducescatter", "grouped_reducescatter", "push_pull",
+                            "sparse_allreduce", "DistributedOptimizer",
+                            "DistributedGradientTape", "allreduce of tf.IndexedSlices"})
+
+
+def _op_by_name(name: str) -> ReduceOp:
+    return _OPS_BY_NAME[name.lower()]
+
+
+def resolve_op(average=None, op=None, kind: str = "allreduce") -> tuple[int, bool]:
+    """Horovod's ``average``/``op`` arguments of a ``kind`` of operation -> (server
+    reduction, average).
+
+    ``op`` may be a :class:`ReduceOp` or its name; without either argument the result is
+    an average (Horovod's default).  ``Adasum`` is refused, and so is any op but Average
+    and Sum for the kinds in :data:`SUM_OR_AVERAGE`."""
+    if op is None:
+        return 0, True if average is None else bool(average)
+    if average is not None:
+        raise ValueError(f"{kind}: give either average= or op=, not both")
+    name = getattr(op, "name", op)
+    if not isinstance(name, str) or name.lower() not in _OPS_BY_NAME:
+        raise ValueError(f"{kind}: op={op!r} is unknown; use Average, Sum, Min, Max or Product")
+    key = name.lower()
+    if key == "adasum":
+        raise ValueError(f"{kind}: op=Adasum is not supported by byteps (a parameter server "
+                         f"reduces element-wise); use Average, Sum, Min, Max or Product")
+    if kind in SUM_OR_AVERAGE and key not in ("sum", "average"):
+        raise ValueError(f"{kind}: op={_OPS_BY_NAME[key]!r} is not supported; use Average "
+                         f"or Sum (as Horovod)")
+    return _WIRE[key], key == "average"
+
+
+def sum_or_average(average=None, op=None, kind: str = "push_pull") -> bool:
+    """:func:`resolve_op` for a kind that only sums or averages: True for an average."""
+    return resolve_op(average, op, kind if kind in SUM_OR_AVERAGE else "push_pull")[1]
+
+
+def check_root(root_rank, what: str, size: int, ps=None) -> int:
+    """``root_rank`` as an int, when it is a rank of a job of ``size`` workers (and a
+    member of the process set ``ps``, when given); else the one ValueError every plugin
+    raises."""
+    import numpy as np
+    if isinstance(root_rank, (bool, np.bool_)) or not isinstance(root_rank, (int, np.integer)) \
+            or not 0 <= root_rank < size:
+        raise ValueError(f"{what}: root_rank={root_rank!r} is out of range for a job of {size} "
+                         f"worker(s); use 0..{size - 1}")
+    if ps is not None and int(root_rank) not in ps.ranks:
+        raise ValueError(f"{what}: root_rank={root_rank} is not a member of {ps!r}")
+    return int(root_rank)
+
+
+_names: dict[int, itertools.count] = {}
+_names_lock = threading.Lock()
+
+
+def auto_name(kind: str, process_set=None) -> str:
+    """A name for an unnamed call: ``<kind>.noname.<n>`` from one per-process counter per
+    process set (``.ps<id>`` added for a set other than the global one), so every rank of
+    a set must make its unnamed calls on that set in the same order."""
+    pid = getattr(process_set, "process_set_id", None) or 0
+    with _names_lock:
+        n = next(_names.setdefault(pid, itertools.count()))
+    return f"{kind}.noname.{n}" if not pid else f"{kind}.noname.ps{pid}.{n}"
+
+
+def check_name(name, kind: str, process_set=None) -> str:
+    """``name`` when it is a non-empty string, :func:`auto_name` when it is None; anything
+    else is a ValueError."""
+    if name is None:
+        return auto_name(kind, process_set)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{kind}: name must be a non-empty string, got {name!r}")
+    return name
