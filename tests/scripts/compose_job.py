@@ -35,8 +35,8 @@ def make(name):
     """(algorithm, the optimizer's compression_params, backward_passes_per_step)."""
     return {
         "sync": lambda: (A.SyncPS(), None, 1),
-        "avg_onebit": lambda: (A.AsyncModelAverage(sync_interval_ms=20), ONEBIT, 1),
-        "avg_int8_own": lambda: (A.AsyncModelAverage(sync_interval_ms=20,
+        "avg_onebit": lambda: (A.AsyncModelAverage(sync_interval_ms=5), ONEBIT, 1),
+        "avg_int8_own": lambda: (A.AsyncModelAverage(sync_interval_ms=5,
                                                      compression_params=INT8), None, 1),
         "avg_bpps2": lambda: (A.AsyncModelAverage(sync_interval_ms=20), ONEBIT, 2),
         "dec_int8": lambda: (A.Decentralized("shift_one"), INT8, 1),
@@ -78,6 +78,8 @@ def numpy_train(name, steps=None):
             g = grads(q, xs[i:i + 32], ys[i:i + 32])
             opt.step({f"{name}.{k}": v for k, v in g.items()})
             s += 1
+            if name.startswith("avg"):           # steps long enough for many rounds
+                time.sleep(0.004)
         if steps is not None and s == steps:
             break
     out = {"seconds": time.monotonic() - t0, "steps": s}
@@ -128,6 +130,19 @@ elif mode == "join":
     steps = [int(s) for s in sys.argv[5].split(",")]
     for name in sys.argv[4].split(","):
         res[name] = numpy_train(name, steps[r])
+elif mode == "pset":                 # compression with a process set of ranks 0 and 1
+    from byteps.core import api, collectives, process_sets
+    ps = process_sets.add_process_set([0, 1])
+    api.declare("pset.g", compression_params=ONEBIT)
+    if r in (0, 1):
+        rng = np.random.default_rng(r)
+        outs = []
+        for t in range(3):
+            g = rng.standard_normal(4096).astype(np.float32)
+            outs.append(collectives.allreduce(g, name="pset.g", process_set=ps).tolist())
+            res.setdefault("inputs", []).append(g.tolist())
+        res["outs"] = outs
+    api.barrier()
 with open(f"{out_dir}/rank{r}.json", "w") as f:
     json.dump(res, f)
 bps.shutdown()
