@@ -6,11 +6,21 @@ DistributedOptimizer and ``type(opt)`` that carries ``opt``'s state, so
 set by ``gluon.Trainer`` and pickling in ``Trainer.save_states`` all behave as
 for the wrapped optimizer.  Use it with ``gluon.Trainer(..., kvstore=None)`` or
 Module's ``init_optimizer(kvstore=None, optimizer=...)``.
+
+With ``BYTEPS_ENABLE_ASYNC=1`` the core's :class:`byteps.core.algorithms.AsyncPS` (the
+rule of every plugin) trains asynchronously instead: ``update`` applies the local step to
+the parameter, then pushes its change since the last pull and pulls the servers' value
+(the first update of a parameter seeds the servers with rank 0's value); no gradient is
+averaged.  Call :meth:`DistributedOptimizer.finish` on every rank at the end so that all
+ranks hold the servers' final parameters.
 """
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
+from byteps.core import algorithms as _algorithms
 from byteps.core import api as core
 from byteps.mxnet._mx import mx
 from byteps.mxnet.ops import (
@@ -63,10 +73,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         self._bps_ctx: dict = {}
         self._bps_names: dict = {}
         self._bps_serial = next(_SERIAL)
-        if core.is_initialized() and core.get_config().enable_async:
-            raise NotImplementedError(
-                "BYTEPS_ENABLE_ASYNC=1 (asynchronous training) is not available yet in "
-                "byteps.mxnet; unset it to train synchronously")
+        self._bps_alg = None          # AsyncPS under BYTEPS_ENABLE_ASYNC=1 (first update)
+        self._bps_seeded: dict = {}   # index -> (weight, master copy) AsyncPS knows
 
     # --------------------------------------------------------------- wrapping
     def __reduce__(self):
@@ -83,27 +91,85 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
     # ----------------------------------------------------------------- update
     def update(self, index, weight, grad, state):
-        """Average ``grad`` across workers, then update ``weight``."""
-        if not self._bps_busy:
-            self._bps_reduce(index, weight, grad)
-        self._bps_busy = True
-        try:
-            super().update(index, weight, grad, state)
-        finally:
-            self._bps_busy = False
+        """Average ``grad`` across workers, then update ``weight`` (asynchronous mode:
+        update ``weight``, then exchange it through AsyncPS)."""
+        self._bps_update(super().update, index, weight, grad, state)
 
     def update_multi_precision(self, index, weight, grad, state):
         """Average ``grad`` across workers, then update ``weight`` (mixed precision)."""
-        if not self._bps_busy:
+        self._bps_update(super().update_multi_precision, index, weight, grad, state)
+
+    def _bps_update(self, step, index, weight, grad, state) -> None:
+        if self._bps_busy:           # the inner class's update calls the other one
+            return step(index, weight, grad, state)
+        alg = self._bps_algorithm()
+        if alg is not None:
+            self._bps_seed(alg, index, weight, state)
+        else:
             self._bps_reduce(index, weight, grad)
         self._bps_busy = True
         try:
-            super().update_multi_precision(index, weight, grad, state)
+            step(index, weight, grad, state)
         finally:
             self._bps_busy = False
+        if alg is not None:
+            self._bps_exchange(alg.after_step, index)
 
-    def _bps_name(self, index) -> str:
-        name = self._bps_names.get(index)
+    # ------------------------------------------------------ asynchronous (AsyncPS)
+    def _bps_algorithm(self):
+        """The core's AsyncPS when BYTEPS_ENABLE_ASYNC=1 and there are other workers."""
+        if self._bps_alg is None and core.size() > 1 and core.get_config().enable_async:
+            self._bps_alg = _algorithms.default()
+            self._bps_alg.bind(None, 1, subject="byteps.mxnet.DistributedOptimizer")
+        return self._bps_alg
+
+    def _bps_targets(self, index, weight, state) -> list:
+        """(index, weight, the float32 master copy mixed precision updates, or None)."""
+        if isinstance(index, (list, tuple)):
+            return [t for i, w, s in zip(index, weight, state)
+                    for t in self._bps_targets(i, w, s)]
+        master = None
+        if getattr(self, "multi_precision", False) and weight.dtype == np.float16 \
+                and isinstance(state, (list, tuple)) and state \
+                and getattr(state[0], "dtype", None) == np.float32:
+            master = state[0]
+        return [(index, weight, master)]
+
+    def _bps_seed(self, alg, index, weight, state) -> None:
+        """A parameter's first update: the servers start from rank 0's value (every
+        rank updates the same parameters in the same order: the seed is collective)."""
+        new = [t for t in self._bps_targets(index, weight, state)
+               if t[0] not in self._bps_seeded]
+        for t in new:
+            self._bps_seeded[t[0]] = t[1:]
+        if new:
+            self._bps_exchange(alg.init, [t[0] for t in new])
+
+    def _bps_exchange(self, hook, index) -> None:
+        """Run an AsyncPS hook on the parameters ``index`` and write the result back."""
+        indices = list(index) if isinstance(index, (list, tuple)) else [index]
+        arrs = {}
+        for i in indices:
+            weight, master = self._bps_seeded[i]
+            src = master if master is not None else weight
+            arrs[self._bps_name(i, "parameter")] = np.ascontiguousarray(src.asnumpy())
+        hook(arrs)
+        for i in indices:
+            weight, master = self._bps_seeded[i]
+            value = arrs[self._bps_name(i, "parameter")]
+            if master is not None:
+                master[:] = value
+            weight[:] = value.astype(weight.dtype, copy=False)
+
+    def finish(self) -> None:
+        """End of asynchronous training (every rank): pull the servers' final parameters
+        into every parameter this optimizer updated, so that all ranks end identical.
+        Does nothing in synchronous mode."""
+        if self._bps_alg is not None and self._bps_seeded:
+            self._bps_exchange(self._bps_alg.finish, sorted(self._bps_seeded, key=str))
+
+    def _bps_name(self, index, kind: str = "gradient") -> str:
+        name = self._bps_names.get((index, kind))
         if name is None:
             params = getattr(self, "param_dict", None) or {}
             if params:
@@ -112,7 +178,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             else:
                 prefix = group_prefix(("optimizer", self._bps_serial))
             suffix = f"_{plain_name(params[index].name)}" if index in params else ""
-            name = self._bps_names[index] = f"{prefix}gradient_{index}{suffix}"
+            name = self._bps_names[(index, kind)] = f"{prefix}{kind}_{index}{suffix}"
         return name
 
     def _bps_reduce(self, index, weight, grad) -> None:
