@@ -444,18 +444,14 @@ def barrier() -> None:
 def join(device: int = -1) -> int:
     """This rank ran out of data: Horovod's ``join``.  Until every rank has joined, the
     others' push_pulls complete with zeros from this rank (an average still divides by
-    :func:`size`); returns, on every rank, the rank that joined last.  Training may go on
-    afterwards (round counters and barriers restart together on every rank).
+    :func:`size`; local reduction: zeros to its host's sums); returns, on every rank, the
+    rank that joined last.  Training may go on afterwards (rounds restart together).
 
     ``device`` is accepted for Horovod compatibility and ignored (CPU summation).
     """
     st = _state()
     if st.engine is None:
         return st.rank
-    if st.local is not None:
-        raise BytePSError(f"worker rank {st.rank}: join() is not available with local "
-                          f"reduction (BYTEPS_LOCAL_SIZE={st.cfg.local_size}); set "
-                          f"BYTEPS_LOCAL_REDUCE=0 to use join()")
     if st.tuner is not None:
         st.tuner.release()
     for h in list(st.handles.values()):     # this rank's own operations finish first
@@ -465,7 +461,8 @@ def join(device: int = -1) -> int:
     peers = getattr(st, "peers", None)
     if peers is not None:
         peers.announce_join()        # peer algorithms treat this rank as absent (peers.py)
-    last = st.engine.join()
+    with _local.joined(st.local):   # local reduction: zeros for the host's sums meanwhile
+        last = st.engine.join()
     if peers is not None:
         peers.join_done()
     with st.lock:

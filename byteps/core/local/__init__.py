@@ -16,6 +16,7 @@ slices go to the servers, and the results come back to every local rank
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 log = logging.getLogger("byteps.local")
@@ -40,6 +41,21 @@ def start(cfg, engine, book: dict, epoch: int):
     log.info("local reduction on host %s: mode %s, groups %s", cfg.host_id, cfg.local_reduce,
              groups)
     return LocalReducer(cfg, engine, book, epoch, cfg.local_reduce, groups)
+
+
+@contextlib.contextmanager
+def joined(reducer):
+    """Around ``join()``'s wait: with local reduction (``reducer`` not None) this rank adds
+    zeros to every operation the other local ranks of its host start, until all joined;
+    afterwards the network rounds start at 0 again (see :mod:`.join`)."""
+    if reducer is None:
+        yield
+        return
+    reducer.join.begin(reducer.me)
+    try:
+        yield
+    finally:
+        reducer.join.end(reducer.rounds)
 
 
 def push_pull_prereduced_async(like, name: str, pre, average: bool = True, priority: int = 0,

@@ -7,10 +7,13 @@ import os
 
 class SliceTensor:
     """What the Engine needs of a tensor: the slice ``<name>.slice<k>``."""
-    __slots__ = ("busy", "dtype_code", "key", "name", "shape", "spec", "pipes", "comp_wire")
+    __slots__ = ("busy", "dtype_code", "key", "name", "shape", "spec", "pipes", "comp_wire",
+                 "wire_flags")
 
-    def __init__(self, name: str, key: int, length: int, dtype_code: int, spec=None):
+    def __init__(self, name: str, key: int, length: int, dtype_code: int, spec=None,
+                 wire_flags: int = 0):
         self.name, self.key, self.shape, self.dtype_code = name, key, (length,), dtype_code
+        self.wire_flags = wire_flags     # wire.ASYNC: the host's sum of deltas, asynchronous
         self.busy = None
         # compression of what leaves the host (the whole tensor's settings, per slice)
         self.spec, self.pipes = spec, {}
@@ -35,9 +38,11 @@ class Op:
         "handle",
         "l1",
         "net",
+        "net_round",
         "out",
         "pre",
         "prio",
+        "raw",
         "red",
         "round",
         "seg",
@@ -48,6 +53,7 @@ class Op:
         "t",
         "t_red",
         "tensor",
+        "value",
         "warned",
     )
 

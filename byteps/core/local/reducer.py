@@ -32,11 +32,13 @@ import zmq
 
 from byteps.core.engine import Handle, Task, comp_pipeline  # noqa: F401 (old import place)
 from byteps.core.local.cuts import Cuts
+from byteps.core.local.join import JoinState
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.common.shm_cleanup import remove_prefix
 from byteps.core.local.shm import Segment, host_prefix, shm_dir, warn_once
 from byteps.core.local.stages import ReduceStages
 from byteps.common.errors import BytePSError
+from byteps.transport.wire import ASYNC
 
 log = logging.getLogger("byteps.local")
 _KEY = struct.Struct("<q")
@@ -96,6 +98,8 @@ class LocalReducer(ReduceStages, Cuts):
         self.out_tasks: list[Task] = []       # slices for the Engine (batched)
         self.speed = getattr(engine.speed, "real", engine.speed)
         engine.speed = EngineSpeed(self.speed)
+        self.join = JoinState(os.path.join(self.dir, f"{self.prefix}joined"), self.L)
+        self.values: dict[int, np.ndarray] = {}   # asynchronous keys without a network stage
         self.fatal: BytePSError | None = None
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="byteps-local", daemon=True)
@@ -106,13 +110,19 @@ class LocalReducer(ReduceStages, Cuts):
 
     # ------------------------------------------------------------ user thread
     def submit(self, hid: int, tensor, src: np.ndarray, out: np.ndarray, average: bool,
-               priority: int, pre=None) -> Handle:
+               priority: int, pre=None, raw: bool = False) -> Handle:
         """Start the local push_pull of ``src`` (api.Tensor ``tensor``) into ``out``.
 
         ``pre(j, a, b)``, when given, returns this rank's share of chunk ``j`` already
         summed over its group (elements ``[a, b)``, e.g. by an NCCL reduce-scatter inside
         a PCIe switch): it replaces the copy and group stages, ``src`` only gives the
-        layout.  See :meth:`pre_range`.
+        layout.  See :meth:`pre_range`.  ``raw``: the slices go uncompressed (an exact
+        push of a compressed asynchronous name, see ``api.push_pull_async``).
+
+        An asynchronous name (``tensor.wire_flags`` has ``ASYNC``) sums the local ranks'
+        deltas here in full precision; the network client pushes the host's sum and the
+        pulled value comes back to every local rank.  Without a network stage (one host)
+        the value is kept here, alike on every local rank.
         """
         if self.fatal is not None:
             raise self.fatal
@@ -157,6 +167,15 @@ class LocalReducer(ReduceStages, Cuts):
         op.slices = self._slices(tensor, seg, lkey, src.nbytes, cut) if self.network else None
         op.started, op.warned, op.t_red = time.monotonic(), False, None
         op.pre = pre
+        op.raw = raw
+        op.net_round = self.join.net_round(lkey, rnd)
+        op.value = None
+        if getattr(tensor, "wire_flags", 0) & ASYNC and not self.network:
+            op.value = self.values.get(lkey)
+            if op.value is None:
+                op.value = self.values[lkey] = np.zeros(n, src.dtype)
+        if hid:                  # what a zero contribution after join() needs (.join)
+            self.join.known[tensor.key] = (tensor, average, src.shape, src.dtype)
         if pre is not None and not self.two_level and len(self.groups) != 1:
             raise BytePSError("a pre-reduced contribution needs switch groups of more than one "
                               "local rank (see BYTEPS_PCIE_SWITCH_SIZE)")
@@ -182,7 +201,8 @@ class LocalReducer(ReduceStages, Cuts):
                 name = f"{tensor.name}.slice{k}"
                 key = self.layout_key(tensor_key(name), nbytes, tensor.name, cut)
                 sl.append(SliceTensor(name, key, length, tensor.dtype_code,
-                                      getattr(tensor, "spec", None)))
+                                      getattr(tensor, "spec", None),
+                                      getattr(tensor, "wire_flags", 0)))
             self.slice_cache[lkey] = sl
         return sl
 
@@ -215,6 +235,7 @@ class LocalReducer(ReduceStages, Cuts):
         for seg in self.segs.values():
             if seg.created:
                 seg.unlink()
+        self.join.close(unlink=self.me == 0)
         for m in filter(None, self.markers):
             try:
                 os.unlink(m)
@@ -256,6 +277,8 @@ class LocalReducer(ReduceStages, Cuts):
                     active.append(op)
                     self.by_key[op.tensor.key] = op
                     dirty.add(op.tensor.key)
+                if self.join.zeros:           # joined: zeros for the others' operations
+                    self._zeros(dirty if ready else set(self.join.known))
                 active.sort()
                 while self.events:
                     nd = self.events.popleft()
@@ -287,6 +310,37 @@ class LocalReducer(ReduceStages, Cuts):
             log.exception("local reduction thread crashed")
             self._fatal(BytePSError(f"host {self.cfg.host_id} local rank {self.me}: local "
                                     f"reduction thread crashed: {exc!r}"), active)
+
+    def _zeros(self, keys) -> None:
+        """Joined (:mod:`.join`): start a zero contribution to each operation another
+        local rank started on a tensor of ``keys`` that this rank has not (picked up at
+        the loop's next pass, like the user's own)."""
+        for key in keys:
+            if key in self.by_key:
+                continue
+            known = self.join.known.get(key)
+            if known is None:
+                self._unknown(key)
+                continue
+            tensor, average, shape, dtype = known
+            lkey = self.layouts.get(tensor.name)
+            seg = self.segs.get(lkey)
+            if seg is not None and self.join.wanted(seg, self.me, self.rounds.get(lkey, 0)):
+                z = np.zeros(shape, dtype)
+                self.submit(0, tensor, z, np.empty_like(z), average, 0)
+
+    def _unknown(self, key: int) -> None:
+        """A joined rank cannot add zeros to a tensor it never pushed (it does not know
+        its name, so neither its slices): the local ranks that push it fail, naming why."""
+        path = os.path.join(self.dir, f"{self.prefix}t{key:016x}")
+        if key in self.join.failed or not os.path.exists(path):
+            return
+        self.join.failed.add(key)
+        log.error("host %s local rank %d called join() and never pushed the tensor of key "
+                  "%#x, which another local rank pushes now; a joined rank adds zeros only "
+                  "to tensors it pushed before joining: push every tensor once on every "
+                  "local rank before join()", self.cfg.host_id, self.me, key)
+        _fail_peers(path, f"key {key:#x}", self.me)
 
     def _notify(self, op: Op) -> None:
         """Wake the other local ranks for ``op``: at once for a tensor of several chunks

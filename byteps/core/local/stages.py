@@ -124,8 +124,8 @@ class ReduceStages:
         view = op.seg.out[a + o:b + o]
         h = Handle(0, st, view, 1, op.average,
                    on_done=lambda h, op=op, k=k, j=j: self.net_done(NetDone(op, k, j, h)))
-        task = Task(h, j, 0, b - a, (st.key + j) % self.nservers, op.round, view, op.prio,
-                    op.seq, comp=comp_pipeline(st, j, b - a))
+        task = Task(h, j, 0, b - a, (st.key + j) % self.nservers, op.net_round, view, op.prio,
+                    op.seq, comp=None if op.raw else comp_pipeline(st, j, b - a))
         if op.seg.C > 1:
             self.engine.submit([task])
         else:
@@ -135,7 +135,11 @@ class ReduceStages:
         seg, j = op.seg, op.gather
         a, b = seg.chunk_range(j)
         o = seg.off(j)
-        op.out[a:b] = seg.out[a + o:b + o]
+        if op.value is not None:         # asynchronous, one host: the value is kept here
+            np.add(op.value[a:b], seg.out[a + o:b + o], out=op.value[a:b])
+            op.out[a:b] = op.value[a:b]
+        else:
+            op.out[a:b] = seg.out[a + o:b + o]
         op.gather += 1
         if seg.windowed:                 # frees the slot of chunk j + W
             seg.gathered[self.me, j] = op.t
