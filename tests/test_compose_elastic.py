@@ -78,3 +78,82 @@ def test_decentralized_keeps_training_after_a_worker_is_lost(tmp_path):
     _check_exact(res, ranks, 2)
     for r in (0, 1):
         assert ranks[r]["resets"] == [[10, r, 2]], ranks[r]["resets"]
+
+
+# ---------------------------------------------------------------------- over ssh (-H)
+FAKE_SSH = """#!/bin/sh
+# ssh [options] -- HOST COMMAND: run COMMAND here, as sshd would through the login shell
+while [ "$1" != "--" ]; do shift; done
+shift; shift
+export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
+exec sh -c "$*"
+"""
+
+
+def test_elastic_over_ssh_worker_lost_and_one_started_by_discovery(tmp_path):
+    """-H a:2,b:2 --min-workers 2 through an ssh that runs the remote command here (the
+    bootstrap protocol; tests/test_ssh.py runs real sshds as root): the last rank dies at
+    step 20, the three survivors go on; at step 40 the discovery script lists 4 slots and
+    bpslaunch starts a worker over ssh on the listed host, let in at the commit of step 45;
+    the result equals one process's (tests/scripts/elastic_numpy.py)."""
+    import os
+    import subprocess
+    from conftest import BPSLAUNCH, ROOT, job_env
+    from test_elastic import _numpy_reference
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(FAKE_SSH)
+    (bindir / "ssh").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "hosts").write_text("localhost:4\n")
+    env = job_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", BYTEPS_ENABLE_IPC=0,
+                  BYTEPS_HEARTBEAT_INTERVAL=0.2)
+    res = subprocess.run(BPSLAUNCH + ["-H", "a:2,b:2", "--min-workers", "2", "--max-workers",
+                                      "4", "--host-discovery-script", f"cat {out / 'hosts'}",
+                                      "-x", "PYTHONPATH", sys.executable,
+                                      str(SCRIPTS / "elastic_numpy.py"), str(out), "60", "20",
+                                      "40"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=170,
+                         check=False)
+    assert_ok(res)
+    assert "worker 3 on b" in res.stderr and "the elastic job goes on with 3 worker(s)" \
+        in res.stderr, res.stderr[-3000:]
+    assert "started worker on localhost (joined later)" in res.stderr, res.stderr[-3000:]
+    ranks = read_results(out)
+    assert sorted(ranks) == [0, 1, 2, 3], res.stderr[-3000:]
+    for r in (0, 1, 2):
+        assert ranks[r]["resets"] == [[20, r, 3], [45, r, 4]], ranks[r]["resets"]
+    got = [np.array(ranks[r]["w"], np.float32) for r in range(4)]
+    assert all(np.array_equal(g, got[0]) for g in got)
+    np.testing.assert_allclose(got[0], _numpy_reference(60), rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- under Slurm
+@pytest.mark.timeout(200)
+def test_elastic_slurm_tasks_go_on_without_a_lost_one(tmp_path):
+    """srun bpslaunch --slurm --min-workers 2 as 3 task processes (nodes 127.0.0.1-3, as
+    tests/test_slurm.py): the last task's worker dies at step 12; the scheduler re-forms
+    the group with the two alive, every task (that one too: its server served to the end)
+    exits 0 and the result is one process's."""
+    import subprocess
+    from conftest import BPSLAUNCH, ROOT, job_env
+    from byteps.launcher import free_port
+    from test_slurm import srun_envs, wait_all
+    out = tmp_path / "sync"
+    out.mkdir()
+    envs = srun_envs("127.0.0.[1-3]", 3, 1, free_port())
+    procs = [subprocess.Popen(BPSLAUNCH + ["--slurm", "--min-workers", "2", sys.executable,
+                                           str(SCRIPTS / "elastic_compose.py"), str(out),
+                                           str(STEPS), "12", "-1", "sync"],
+                              env=job_env(**e, BYTEPS_HEARTBEAT_INTERVAL=0.2), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for e in envs]
+    outs = wait_all(procs, 170)
+    text = "\n---\n".join(outs)
+    assert "the elastic job goes on with 0 worker(s)" in outs[2], text[-4000:]
+    ranks = read_results(out)
+    assert sorted(ranks) == [0, 1], text[-4000:]
+    got = [np.array(ranks[r]["w"], np.float32) for r in (0, 1)]
+    assert np.array_equal(got[0], got[1]) and ranks[0]["size"] == 2
+    np.testing.assert_allclose(got[0], _reference(), rtol=1e-4, atol=1e-5)

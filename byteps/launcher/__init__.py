@@ -180,7 +180,7 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
         if getattr(args, "elastic", False):    # workers may leave and join (elastic.py)
             from byteps.launcher import elastic
 
-            def start_worker():
+            def start_worker(_hosts=None, _alive=None):     # (every host is this machine)
                 h = len(workers)
                 env = dict(worker_env(0, 0), BYTEPS_EMULATED_HOST=f"host{h}",
                            **{k: base[k] for k in passed})
@@ -360,19 +360,17 @@ def main(argv: list[str] | None = None) -> int:
     supervise.GRACE_PERIOD_S = args.grace_period
     if args.slurm and args.max_restarts:
         ap.error("--max-restarts restarts a --standalone job; under Slurm use --requeue")
-    if (args.host_list or args.hostfile or args.slurm) and (args.min_workers or
-                                                            args.host_discovery_script):
-        ap.error("--min-workers/--host-discovery-script run an elastic --standalone job; on a "
-                 "cluster set BYTEPS_MIN_WORKERS for the scheduler (docs/fault_tolerance.md)")
     if args.host_list or args.hostfile:     # the whole job on several machines over ssh
-        from byteps.launcher import ssh
+        from byteps.launcher import elastic, ssh
         if args.slurm or args.standalone or args.max_restarts or args.hosts:
             ap.error("-H/--hostfile start a job over ssh; --slurm, --standalone, --hosts and "
                      "--max-restarts do not apply to it")
+        elastic.check(args, ap)             # --min-workers: an elastic job over ssh
         args.num_servers_given = servers_given
         return ssh.run(args, cmd)
     if args.slurm:                          # one Slurm task's share of the job
-        from byteps.launcher import slurm
+        from byteps.launcher import elastic, slurm
+        elastic.check(args, ap)             # --min-workers: an elastic job of Slurm tasks
         args.num_servers_given = servers_given
         return slurm.run(args, cmd)
     whole_job = bool(args.num_workers or args.hosts or servers_given)

@@ -47,13 +47,25 @@ def check(args, ap) -> None:
         return
     if args.min_workers < 1:
         ap.error("--max-workers and --host-discovery-script need --min-workers N (N >= 1)")
-    if not args.standalone:
-        ap.error("--min-workers runs an elastic --standalone job; on a cluster set "
-                 "BYTEPS_MIN_WORKERS (and BYTEPS_MAX_WORKERS) for the scheduler and start "
-                 "workers with bpslaunch as usual (docs/fault_tolerance.md)")
+    over_ssh = bool(args.host_list or args.hostfile or args.slurm)
+    if not (args.standalone or over_ssh):
+        ap.error("--min-workers runs an elastic --standalone, -H/--hostfile or --slurm job; "
+                 "on a cluster set BYTEPS_MIN_WORKERS (and BYTEPS_MAX_WORKERS) for the "
+                 "scheduler and start workers with bpslaunch as usual "
+                 "(docs/fault_tolerance.md)")
+    if args.slurm and args.host_discovery_script:
+        ap.error("--host-discovery-script starts workers on the hosts it lists, but under "
+                 "--slurm every worker is a task of the allocation (one bpslaunch each, none "
+                 "can start processes on another node); use -H/--hostfile for discovery, or "
+                 "--min-workers alone under Slurm (lost tasks are left behind)")
     if args.max_restarts:
         ap.error("--min-workers and --max-restarts do not combine: an elastic job survives "
                  "lost workers without restarting")
+    if over_ssh:
+        if args.discovery_interval <= 0 or (args.elastic_timeout is not None
+                                            and args.elastic_timeout <= 0):
+            ap.error("--discovery-interval and --elastic-timeout must be > 0")
+        return                  # the worker count comes from the hosts (ssh_env)
     if args.local_size and args.local_size > 1:
         ap.error("--min-workers: elastic jobs run one worker per emulated host (no "
                  "--local-size)")
@@ -80,18 +92,48 @@ def env(args) -> dict:
     return out
 
 
-def parse_hosts(text: str) -> int:
-    """Total slots of ``host:slots`` lines (``host`` alone: one slot); ValueError if bad."""
-    total = 0
+def ssh_env(args, base: dict, total: int) -> dict:
+    """-H/--hostfile with --min-workers: every worker process is a byteps host of its
+    own (DMLC_NUM_WORKER = all workers, local size 1: the group re-forms worker by
+    worker, which local reduction cannot follow), plus the scheduler's settings.
+    Raises ValueError (one line) for counts that do not fit."""
+    if not args.max_workers:
+        args.max_workers = max(total, args.min_workers)
+    if args.max_workers < args.min_workers:
+        raise ValueError(f"--max-workers {args.max_workers} is below --min-workers "
+                         f"{args.min_workers}")
+    if not args.min_workers <= total <= args.max_workers:
+        raise ValueError(f"the hosts give {total} worker(s), which must lie between "
+                         f"--min-workers {args.min_workers} and --max-workers "
+                         f"{args.max_workers}")
+    return dict(base, DMLC_NUM_WORKER=str(total), **env(args))
+
+
+def parse_host_slots(text: str) -> dict[str, int]:
+    """``host:slots`` lines (``host`` alone: one slot) -> {host: slots}; ValueError if bad."""
+    out: dict[str, int] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        host, _, slots = line.partition(":")
-        if not host or (slots and not slots.strip().isdigit()):
+        host, _, slots = line.rpartition(":") if ":" in line else (line, "", "1")
+        if not host or not slots.strip().isdigit():
             raise ValueError(f"bad line {line!r} (want host:slots)")
-        total += int(slots) if slots else 1
-    return total
+        out[host] = out.get(host, 0) + int(slots)
+    return out
+
+
+def parse_hosts(text: str) -> int:
+    """Total slots of ``host:slots`` lines (``host`` alone: one slot); ValueError if bad."""
+    return sum(parse_host_slots(text).values())
+
+
+def place(hosts: dict[str, int], alive_on: list[str]) -> str | None:
+    """The first host (in the script's order) with fewer live workers than slots."""
+    for h, slots in hosts.items():
+        if alive_on.count(h) < slots:
+            return h
+    return None
 
 
 class Discovery:
@@ -102,6 +144,7 @@ class Discovery:
         self.interval = interval
         self.next = 0.0
         self.slots: int | None = None
+        self.hosts: dict[str, int] = {}     # the last good answer, host -> slots
         self.warned = ""
 
     def forget(self) -> None:
@@ -118,7 +161,8 @@ class Discovery:
                                timeout=DISCOVERY_TIMEOUT_S, check=False)
             if r.returncode != 0:
                 raise ValueError(f"exit code {r.returncode}: {r.stderr.strip()[:200]}")
-            self.slots = parse_hosts(r.stdout)
+            self.hosts = parse_host_slots(r.stdout)
+            self.slots = sum(self.hosts.values())
             self.warned = ""
         except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
             text = f"host discovery script {self.argv[0]!r} failed ({exc}); keeping " \
@@ -156,6 +200,12 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
                         f"elastic job goes on with {alive} worker(s) (--min-workers "
                         f"{args.min_workers})")
         sched = job.scheduler
+        if sched is None and all(p.p.poll() is not None for p in job.procs):
+            # a Slurm task without the scheduler: its servers ended as told, its workers
+            # finished or were lost (the group went on without them: not this task's failure)
+            bad = next((s for s in services if s.p.returncode != 0 and s not in job.survived),
+                       None)
+            return job._fail(bad, order) if bad is not None else job._finish(services)
         if sched is not None and sched.p.poll() is not None:
             if sched.p.returncode == 0:
                 return _finish(job, workers, services)
@@ -170,7 +220,9 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
             alive = [w for w in workers if w.p.poll() is None]
             want = min(slots or 0, args.max_workers)
             for _ in range(max(0, want - len(alive))):
-                w = start_worker()
+                w = start_worker(disco.hosts, alive)
+                if w is None:
+                    break
                 workers.append(w)
                 say(f"started {w.what} (pid {w.p.pid}): the discovery script lists {slots} "
                     f"slot(s), {len(alive)} worker(s) were alive")
@@ -191,3 +243,29 @@ def _finish(job, workers: list, services: list) -> int:
         say(f"{len(late)} worker(s) still running 10 s after the job ended (waiting to "
             f"join, or slow to exit): terminated")
     return job._finish(services)
+
+
+def supervise_ssh(job, args, services: list, base: dict, hosts: list, cmd: list,
+                  python: str, tag: bool) -> int:
+    """An elastic job over ssh (-H/--hostfile with --min-workers): as :func:`supervise`;
+    a worker the discovery script asks for is started over ssh on the first listed host
+    with fewer live workers than its slots (a host of its own to the scheduler: no
+    DMLC_WORKER_ID, local size 1)."""
+    from byteps.launcher import ssh
+    next_rank = [len(job.workers)]
+
+    def start_worker(listed: dict, alive: list):
+        host = place(listed, [w.role.host for w in alive])
+        if host is None:
+            return None
+        role = ssh.Role("worker", next_rank[0], host, None, 0)
+        next_rank[0] += 1
+        env = ssh.role_env(base, role, hosts)
+        env.pop("DMLC_WORKER_ID")
+        p = ssh.launch(args, job, role, env, cmd, python)
+        job.workers.remove(p)                   # supervise() adds it to its list
+        p.what = f"worker on {host} (joined later)"
+        p.handshake(time.monotonic() + args.ssh_connect_timeout + ssh.STARTUP_S)
+        p.pump(tag, args.log_dir)
+        return p
+    return supervise(job, args, job.workers, services, start_worker)

@@ -218,7 +218,22 @@ def run(args, cmd: list[str]) -> int:
                 DMLC_PS_ROOT_URI=pl.root_uri, DMLC_PS_ROOT_PORT=str(pl.port),
                 BYTEPS_JOB_ID=pl.job_id)
 
+    elastic = getattr(args, "elastic", False)
+    if elastic:                 # --min-workers: every task a host of its own (elastic.py)
+        from byteps.launcher.elastic import ssh_env
+        total = len(pl.nodes) * pl.local_size
+        try:
+            base = ssh_env(args, base, total)
+        except ValueError as exc:
+            say(f"--slurm: {exc}")
+            return 2
+
     def worker_env(lr: int) -> dict:
+        if elastic:
+            rank = pl.node_id * pl.local_size + lr
+            return dict(torchrun.apply(base, rank, 0, 1, total), DMLC_ROLE="worker",
+                        DMLC_WORKER_ID=str(rank), BYTEPS_LOCAL_RANK="0",
+                        BYTEPS_LOCAL_SIZE="1")
         return dict(torchrun.apply(base, pl.node_id, lr, pl.local_size, len(pl.nodes)),
                     DMLC_ROLE="worker", DMLC_WORKER_ID=str(pl.node_id),
                     BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(pl.local_size))
@@ -258,6 +273,9 @@ def run(args, cmd: list[str]) -> int:
                 f"worker rank {rank} (node {node}, local rank {lr})", cmd,
                 dict(worker_env(lr), **quiet), cpus=_numa_cpus(lr, pl.local_size, base),
                 tag=f"worker {rank}" if tag else None))
+        if elastic:             # a lost worker is not the task's failure
+            from byteps.launcher.elastic import supervise
+            return supervise(job, args, workers, services, None)
         return job.supervise(workers, services)
     except LaunchError as exc:
         job.terminate(grace=1.0)

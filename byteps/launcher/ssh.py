@@ -334,6 +334,10 @@ def job_env(args, hosts: list[Host], num_servers: int) -> dict[str, str]:
 def role_env(base: dict, role: Role, hosts: list[Host]) -> dict[str, str]:
     if role.kind != "worker":
         return dict(base, DMLC_ROLE=role.kind)
+    if base.get("BYTEPS_MIN_WORKERS"):      # elastic: each worker a host of its own
+        return dict(torchrun.apply(base, role.index, 0, 1, int(base["DMLC_NUM_WORKER"])),
+                    DMLC_ROLE="worker", DMLC_WORKER_ID=str(role.index),
+                    BYTEPS_LOCAL_RANK="0", BYTEPS_LOCAL_SIZE="1")
     local = hosts[0].slots
     return dict(torchrun.apply(base, role.worker_id, role.local_rank, local, len(hosts)),
                 DMLC_ROLE="worker", DMLC_WORKER_ID=str(role.worker_id),
@@ -366,8 +370,11 @@ def run(args, cmd: list[str]) -> int:
                              "python train.py")
         num_servers = sum(r.kind == "server" for r in roles)
         base = job_env(args, hosts, num_servers)
+        if getattr(args, "elastic", False):     # --min-workers (elastic.py)
+            from byteps.launcher import elastic
+            base = elastic.ssh_env(args, base, sum(h.slots for h in hosts))
         _check_config(base, roles, hosts)
-    except HostsError as exc:
+    except (HostsError, ValueError) as exc:
         say(str(exc))
         return 2
     except ConfigError as exc:
@@ -393,8 +400,11 @@ def run(args, cmd: list[str]) -> int:
         f"server(s) on {shosts}, {len(hosts) * hosts[0].slots} worker(s) on "
         f"{','.join(h.name for h in hosts)}")
     try:
-        start(args, job, roles, hosts, base, cmd, python, tag)
+        base = start(args, job, roles, hosts, base, cmd, python, tag)
         services = [p for p in job.procs if p.role.kind != "worker"]
+        if getattr(args, "elastic", False):     # workers may leave, and join from the script
+            from byteps.launcher import elastic
+            return elastic.supervise_ssh(job, args, services, base, hosts, cmd, python, tag)
         return job.supervise(job.workers, services)
     except LaunchError as exc:
         job.terminate(grace=1.0)
@@ -404,26 +414,34 @@ def run(args, cmd: list[str]) -> int:
         job.say_last()
 
 
+def launch(args, job: Job, role: Role, env: dict, cmd: list[str], python: str,
+           announce: bool = False) -> RemoteProc:
+    """Start one process of the job over ssh (``env``: its whole environment)."""
+    argv = cmd if role.kind == "worker" else [
+        python, "-m", "byteps.launcher._scheduler" if role.kind == "scheduler"
+        else "byteps.server"]
+    spec = {"what": f"{role.tag}", "argv": argv, "env": env, "announce": announce,
+            "interface": args.network_interface}
+    p = RemoteProc(role, ssh_argv(args, role.host, bootstrap(python)), spec)
+    job.procs.append(p)
+    if role.kind == "worker":
+        job.workers.append(p)
+    return p
+
+
 def start(args, job: Job, roles: list[Role], hosts: list[Host], base: dict, cmd: list[str],
-          python: str, tag: bool) -> None:
+          python: str, tag: bool) -> dict:
     """Start the scheduler (and learn its address), then the others: in waves of one
     session per host, each wave answered before the next, so that no host's sshd sees
-    more than one unauthenticated connection of ours at a time (MaxStartups)."""
+    more than one unauthenticated connection of ours at a time (MaxStartups).  Returns
+    the job's environment with the scheduler's address."""
     timeout = args.ssh_connect_timeout + STARTUP_S
 
-    def launch(role: Role, env: dict, announce: bool = False) -> RemoteProc:
-        argv = cmd if role.kind == "worker" else [
-            python, "-m", "byteps.launcher._scheduler" if role.kind == "scheduler"
-            else "byteps.server"]
-        spec = {"what": f"{role.tag}", "argv": argv, "env": role_env(env, role, hosts),
-                "announce": announce, "interface": args.network_interface}
-        p = RemoteProc(role, ssh_argv(args, role.host, bootstrap(python)), spec)
-        job.procs.append(p)
-        if role.kind == "worker":
-            job.workers.append(p)
-        return p
+    def go(role: Role, env: dict, announce: bool = False) -> RemoteProc:
+        return launch(args, job, role, role_env(env, role, hosts), cmd, python, announce)
 
-    sched = launch(roles[0], base, announce=True)
+    sched = go(roles[0], base, announce=True)
+    job.scheduler = sched if getattr(args, "elastic", False) else None
     answer = sched.handshake(time.monotonic() + timeout)
     if len(answer) != 4 or answer[0] != "ADDRESS":
         sched.pump(tag, args.log_dir)      # its reason follows (tagged)
@@ -436,12 +454,13 @@ def start(args, job: Job, roles: list[Role], hosts: list[Host], base: dict, cmd:
         per_host.setdefault(r.host, []).append(r)
     for wave in range(max(len(v) for v in per_host.values())):
         if job.interrupted is not None:     # Ctrl-C while starting: start no more
-            return
-        started = [launch(rs[wave], base) for rs in per_host.values() if wave < len(rs)]
+            return base
+        started = [go(rs[wave], base) for rs in per_host.values() if wave < len(rs)]
         deadline = time.monotonic() + timeout
         for p in started:
             p.handshake(deadline)
             p.pump(tag, args.log_dir)
+    return base
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
