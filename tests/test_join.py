@@ -82,10 +82,11 @@ def test_rank_that_left_fails_the_waiting_rank_at_once(tmp_path, how):
                                     "byteps.keras", "byteps.mxnet"])
 def test_every_plugin_has_join(plugin):
     import importlib
+    if plugin == "byteps.mxnet":    # `make test` runs it in .venv-mxnet: tests/test_mxnet*.py
+        pytest.skip("MXNet 1.9.1 needs numpy<1.24: its join() (also with uneven steps) is "
+                    "tested in .venv-mxnet by tests/test_mxnet_join.py")
     mod = pytest.importorskip(plugin.split(".")[1] if plugin != "byteps.numpy" else "numpy")
     del mod
-    if plugin == "byteps.mxnet":
-        pytest.importorskip("mxnet")
     bps = importlib.import_module(plugin)
     from byteps.core import api
     assert bps.join is api.join and "join" in bps.__all__
