@@ -129,3 +129,18 @@ def test_bind_is_the_one_rule():
         ("ring", 0.5, {"compressor": "int8", "bucket": 64})
     assert isinstance(lp, A.Decentralized)
     assert np.isclose(0.5, lp.gamma)
+
+
+@pytest.mark.timeout(320)
+def test_keras_algorithm_accumulates_backward_passes():
+    """Keras (tf.keras SGD): backward_passes_per_step=2 with an algorithm sums two passes
+    locally, then the local step and the algorithm's after_step run once; the optimizer's
+    compression_params reach the algorithm."""
+    import os
+    import subprocess
+    import sys
+    pytest.importorskip("tensorflow")
+    script = os.path.join(os.path.dirname(__file__), "scripts", "compose_keras.py")
+    res = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stdout + res.stderr[-3000:]

@@ -96,7 +96,8 @@ class _Settings:
             total = [None if a is None else
                      (a.read_value() / self.passes if self.average_aggregated else a.read_value())
                      for a in self.accs]
-            apply_fn(self.reduce(total, variables))
+            # an algorithm gets the local sum (it exchanges parameters after the step)
+            apply_fn(total if self.alg is not None else self.reduce(total, variables))
             for a in self.accs:
                 if a is not None:
                     a.assign(tf.zeros_like(a))
@@ -132,7 +133,12 @@ class _Keras3(_Distributed):
             self.build(variables)
         st = self._bps
         if st.alg is not None:    # a core algorithm: local step, then parameters
-            return st.alg.apply(variables, lambda: super(_Keras3, self).apply(grads, variables))
+            if st.passes == 1:
+                return st.alg.apply(variables,
+                                    lambda: super(_Keras3, self).apply(grads, variables))
+            st.aggregate(grads, variables, lambda g: st.alg.apply(
+                variables, lambda: super(_Keras3, self).apply(g, variables)))
+            return None
         if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
             if st.passes != 1:
                 raise ValueError("QAdamOptimizer does not support backward_passes_per_step > 1")
@@ -150,8 +156,13 @@ class _Keras2(_Distributed):
         grads, variables = [g for g, _ in gv], [v for _, v in gv]
         st = self._bps
         if st.alg is not None:    # a core algorithm: local step, then parameters
-            return st.alg.apply(variables, lambda: super(_Keras2, self).apply_gradients(
-                gv, *args, **kwargs))
+            if st.passes == 1:
+                return st.alg.apply(variables, lambda: super(_Keras2, self).apply_gradients(
+                    gv, *args, **kwargs))
+            st.aggregate(grads, variables, lambda g: st.alg.apply(
+                variables, lambda: super(_Keras2, self).apply_gradients(
+                    list(zip(g, variables)), *args, **kwargs)))
+            return self.iterations
         if st.passes == 1:
             return super().apply_gradients(list(zip(st.reduce(grads, variables), variables)),
                                            *args, **kwargs)

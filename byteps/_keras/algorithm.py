@@ -40,7 +40,7 @@ def resolve(algorithm, settings):
                                f"(reduce_gradients) are not available in byteps.keras; "
                                f"combine parameters in after_step instead")
     # the core's one rule: the algorithm receives the compressor and the backward passes
-    algorithm.bind(getattr(settings.compression, "params", None) or None, settings.passes,
+    algorithm.bind(getattr(settings.compression, "core_params", None) or None, settings.passes,
                    subject=what)
     return KerasAlgorithm(algorithm, settings.prefix)
 

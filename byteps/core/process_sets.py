@@ -217,8 +217,9 @@ def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what
 
     ``row``: this rank's metadata row (int64, the same length on every member);
     ``data``: its array (with ``frame_bytes``: a compressed frame of exactly that many
-    bytes, uint8, while ``row`` describes the tensor it encodes); ``compute(rows, arrays, ranks)`` (on the leader) returns every
-    member's ``(result array, extra int64 row)`` or raises BytePSError;
+    bytes, uint8, while ``row`` describes the tensor it encodes); ``compute(rows, arrays,
+    ranks)`` (on the leader) returns every member's ``(result array, extra int64 row)`` or
+    raises BytePSError;
     ``finish(result, extra)`` turns the reply into the caller's result."""
     st = api._state()
     with _lock:
