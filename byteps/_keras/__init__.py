@@ -11,7 +11,6 @@ import gc
 import os
 import warnings
 
-import numpy as np
 import tensorflow as tf
 
 from byteps.core import api as core
@@ -139,10 +138,9 @@ class _Keras3(_Distributed):
             st.aggregate(grads, variables, lambda g: st.alg.apply(
                 variables, lambda: super(_Keras3, self).apply(g, variables)))
             return None
+        _report_lr(self, st)
         if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
-            if st.passes != 1:
-                raise ValueError("QAdamOptimizer does not support backward_passes_per_step > 1")
-            return super().apply(self._bps_exchange(grads, variables, st), variables)
+            return super().apply(_qadam_exchange(self, grads, variables, st), variables)
         if st.passes == 1:
             return super().apply(st.reduce(grads, variables), variables)
         st.aggregate(grads, variables, lambda g: super(_Keras3, self).apply(g, variables))
@@ -163,12 +161,33 @@ class _Keras2(_Distributed):
                 variables, lambda: super(_Keras2, self).apply_gradients(
                     list(zip(g, variables)), *args, **kwargs)))
             return self.iterations
+        _report_lr(self, st)
+        if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
+            with tf.init_scope():
+                self.build(variables)          # its moments exist before the exchange
+            return super().apply_gradients(
+                list(zip(_qadam_exchange(self, grads, variables, st), variables)),
+                *args, **kwargs)
         if st.passes == 1:
             return super().apply_gradients(list(zip(st.reduce(grads, variables), variables)),
                                            *args, **kwargs)
         st.aggregate(grads, variables, lambda g: super(_Keras2, self).apply_gradients(
             list(zip(g, variables)), *args, **kwargs))
         return self.iterations
+
+
+def _report_lr(opt, st) -> None:
+    """lr-aware error feedback: this step's learning rate to the core's compressors."""
+    from byteps.tensorflow.compression import report_lr
+    report_lr(opt, getattr(st.compression, "core_params", None),
+              getattr(opt, "compression_params", None) if hasattr(opt, "_bps_exchange")
+              else None)
+
+
+def _qadam_exchange(opt, grads, variables, st):
+    if st.passes != 1:
+        raise ValueError("QAdamOptimizer does not support backward_passes_per_step > 1")
+    return opt._bps_exchange(grads, variables, st)
 
 
 def _is_built(opt) -> bool:
@@ -221,8 +240,9 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
     from byteps._keras.algorithm import resolve
     settings.alg = resolve(algorithm, settings)    # AsyncPS with BYTEPS_ENABLE_ASYNC=1, ...
     if settings.alg is not None and hasattr(opt, "_bps_exchange"):
-        raise core.BytePSError(f"{type(opt).__name__}: QAdam exchanges compressed momenta; "
-                               f"it cannot run {settings.alg.algorithm.describe()}")
+        from byteps.core import compat
+        compat.refuse("qadam-algorithm", f"{type(opt).__name__} with "
+                                         f"{settings.alg.algorithm.describe()}")
     object.__setattr__(opt, "_bps", settings)   # bypass Keras attribute tracking
     return opt
 
@@ -241,51 +261,6 @@ def _momentum_params(optimizer, params):
 
 
 # ------------------------------------------------------------------ module-level helpers
-def push_pull(keras, value, name=None, average=True):
-    """Average (or sum) a value across workers; returns a numpy array."""
-    arr = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
-    if name is None:
-        name = f"anon.{arr.dtype}.{'x'.join(map(str, arr.shape)) or 'scalar'}"
-    res = core.push_pull(np.array(arr, order="C").reshape(-1), "KerasPushPull." + name,
-                         average=average)
-    return res.reshape(arr.shape)
-
-
-def _eval(keras, result):
-    """Horovod's keras helpers: the tensor when eager, its value in a TF1 graph."""
-    if tf.executing_eagerly():
-        return result
-    return tf.compat.v1.keras.backend.get_session().run(result)
-
-
-def allreduce(keras, value, name=None, average=True, prescale_factor=1.0, postscale_factor=1.0,
-              op=None, compression=Compression.none):
-    """Horovod's ``hvd.keras.allreduce`` (``op`` takes precedence over ``average``)."""
-    import byteps.tensorflow as bps
-    return _eval(keras, bps.allreduce(tf.constant(value), average=None if op else average,
-                                      op=op, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor,
-                                      compression=compression, name=name))
-
-
-def allgather(keras, value, name=None):
-    """Horovod's ``hvd.keras.allgather``: every worker's value, concatenated."""
-    import byteps.tensorflow as bps
-    return _eval(keras, bps.allgather(tf.constant(value), name=name))
-
-
-def broadcast(keras, value, root_rank, name=None):
-    """Horovod's ``hvd.keras.broadcast``: rank ``root_rank``'s value on every worker."""
-    import byteps.tensorflow as bps
-    return _eval(keras, bps.broadcast(tf.constant(value), root_rank, name=name))
-
-
-def reducescatter(keras, value, name=None, op=None):
-    """Horovod's ``hvd.keras.reducescatter``: this worker's block of the reduced rows."""
-    import byteps.tensorflow as bps
-    return _eval(keras, bps.reducescatter(tf.constant(value), op=op, name=name))
-
-
 def all_model_variables(keras) -> list:
     """Variables of every Keras model alive in this process and of their optimizers.
 

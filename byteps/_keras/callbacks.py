@@ -259,3 +259,52 @@ class LearningRateWarmupCallbackImpl(LearningRateScheduleCallbackImpl):
         if epoch == self.end_epoch - 1 and self.verbose > 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{get_lr(self.model.optimizer):g}.")
+
+
+def populate(ns: dict, keras) -> None:
+    """Define the callbacks of a front end bound to ``keras`` in the module namespace
+    ``ns`` (``bps.callbacks.X``), with ``__all__``."""
+    base = keras.callbacks.Callback
+
+    class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl,
+                                           *batch_end_mixins(keras,
+                                                             BroadcastAfterFirstBatchMixin),
+                                           base):
+        """Broadcast rank ``root_rank``'s model and optimizer variables when training
+        starts."""
+
+        def __init__(self, root_rank, device=""):
+            super().__init__(keras.backend, root_rank, device)
+
+    class MetricAverageCallback(MetricAverageCallbackImpl, base):
+        """Average the metrics logged at the end of each epoch over all workers."""
+
+        def __init__(self, device=""):
+            super().__init__(keras.backend, device)
+
+    class LearningRateScheduleCallback(LearningRateScheduleCallbackImpl,
+                                       *batch_end_mixins(keras, MomentumRestoreMixin), base):
+        """Set lr to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` to
+        ``end_epoch``."""
+
+        def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None,
+                     staircase=True, momentum_correction=True, steps_per_epoch=None):
+            super().__init__(keras.backend, initial_lr, multiplier, start_epoch, end_epoch,
+                             staircase, momentum_correction, steps_per_epoch)
+
+    class LearningRateWarmupCallback(LearningRateWarmupCallbackImpl,
+                                     *batch_end_mixins(keras, MomentumRestoreMixin), base):
+        """Warm lr up from ``initial_lr / size()`` to ``initial_lr`` over
+        ``warmup_epochs``."""
+
+        def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                     steps_per_epoch=None, verbose=0):
+            super().__init__(keras.backend, initial_lr, warmup_epochs, momentum_correction,
+                             steps_per_epoch, verbose)
+
+    made = [BroadcastGlobalVariablesCallback, MetricAverageCallback,
+            LearningRateScheduleCallback, LearningRateWarmupCallback]
+    for cls in made:
+        cls.__module__, cls.__qualname__ = ns["__name__"], cls.__name__
+        ns[cls.__name__] = cls
+    ns["__all__"] = [cls.__name__ for cls in made]

@@ -27,7 +27,7 @@ from byteps.numpy.collectives import barrier, broadcast
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
            "declare", "push_pull", "push_pull_async", "poll", "synchronize", "broadcast",
            "barrier", "join", "BytePSError", "step_done", "DistributedOptimizer", "algorithms",
-           "nccl_built", "cuda_built", "rocm_built"] + \
+           "nccl_built", "cuda_built", "rocm_built", "set_compression_lr"] + \
     [n for n in _coll_names + _basics_names
      if n not in ("barrier", "broadcast", "global_only", "process_set_kw", "init", "shutdown")]
 
@@ -58,6 +58,13 @@ def push_pull_async(array, name: str, average: bool = True, priority: int = 0,
     return _api.push_pull_async(np.asarray(array), name, average=average, priority=priority,
                                 compression_params=compression_params,
                                 asynchronous=_async())
+
+
+def set_compression_lr(lr: float) -> None:
+    """lr-aware error feedback (docs/compression.md): the learning rate of the coming step,
+    before its push_pulls.  Error feedback then scales each residual by previous lr /
+    current lr, as the torch, TensorFlow, Keras and MXNet optimizers do by themselves."""
+    _api.set_compression_lr(float(lr))
 
 
 def _async() -> bool:

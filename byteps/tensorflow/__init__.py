@@ -56,6 +56,7 @@ from byteps.core.basics import *  # noqa: F401,F403  (process sets, where the co
 from byteps.tensorflow import _ops, util  # noqa: F401  (hvd.util._executing_eagerly)
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn
+from byteps.tensorflow.tape import DistributedGradientTape, finish
 from byteps.tensorflow.mpi_ops import (
     Adasum,
     Average,
@@ -83,8 +84,8 @@ from byteps.tensorflow.util import _executing_eagerly  # noqa: F401  (Horovod ha
 
 __all__ = [
     "BytePSError", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-    "QAdamOptimizer", "barrier", "broadcast_global_variables", "broadcast_variables", "init",
-    "is_initialized", "join", "local_rank", "local_size", "push_pull", "rank", "shutdown",
+    "QAdamOptimizer", "barrier", "broadcast_global_variables", "broadcast_variables", "finish",
+    "init", "is_initialized", "join", "local_rank", "local_size", "push_pull", "rank", "shutdown",
     "size",
     # Horovod's names (byteps/tensorflow/mpi_ops.py, byteps/core/basics.py; docs/tensorflow.md)
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
@@ -166,46 +167,9 @@ def broadcast_global_variables(root_rank: int):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-class _DistributedGradientTape(tf.GradientTape):
-    """A GradientTape whose ``gradient()`` averages the gradients across workers."""
-
-    def __init__(self, tape, device_dense, device_sparse, compression, sparse_as_dense, op,
-                 persistent=False, watch_accessed_variables=True):
-        super().__init__(persistent, watch_accessed_variables)
-        self._tape = tape._tape                 # share what the user's tape recorded
-        self._bps = (device_dense, device_sparse, compression, sparse_as_dense, op)
-
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
-        grads = super().gradient(target, sources, output_gradients, **kwargs)
-        dd, ds, comp, sad, op = self._bps
-        flat = tf.nest.flatten(grads)
-        reduced = _ops.push_pull_grads(flat, tf.nest.flatten(sources),
-                                       "DistributedGradientTape.Push_Pull.", comp, sad, op,
-                                       dd, ds)
-        return tf.nest.pack_sequence_as(grads, reduced)
-
-
-def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
-                            compression=Compression.none, sparse_as_dense: bool = False,
-                            op=Average, compression_params: dict | None = None):
-    """Wrap a recorded ``tf.GradientTape``: its gradients are averaged over workers.
-
-    Each gradient's push_pull starts as soon as backpropagation produces it
-    (first layers get the highest priority); ``gradient()`` waits once for
-    all.  ``tf.IndexedSlices`` gradients stay sparse unless
-    ``sparse_as_dense=True``.  ``compression_params`` (the original BytePS keys,
-    docs/compression.md) compresses dense gradients in the core.
-    """
-    op = _ops.resolve_op(op, None)
-    from byteps.tensorflow.compression import with_params
-    compression = with_params(compression, compression_params)
-    cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
-    return cls(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
-               gradtape._persistent, gradtape._watch_accessed_variables)
-
-
 def QAdamOptimizer(learning_rate=0.001, warmup_steps=100, **kwargs):
-    """QAdam / 1-bit Adam for Keras 3 optimizers (see byteps.keras.QAdamOptimizer)."""
+    """QAdam / 1-bit Adam for Keras 3 and tf-keras 2 (see byteps.keras.QAdamOptimizer); use
+    it through DistributedOptimizer or DistributedGradientTape(optimizer=...)."""
     from byteps import _keras
     from byteps._keras.qadam import qadam_class
     return qadam_class(_keras.default_keras())(learning_rate=learning_rate,

@@ -1,6 +1,7 @@
 """Gradient compression for the TensorFlow plugin (``Compression.none`` / ``Compression.fp16``)."""
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -69,6 +70,47 @@ def with_params(compression, compression_params):
         raise ValueError(f"compression={compression!r} and compression_params="
                          f"{compression_params!r} both choose a compressor; pass one of them")
     return CoreCompressor(dict(compression_params))
+
+
+def _has_ef(params) -> bool:
+    if not params:
+        return False
+    from byteps import compression as _comp
+    spec = _comp.parse(params)
+    return bool(spec is not None and getattr(spec, "ef", None))
+
+
+def current_lr(optimizer):
+    """The learning rate the optimizer's next step uses (a tensor; a schedule evaluated
+    at the optimizer's iterations), or None when it has none."""
+    lr = getattr(optimizer, "learning_rate", None) if optimizer is not None else None
+    if lr is None:
+        return None
+    if callable(lr) and not isinstance(lr, (tf.Variable, tf.Tensor)):
+        lr = lr(optimizer.iterations)            # a LearningRateSchedule object
+    return tf.convert_to_tensor(lr)
+
+
+def report_lr(optimizer, *params) -> None:
+    """lr-aware error feedback (docs/compression.md): when one of the ``params``
+    (compression_params dicts) has error feedback, the optimizer's current learning rate
+    goes to the core (``api.set_compression_lr``) before this step's exchange: eagerly
+    now, in a graph as an op (stateful ops of a ``tf.function`` run in program order)."""
+    if not any(_has_ef(p) for p in params):
+        return
+    lr = current_lr(optimizer)
+    if lr is None:
+        return
+    from byteps.core import api as core
+    if tf.executing_eagerly():
+        core.set_compression_lr(float(lr))
+        return
+
+    def set_lr(x):
+        core.set_compression_lr(float(x))
+        return np.int32(0)
+    tf.numpy_function(set_lr, [tf.cast(lr, tf.float64)], tf.int32, stateful=True,
+                      name="BytePSSetCompressionLr")
 
 
 class Compression:
