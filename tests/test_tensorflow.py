@@ -127,7 +127,7 @@ def test_api_errors(res):
         assert "already a byteps DistributedOptimizer" in v["double_wrap"]
         assert "backward_passes_per_step=2" in v["v1_passes"]
         assert "root_rank=2 is out of range" in v["bad_root"]
-        assert "dtype bool is not supported" in v["bad_dtype"]
+        assert "dtype complex128 is not supported" in v["bad_dtype"]
         assert "broadcast_variables" in v["global_vars_eager"]
         assert "got object" in v["not_optimizer"]
 

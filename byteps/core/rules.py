@@ -8,7 +8,8 @@ graphs; the argument rules of a collective are the ones here, with one wording:
   (:data:`SUM_OR_AVERAGE`: reducescatter and the gradient exchanges sum or average only,
   as Horovod); ``Adasum`` is refused;
 * **root rank**: :func:`check_root` (a ValueError, as Horovod's suites expect);
-* **names**: :func:`auto_name` for unnamed calls, :func:`check_name` for given ones.
+* **names**: :func:`auto_name` for unnamed calls, :func:`position_name` for an
+  optimizer's unnamed parameters, :func:`check_name` for given ones.
 
 The dtype rule is :mod:`byteps.core.carry`; the broadcast rule ("zeros except the root,
 then a sum") is :func:`byteps.core.api.broadcast_async`; the barrier is
@@ -21,7 +22,7 @@ import itertools
 import threading
 
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "SUM_OR_AVERAGE", "ReduceOp",
-           "auto_name", "check_name", "check_root", "resolve_op", "sum_or_average"]
+           "auto_name", "check_name", "check_root", "position_name", "resolve_op", "sum_or_average"]
 
 
 class ReduceOp:
@@ -109,6 +110,12 @@ def auto_name(kind: str, process_set=None) -> str:
     with _names_lock:
         n = next(_names.setdefault(pid, itertools.count()))
     return f"{kind}.noname.{n}" if not pid else f"{kind}.noname.ps{pid}.{n}"
+
+
+def position_name(i: int, kind: str = "push_pull") -> str:
+    """The name of the ``i``-th unnamed parameter of an optimizer (Horovod's convention:
+    by position, so it does not depend on other unnamed calls)."""
+    return f"{kind}.noname.{i}"
 
 
 def check_name(name, kind: str, process_set=None) -> str:

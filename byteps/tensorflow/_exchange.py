@@ -15,17 +15,12 @@ import threading
 import numpy as np
 
 from byteps.core import api as core
+from byteps.core.carry import carry
 
 log = logging.getLogger("byteps.tensorflow")
 _tickets: dict[int, tuple] = {}
 _ids = itertools.count(1)
 _lock = threading.Lock()
-
-# Lossless stand-ins for dtypes the core does not carry (broadcast only: a
-# broadcast sums one rank's value with zeros, which is exact in any of these).
-_VIEW = {np.dtype(np.uint32): np.int32, np.dtype(np.uint64): np.int64,
-         np.dtype(np.complex64): np.float32, np.dtype(np.complex128): np.float64}
-_CAST = {np.dtype(bool): np.uint8, np.dtype(np.int16): np.int32, np.dtype(np.uint16): np.int32}
 
 
 def _ticket(entry: tuple) -> int:
@@ -84,24 +79,13 @@ def start_sparse(values: np.ndarray, indices: np.ndarray, name: str, average: bo
 
 
 def start_broadcast(array: np.ndarray, name: str, root_rank: int) -> int:
-    """Start sending rank ``root_rank``'s ``array`` to every rank."""
-    size = core.size()
-    if not 0 <= int(root_rank) < size:
-        raise ValueError(f"broadcast of {name!r}: root_rank={root_rank} is out of range for "
-                         f"{size} worker(s)")
+    """Start sending rank ``root_rank``'s ``array`` to every rank (the core's broadcast and
+    dtype table, :func:`byteps.core.api.broadcast_async`, :mod:`byteps.core.carry`)."""
     arr = np.asarray(array)
-    dtype, shape = arr.dtype, arr.shape
-    if dtype in _CAST:
-        wire = arr.astype(_CAST[dtype])
-    elif dtype in _VIEW:
-        wire = np.ascontiguousarray(arr).view(_VIEW[dtype])
-    else:
-        wire = np.array(arr, order="C", copy=True)
-    if core.rank() != int(root_rank):
-        wire = np.zeros_like(wire)
-    wire = wire.reshape(-1) if wire.ndim == 0 else wire
-    h = core.push_pull_async(wire, "broadcast." + name, average=False, out=wire)
-    return _ticket(("bcast", h, dtype, shape))
+    wire, back = carry(np.array(arr, order="C", copy=True), copy=True)
+    h = core.broadcast_async(wire.reshape(-1) if wire.ndim == 0 else wire, root_rank,
+                             "broadcast." + name)
+    return _ticket(("bcast", h, back, arr.shape))
 
 
 def wait(*tickets) -> list[np.ndarray]:
@@ -137,12 +121,7 @@ def _finish(e: tuple) -> list[np.ndarray]:
     if kind == "dense":
         return [core.synchronize(e[1]).reshape(e[2])]
     if kind == "bcast":
-        res, dtype, shape = core.synchronize(e[1]), e[2], e[3]
-        if dtype in _CAST:
-            res = res.astype(dtype)
-        elif dtype in _VIEW:
-            res = res.view(dtype)
-        return [res.reshape(shape)]
+        return [e[2](core.synchronize(e[1])).reshape(e[3])]
     _, hv, hi, total, average, dtype, tail = e
     if hv is None:
         return [np.zeros((0,) + tuple(tail), dtype), np.zeros(0, np.int64)]

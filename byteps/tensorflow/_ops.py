@@ -14,21 +14,17 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.core import api as core
+from byteps.core.rules import sum_or_average
 from byteps.tensorflow import _exchange
+from byteps.tensorflow._plumbing import from_wire, to_wire
 
 Average, Sum = "Average", "Sum"
 
 
-def resolve_op(op, average) -> str:
-    """``op`` (Average/Sum) from the old ``average=`` flag or the new ``op=``."""
-    if op is not None and average is not None:
-        raise ValueError("push_pull: give either op= or the deprecated average=, not both")
-    if average is not None:
-        return Average if average else Sum
-    op = Average if op is None else getattr(op, "name", op)   # bps.Average is a ReduceOp
-    if op not in (Average, Sum):
-        raise ValueError(f"push_pull: op must be bps.Average or bps.Sum, got {op!r}")
-    return op
+def resolve_op(op, average, kind: str = "DistributedOptimizer") -> str:
+    """``op`` (Average/Sum) from the old ``average=`` flag or the new ``op=`` (the core's
+    rule, :func:`byteps.core.rules.sum_or_average`)."""
+    return Average if sum_or_average(average, op, kind) else Sum
 
 
 def var_name(v, i: int) -> str:
@@ -54,17 +50,6 @@ def unique_names(prefix: str, sources) -> list[str]:
         seen[n] = k + 1
         out.append(n if k == 0 else f"{n}.{k}")
     return out
-
-
-def to_wire(t):
-    """Cast dtypes numpy cannot hold (bfloat16, float8) to float32; returns (tensor, dtype)."""
-    if t.dtype.is_floating and t.dtype not in (tf.float16, tf.float32, tf.float64):
-        return tf.cast(t, tf.float32), t.dtype
-    return t, None
-
-
-def from_wire(t, dtype):
-    return t if dtype is None else tf.cast(t, dtype)
 
 
 def eager() -> bool:
@@ -133,7 +118,7 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
         sparse = isinstance(g, tf.IndexedSlices)
         with tf.device(device_sparse if sparse else device_dense):
             c, ctx = compression.compress(g.values if sparse else g)
-            c, wdt = to_wire(c)
+            c, wdt = to_wire(c, copy=False)
             if sparse:
                 tickets.append(start_sparse(c, g.indices, names[i], average, -i))
                 specs += [(c.dtype, tf.TensorShape([None]).concatenate(c.shape[1:])),

@@ -4,8 +4,9 @@ An operation is a function of numpy arrays (calling :mod:`byteps.core.collective
 :func:`run` calls at once when eager, or wraps in one ``tf.numpy_function`` op inside
 ``tf.function`` and TF1 graphs.  Everything else here is conversion:
 
-* dtypes the core does not carry travel as one it does (:func:`to_wire`; bfloat16 as
-  float32, int16/uint16 as int32, bool as uint8 for copies, complex as float pairs);
+* dtypes: the core's collectives take every dtype of :mod:`byteps.core.carry`'s table as
+  numpy arrays and give results back in that dtype; :func:`to_wire` only casts the small
+  floats (bfloat16, float8) as the table says, for exchanges that take wire dtypes;
 * errors: when eager, a disagreement between ranks (the core's BytePSError) is raised as
   :class:`CollectiveError`, a ``tf.errors.FailedPreconditionError`` that is also a
   BytePSError, and an invalid argument found during the exchange (e.g. alltoall splits
@@ -26,11 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.core.api import BytePSError
+from byteps.core.carry import wire_dtype
 
-_NATIVE = {tf.float16, tf.float32, tf.float64, tf.int32, tf.int64, tf.uint8, tf.int8}
-_AS = {tf.int16: tf.int32, tf.uint16: tf.int32, tf.uint32: tf.int64}
-_COPY_AS = {tf.bool: tf.uint8, tf.uint64: tf.int64, **_AS}
-_COMPLEX = {tf.complex64: tf.float32, tf.complex128: tf.float64}
 _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -62,27 +60,19 @@ def as_tf_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def to_wire(t: tf.Tensor, copy: bool):
-    """``(tensor in a dtype the core carries, original dtype or None)``."""
+def to_wire(t: tf.Tensor, copy: bool = True):
+    """``(t, None)``, or for a small float (bfloat16, float8) ``(t as the dtype
+    :func:`byteps.core.carry.wire_dtype` names, t's dtype)``; every other dtype goes to
+    the core as it is (the core carries it by the same table, or refuses it by name)."""
     d = t.dtype
-    if d in _NATIVE:
-        return t, None
-    table = _COPY_AS if copy else _AS
-    if d in table:
-        return tf.cast(t, table[d]), d
-    if d.is_floating:                      # bfloat16, float8 kinds
-        return tf.cast(t, tf.float32), d
-    if copy and d in _COMPLEX:             # (..., 2) floats: the first dimension is kept
-        return tf.stack([tf.math.real(t), tf.math.imag(t)], axis=-1), d
-    return t, None                         # the core refuses it, naming the tensor
+    to = wire_dtype(d.name, copy)
+    if d.is_floating and to is not None and to != d.name:
+        return tf.cast(t, to), d
+    return t, None
 
 
 def from_wire(t: tf.Tensor, dtype):
-    if dtype is None:
-        return t
-    if dtype in _COMPLEX:
-        return tf.complex(t[..., 0], t[..., 1])
-    return tf.cast(t, dtype)
+    return t if dtype is None else tf.cast(t, dtype)
 
 
 def eager() -> bool:
@@ -122,7 +112,3 @@ def run(fn, inputs: list, specs: list, kind: str) -> list:
         o.set_shape(shape)
     return list(outs)
 
-
-def scalar_safe(a: np.ndarray) -> np.ndarray:
-    """The core carries arrays of at least one dimension."""
-    return a.reshape(1) if a.ndim == 0 else a

@@ -38,9 +38,10 @@ __all__ = ["Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "all
            "size_op"]
 
 
-def _op(average, op):
-    """Horovod's ``average``/``op`` -> an op for the core (validated now)."""
-    coll.resolve_op(average, op)
+def _op(average, op, kind: str = "allreduce"):
+    """Horovod's ``average``/``op`` -> an op for the core (validated now, by the core's
+    rule for ``kind``)."""
+    coll.resolve_op(average, op, kind)
     if op is None:
         return Average if average is None or average else Sum
     return op
@@ -48,9 +49,7 @@ def _op(average, op):
 
 def _name(name, kind: str, kw: dict) -> str:
     """``name``, or one from the core's counter (per process set) now, when built."""
-    if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"{kind}: name must be a non-empty string, got {name!r}")
-    return name or coll.auto_name(kind, **kw)
+    return coll.check_name(name, kind, kw.get("process_set"))
 
 
 def _members(kw: dict) -> tuple[int, int]:
@@ -73,8 +72,8 @@ def _allreduce_dense(t, name, op, pre, post, kw):
     @tf.custom_gradient
     def fn(x):
         def np_fn(a):
-            return [coll.allreduce(P.scalar_safe(a), name, op=op, prescale_factor=pre,
-                                   postscale_factor=post, **kw).reshape(a.shape)]
+            return [coll.allreduce(a, name, op=op, prescale_factor=pre,
+                                   postscale_factor=post, **kw)]
         (y,) = P.run(np_fn, [x], [(x.dtype, x.shape)], "Allreduce")
 
         def grad(dy):
@@ -92,13 +91,10 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     (values and indices; divided by the size for Average), as Horovod does.
     Differentiable."""
     kw = process_set_kw(process_set, "allreduce")
-    op = _op(average, op)
+    sparse = isinstance(tensor, tf.IndexedSlices)
+    op = _op(average, op, "allreduce of tf.IndexedSlices" if sparse else "allreduce")
     name = _name(name, "allreduce", kw)
-    if isinstance(tensor, tf.IndexedSlices):
-        if coll.resolve_op(None, op)[0]:
-            raise NotImplementedError(f"allreduce of tf.IndexedSlices: op={op!r} is not "
-                                      f"supported; use Average or Sum (or convert the "
-                                      f"slices to a dense tensor)")
+    if sparse:
         with tf.device(device_sparse):
             vals, ctx = compression.compress(tensor.values)
             values = allgather(vals, name=name + ".values", process_set=process_set)
@@ -126,9 +122,8 @@ def _grouped_dense(tensors, name, op, pre, post, kw):
     @tf.custom_gradient
     def fn(*xs):
         def np_fn(*arrays):
-            rs = coll.grouped_allreduce([P.scalar_safe(a) for a in arrays], name, op=op,
-                                        prescale_factor=pre, postscale_factor=post, **kw)
-            return [r.reshape(a.shape) for r, a in zip(rs, arrays)]
+            return coll.grouped_allreduce(list(arrays), name, op=op, prescale_factor=pre,
+                                          postscale_factor=post, **kw)
         ys = P.run(np_fn, list(xs), [(x.dtype, x.shape) for x in xs], "GroupedAllreduce")
 
         def grad(*dys):
@@ -218,7 +213,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     root rank, shape and dtype; else every worker gets an error naming both ranks).
     Differentiable.  ``scope`` and ``is_variable`` are the original BytePS arguments."""
     kw = process_set_kw(process_set, "broadcast")
-    root = coll.check_root(root_rank, "broadcast")
+    root = coll.check_root(root_rank, "broadcast", kw.get("process_set"))
     tensor = _tensor(tensor, "broadcast")
     name = _name((scope.rstrip("/") + "/" + name) if scope and name else name, "broadcast", kw)
     wired, dt = P.to_wire(tensor, copy=True)
@@ -226,7 +221,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     @tf.custom_gradient
     def fn(x):
         def np_fn(a):
-            return [coll.broadcast(P.scalar_safe(a), root, name, **kw).reshape(a.shape)]
+            return [coll.broadcast(a, root, name, **kw)]
         (y,) = P.run(np_fn, [x], [(x.dtype, x.shape)], "Broadcast")
 
         def grad(dy):
@@ -246,14 +241,6 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
 
 
 # ------------------------------------------------------------------ reducescatter
-def _scatter_op(op):
-    op = Average if op is None else op
-    if coll.resolve_op(None, op)[0]:
-        raise ValueError(f"reducescatter: op={op!r} is not supported; use Average or Sum "
-                         f"(as Horovod)")
-    return op
-
-
 def _scatter_grad(dy, op, pre, post, process_set):
     n = _members(process_set_kw(process_set, "reducescatter"))[0]
     factor = pre * post * (n if coll.resolve_op(None, op) == (0, False) else 1)
@@ -287,7 +274,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     """Reduce ``tensor`` over every worker (Average or Sum) and return this worker's block
     of rows (the first ``n % size`` workers get one row more).  Differentiable."""
     kw = process_set_kw(process_set, "reducescatter")
-    op = _scatter_op(op)
+    op = _op(None, op, "reducescatter")
     name = _name(name, "reducescatter", kw)
     tensor = _tensor(tensor, "reducescatter")
     with tf.device(device_dense):
@@ -302,7 +289,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
                           name=None):
     """Reducescatter every tensor of ``tensors`` in one operation (a list)."""
     kw = process_set_kw(process_set, "grouped_reducescatter")
-    op = _scatter_op(op)
+    op = _op(None, op, "grouped_reducescatter")
     name = _name(name, "grouped_reducescatter", kw)
     tensors = [_tensor(t, "grouped_reducescatter") for t in tensors]
     if not tensors:

@@ -46,7 +46,8 @@ _np = host_array          # a host numpy array for the core (which carries every
 
 
 def _torch(arr: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(arr)).to(like.device, like.dtype)
+    return torch.from_numpy(np.ascontiguousarray(arr).reshape(arr.shape)).to(like.device,
+                                                                            like.dtype)
 
 
 class _Result:

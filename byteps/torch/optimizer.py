@@ -62,7 +62,8 @@ class _DistributedOptimizer:
                                  f"order); pass all of model.named_parameters() or none")
             self._bps_names = {p: by_id[id(p)] for p in params}
         else:
-            self._bps_names = {p: f"push_pull.noname.{i}" for i, p in enumerate(params)}
+            from byteps.core.rules import position_name
+            self._bps_names = {p: position_name(i) for i, p in enumerate(params)}
         self._parameter_names = self._bps_names      # Horovod's name for it
         self._bps_priority = {p: -i for i, p in enumerate(params)}
         self._bps_bpps = backward_passes_per_step

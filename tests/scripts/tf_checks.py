@@ -293,7 +293,7 @@ def api_errors():
         "v1_passes": lambda: bps.DistributedOptimizer(
             tf.compat.v1.train.GradientDescentOptimizer(0.1), backward_passes_per_step=2),
         "bad_root": lambda: bps.broadcast(tf.ones(2), root_rank=N),
-        "bad_dtype": lambda: bps.push_pull(tf.constant([True])),
+        "bad_dtype": lambda: bps.push_pull(tf.constant([1 + 2j])),   # bool is carried
         "global_vars_eager": lambda: bps.broadcast_global_variables(0),
         "not_optimizer": lambda: bps.DistributedOptimizer(object()),
     }
