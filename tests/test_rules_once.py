@@ -20,39 +20,27 @@ PLUGINS = ["byteps/torch", "byteps/tensorflow", "byteps/mxnet", "byteps/numpy", 
 
 
 # ------------------------------------------------------------------ each plugin, one process
+def _front(bps, conv, out, reducescatter=None) -> dict:
+    return {"np": conv, "out": out, "bps": bps, "allreduce": bps.allreduce,
+            "broadcast": bps.broadcast, "allgather": bps.allgather,
+            "reducescatter": reducescatter or bps.reducescatter}
+
+
 def _numpy():
     import byteps.numpy as bps
-    return {"np": lambda a: np.asarray(a), "out": np.asarray, "bps": bps,
-            "allreduce": bps.allreduce, "broadcast": bps.broadcast,
-            "allgather": bps.allgather, "reducescatter": bps.reducescatter}
+    return _front(bps, np.asarray, np.asarray)
 
 
 def _torch():
     torch = pytest.importorskip("torch")
     import byteps.torch as bps
-
-    def conv(a):
-        return torch.from_numpy(np.array(a))
-
-    def out(t):
-        return t.numpy()
-    return {"np": conv, "out": out, "bps": bps, "allreduce": bps.allreduce,
-            "broadcast": bps.broadcast, "allgather": bps.allgather,
-            "reducescatter": bps.reducescatter}
+    return _front(bps, lambda a: torch.from_numpy(np.array(a)), lambda t: t.numpy())
 
 
 def _tensorflow():
     tf = pytest.importorskip("tensorflow")
     import byteps.tensorflow as bps
-
-    def conv(a):
-        return tf.constant(np.array(a))
-
-    def out(t):
-        return t.numpy()
-    return {"np": conv, "out": out, "bps": bps, "allreduce": bps.allreduce,
-            "broadcast": bps.broadcast, "allgather": bps.allgather,
-            "reducescatter": bps.reducescatter}
+    return _front(bps, lambda a: tf.constant(np.array(a)), lambda t: t.numpy())
 
 
 def _mxnet():
@@ -62,12 +50,8 @@ def _mxnet():
     def conv(a):
         a = np.array(a)
         return mx.nd.array(a, dtype=a.dtype)
-
-    def out(t):
-        return t.asnumpy()
-    return {"np": conv, "out": out, "bps": bps, "allreduce": bps.allreduce,
-            "broadcast": bps.broadcast, "allgather": bps.allgather,
-            "reducescatter": lambda t, op=None: bps.reducescatter(t, op=op)}
+    return _front(bps, conv, lambda t: t.asnumpy(),
+                  lambda t, op=None: bps.reducescatter(t, op=op))
 
 
 FRONTS = {"numpy": _numpy, "torch": _torch, "tensorflow": _tensorflow, "mxnet": _mxnet}
