@@ -64,18 +64,18 @@ def test_staleness_store_unit():
     """The server's hold rule without sockets."""
     from byteps.server.staleness import AsyncStore
     from byteps.server.store import Slot
-    from byteps.transport.wire import ASYNC, PULL, PUSH
+    from byteps.transport.wire import ASYNC, PULL, PUSH, Entry
     st = AsyncStore(1)
     slot = Slot(1, 0, 0, 2, -1)
     out = {}
     one = np.ones(2, np.float32)
     for rnd in range(3):                         # rank 0 runs ahead of rank 1
-        st.apply(slot, [1, 0, rnd, PUSH | PULL | ASYNC, 0, 2], one, 0, b"a", {0, 1}, out)
+        st.apply(slot, Entry(1, 0, rnd, PUSH | PULL | ASYNC, 0, 2), one, 0, b"a", {0, 1}, out)
     assert len(out.get(b"a", [])) == 1           # round 0 answered; 1, 2 held (rank 1 at -1)
-    st.apply(slot, [1, 0, 0, PUSH | PULL | ASYNC, 0, 2], one, 1, b"b", {0, 1}, out)
+    st.apply(slot, Entry(1, 0, 0, PUSH | PULL | ASYNC, 0, 2), one, 1, b"b", {0, 1}, out)
     assert len(out[b"a"]) == 2 and len(out[b"b"]) == 1     # round 1 of rank 0 released
     assert st.stats["max_lag"] <= 1
-    st.apply(slot, [1, 0, 1, PUSH | PULL | ASYNC, 0, 2], one, 1, b"b", {0, 1}, out)
+    st.apply(slot, Entry(1, 0, 1, PUSH | PULL | ASYNC, 0, 2), one, 1, b"b", {0, 1}, out)
     assert len(out[b"a"]) == 3 and out[b"a"][-1][1].tolist() == [5.0, 5.0]
 
 

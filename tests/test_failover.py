@@ -28,7 +28,8 @@ from byteps.server.replica import Replicator
 from byteps.server.staleness import AsyncStore
 from byteps.server.store import apply
 from byteps.transport import RateLimitedLog
-from byteps.transport.wire import (ACK, ASYNC, PULL, PUSH, Op, WireError, decode, encode)
+from byteps.transport.wire import (ACK, ASYNC, PULL, PUSH, Entry, Op, WireError, decode,
+                                   encode)
 
 pytestmark = pytest.mark.timeout(120)
 STEPS, KILL = 30, 12
@@ -216,20 +217,20 @@ def _backup(entries, ranks, frames):
 def test_backup_answers_a_copied_round_and_never_adds_a_resent_push():
     result = np.array([3, 5, 7, 9], np.float32)
     srv = _backup([[77, 0, 5, PULL, 0, 4]], [-1], [result.tobytes()])
-    assert srv.sent[-1][1] == Op.REPLICA_OK and srv.sent[-1][2][0] == [[77, 0, 5, ACK, 0, 4]]
+    assert srv.sent[-1][1] == Op.REPLICA_OK and srv.sent[-1][2][0] == [Entry(77, 0, 5, ACK, 0, 4)]
     slot = srv.slots[(77, 0)]
     out: dict = {}
     # after the failover: rank 0 resends its push of round 5 (other data): the copy answers
-    apply(slot, [77, 0, 5, PUSH | PULL, 0, 4], np.ones(4, np.float32), 0, b"w0", 2, out)
-    apply(slot, [77, 0, 5, PUSH | PULL, 0, 4], np.ones(4, np.float32), 1, b"w1", 2, out)
+    apply(slot, Entry(77, 0, 5, PUSH | PULL, 0, 4), np.ones(4, np.float32), 0, b"w0", 2, out)
+    apply(slot, Entry(77, 0, 5, PUSH | PULL, 0, 4), np.ones(4, np.float32), 1, b"w1", 2, out)
     for ident in (b"w0", b"w1"):
         assert np.array_equal(out[ident][0][1], result)
     # round 6 on the new owner: a resent push of (rank 0, key 77, round 6) counts once
     out = {}
     a, b = np.full(4, 2, np.float32), np.full(4, 10, np.float32)
-    apply(slot, [77, 0, 6, PUSH | PULL, 0, 4], a, 0, b"w0", 2, out)
-    apply(slot, [77, 0, 6, PUSH | PULL, 0, 4], a, 0, b"w0", 2, out)
-    apply(slot, [77, 0, 6, PUSH | PULL, 0, 4], b, 1, b"w1", 2, out)
+    apply(slot, Entry(77, 0, 6, PUSH | PULL, 0, 4), a, 0, b"w0", 2, out)
+    apply(slot, Entry(77, 0, 6, PUSH | PULL, 0, 4), a, 0, b"w0", 2, out)
+    apply(slot, Entry(77, 0, 6, PUSH | PULL, 0, 4), b, 1, b"w1", 2, out)
     assert np.array_equal(out[b"w1"][0][1], a + b)
 
 
@@ -239,9 +240,9 @@ def test_backup_adds_a_forwarded_async_push_once():
     slot = srv.slots[(77, 0)]
     out: dict = {}
     # the dead server's rank-0 push of round 3 is resent to the backup: not added again
-    srv.apply(slot, [77, 0, 3, PUSH | PULL | ASYNC, 0, 4], d0, 0, b"w0", out)
+    srv.apply(slot, Entry(77, 0, 3, PUSH | PULL | ASYNC, 0, 4), d0, 0, b"w0", out)
     d1 = np.full(4, 10, np.float32)
-    srv.apply(slot, [77, 0, 3, PUSH | PULL | ASYNC, 0, 4], d1, 1, b"w1", out)
+    srv.apply(slot, Entry(77, 0, 3, PUSH | PULL | ASYNC, 0, 4), d1, 1, b"w1", out)
     assert np.array_equal(out[b"w1"][-1][1], d0 + d1)
 
 
@@ -251,9 +252,9 @@ def test_primary_holds_results_until_the_backup_confirms():
     srv.decls[77] = {"name": "t.w", "shape": [4], "dtype": 0, "rank": 0, "comp": None}
     rep.backup, rep.ready, rep.sock = {"node_id": 2}, True, _Sock()
     res = np.arange(4, dtype=np.float32)
-    ack = ([77, 0, 5, ACK, 0, 4], None)
-    now = rep.hold({b"w0": [ack, ([77, 0, 5, PULL, 0, 4], res)],
-                    b"w1": [([77, 0, 5, PULL, 0, 4], res)]})
+    ack = (Entry(77, 0, 5, ACK, 0, 4), None)
+    now = rep.hold({b"w0": [ack, (Entry(77, 0, 5, PULL, 0, 4), res)],
+                    b"w1": [(Entry(77, 0, 5, PULL, 0, 4), res)]})
     assert now == {b"w0": [ack]}                        # acks go, the results wait
     assert len(rep.sock.sent) == 1                      # the round went to the backup once
     hdr, payload = decode(rep.sock.sent[0], "t", None)
@@ -262,11 +263,11 @@ def test_primary_holds_results_until_the_backup_confirms():
     rep.confirm([[77, 0, 5, ACK, 0, 4]])
     assert sorted(srv.results[-1]) == [b"w0", b"w1"]
     # a later pull of the confirmed round goes at once; failover releases what waits
-    assert rep.hold({b"w0": [([77, 0, 5, PULL, 0, 4], res)]}) != {}
-    assert rep.hold({b"w0": [([77, 0, 6, PULL, 0, 4], res)]}) == {}
+    assert rep.hold({b"w0": [(Entry(77, 0, 5, PULL, 0, 4), res)]}) != {}
+    assert rep.hold({b"w0": [(Entry(77, 0, 6, PULL, 0, 4), res)]}) == {}
     rep.on_failover({"dead": {"node_id": 2}, "reason": "test"})
-    assert srv.results[-1] == {b"w0": [([77, 0, 6, PULL, 0, 4], res)]}
-    assert not rep.active and rep.hold({b"w1": [([77, 0, 7, PULL, 0, 4], res)]}) != {}
+    assert srv.results[-1] == {b"w0": [(Entry(77, 0, 6, PULL, 0, 4), res)]}
+    assert not rep.active and rep.hold({b"w1": [(Entry(77, 0, 7, PULL, 0, 4), res)]}) != {}
 
 
 @pytest.mark.parametrize("body", [

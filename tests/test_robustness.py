@@ -144,12 +144,12 @@ def test_store_dedups_resent_pushes_and_answers_pull_only_requests():
     import numpy as np
 
     from byteps.server.store import Slot, apply
-    from byteps.transport.wire import PULL, PUSH
+    from byteps.transport.wire import PULL, PUSH, Entry
 
     a, b = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
     slot = Slot(7, 0, 0, 4, -1)
-    e = [7, 0, 0, PUSH | PULL, 0, 4]
-    pull = [7, 0, 0, PULL, 0, 4]
+    e = Entry(7, 0, 0, PUSH | PULL, 0, 4)
+    pull = Entry(7, 0, 0, PULL, 0, 4)
     out: dict = {}
     apply(slot, e, a, 0, b"w0", 2, out)
     apply(slot, e, a.copy(), 0, b"w0", 2, out)      # resent push: not summed twice
@@ -169,8 +169,8 @@ def test_store_dedups_resent_pushes_and_answers_pull_only_requests():
     astore, aslot = AsyncStore(None), Slot(8, 0, 0, 4, -1)
     out.clear()
     for rnd, arr in ((0, a), (0, a), (1, b)):
-        astore.apply(aslot, [8, 0, rnd, PUSH | PULL, 0, 4], arr, 0, b"w0", {0}, out)
+        astore.apply(aslot, Entry(8, 0, rnd, PUSH | PULL, 0, 4), arr, 0, b"w0", {0}, out)
     np.testing.assert_array_equal(aslot.value, a + b)
     aslot.reset_rounds()                     # re-init: rounds restart at 0
-    astore.apply(aslot, [8, 0, 0, PUSH, 0, 4], a, 0, b"w0", {0}, out)
+    astore.apply(aslot, Entry(8, 0, 0, PUSH, 0, 4), a, 0, b"w0", {0}, out)
     np.testing.assert_array_equal(aslot.value, a + b + a)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.server.store import Slot, apply
-from byteps.transport.wire import AVG, PULL, PUSH, average
+from byteps.transport.wire import AVG, PULL, PUSH, Entry, average
 
 
 def _round(flags: list[int], dtype=np.float32, size: int = 3, code: int = 0):
@@ -13,7 +13,7 @@ def _round(flags: list[int], dtype=np.float32, size: int = 3, code: int = 0):
     out: dict = {}
     for rank, f in enumerate(flags):
         arr = np.full(4, rank + 1, dtype)
-        apply(slot, [7, 0, 0, PUSH | PULL | f, code, 4], arr, rank, b"w%d" % rank,
+        apply(slot, Entry(7, 0, 0, PUSH | PULL | f, code, 4), arr, rank, b"w%d" % rank,
               len(flags), out, size=size)
     return {k: v[-1] for k, v in out.items()}     # each worker's result (entry, array)
 
@@ -42,7 +42,7 @@ def test_a_single_pusher_is_averaged_into_the_servers_buffer():
     slot = Slot(7, 0, 0, 4, -1)
     out: dict = {}
     pushed = np.full(4, 8, np.float32)
-    apply(slot, [7, 0, 0, PUSH | PULL | AVG, 0, 4], pushed, 0, b"w0", 1, out, size=4)
+    apply(slot, Entry(7, 0, 0, PUSH | PULL | AVG, 0, 4), pushed, 0, b"w0", 1, out, size=4)
     (entry, arr), = out[b"w0"]
     assert entry[3] & AVG and arr is not pushed
     np.testing.assert_array_equal(arr, np.full(4, 2, np.float32))

@@ -387,8 +387,8 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                                                         e.key, e.part, p),
                                         e.length * DTYPES[e.dtype].itemsize, True)
                             for p in (0, 1)]
-                    slot.segs = segs
-                    slot.bufs = [g.array(DTYPES[e.dtype], e.length) for g in segs]
+                    bufs = [g.array(DTYPES[e.dtype], e.length) for g in segs]
+                    slot.segs, slot.bufs = segs, bufs
                 except OSError as exc:   # results travel as payload frames instead
                     self.drops.warn("shared-memory result segment", str(exc))
                     slot.segs = []

@@ -11,7 +11,7 @@ import os
 
 from byteps.compression import CompressionError, Spec, server_pipeline
 from byteps.server.store import Slot
-from byteps.transport.wire import ASYNC, COMP, DTYPES, REDUCE_OPS, Op
+from byteps.transport.wire import ASYNC, COMP, DTYPES, REDUCE_OPS, Entry, Op
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024     # partitions up to this size are summed on the I/O thread
@@ -20,21 +20,21 @@ INLINE_BYTES = 256 * 1024     # partitions up to this size are summed on the I/O
 class TensorChecks:
     """Declarations, slots and per-tensor errors of a server."""
 
-    def comp_ok(self, slot: Slot, e: list, buf, rank: int) -> bool:
+    def comp_ok(self, slot: Slot, e: Entry, buf, rank: int) -> bool:
         """A push is compressed exactly when its tensor was declared with compression,
         and a compressed frame has exactly the pipeline's size (the rest is checked
         when it is decompressed); otherwise it is dropped, never acknowledged."""
-        if bool(e[3] & COMP) == (slot.pipe is not None) and (
+        if bool(e.flags & COMP) == (slot.pipe is not None) and (
                 slot.pipe is None or buf.nbytes == slot.pipe.frame_bytes):
             return True
-        if e[3] & ASYNC and not e[3] & COMP:   # an asynchronous key's exact push (AsyncPS's
+        if e.flags & ASYNC and not e.flags & COMP:   # an asynchronous key's exact push (AsyncPS's
             return True                        # seed, a pull's zeros): raw, length checked
-        name = self.decls.get(e[0], {}).get("name", e[0])
+        name = self.decls.get(e.key, {}).get("name", e.key)
         self.drops.warn("malformed compressed push", (
-            f"tensor {name!r} partition {e[1]} from rank {rank}: "
+            f"tensor {name!r} partition {e.part} from rank {rank}: "
             + (f"frame of {buf.nbytes} bytes, expected {slot.pipe.frame_bytes}"
-               if bool(e[3] & COMP) == (slot.pipe is not None) else
-               f"{'compressed' if e[3] & COMP else 'raw'} push for a tensor declared "
+               if bool(e.flags & COMP) == (slot.pipe is not None) else
+               f"{'compressed' if e.flags & COMP else 'raw'} push for a tensor declared "
                f"{'with' if slot.pipe is not None else 'without'} compression")))
         return False
 
@@ -74,22 +74,23 @@ class TensorChecks:
                 + ("" if old["name"] == name else f" (name hash collision with {old['name']!r})")
                 + "; every rank must push the same shape and dtype under one name"))
 
-    def new_slot(self, e: list, rank: int):
-        nbytes = e[5] * DTYPES[e[4]].itemsize
+    def new_slot(self, e: Entry, rank: int):
+        nbytes = e.length * DTYPES[e.dtype].itemsize
         engine = -1
         if nbytes > INLINE_BYTES and self.engine_load and not self.cfg.enable_async:
             engine = min(range(len(self.engine_load)), key=self.engine_load.__getitem__)
             self.engine_load[engine] += nbytes
-        spec = self.decls.get(e[0], {}).get("comp")
-        pipe = server_pipeline(spec, e[5], e[0], e[1]) if spec is not None else None
-        slot = Slot(e[0], e[1], e[4], e[5], engine, pipe, self.decls.get(e[0], {}).get("op", 0))
-        self.slots[(e[0], e[1])] = slot
+        spec = self.decls.get(e.key, {}).get("comp")
+        pipe = server_pipeline(spec, e.length, e.key, e.part) if spec is not None else None
+        slot = Slot(e.key, e.part, e.dtype, e.length, engine, pipe,
+                    self.decls.get(e.key, {}).get("op", 0))
+        self.slots[(e.key, e.part)] = slot
         return slot
 
-    def mismatch(self, e, slot, rank) -> str:
-        d = self.decls.get(e[0], {})
-        return (f"tensor {d.get('name', e[0])!r} partition {e[1]}: rank {rank} pushed "
-                f"{e[5]} x {DTYPES[e[4]].name} but the server holds {slot.length} x "
+    def mismatch(self, e: Entry, slot, rank) -> str:
+        d = self.decls.get(e.key, {})
+        return (f"tensor {d.get('name', e.key)!r} partition {e.part}: rank {rank} pushed "
+                f"{e.length} x {DTYPES[e.dtype].name} but the server holds {slot.length} x "
                 f"{DTYPES[slot.dtype].name} (declared by rank {d.get('rank')}); every rank "
                 f"must push the same shape and dtype under one name")
 

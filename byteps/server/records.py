@@ -11,15 +11,17 @@ import json
 import logging
 import os
 
+from byteps.transport.wire import Entry
+
 log = logging.getLogger("byteps.server")
 
 
 class Records:
     """Push records and byte reports of a server."""
 
-    def record_push(self, rank: int, e: list) -> None:
+    def record_push(self, rank: int, e: Entry) -> None:
         with open(self.record, "a") as f:
-            f.write(f"{rank} {self.decls[e[0]]['name']} {e[1]} {e[2]}\n")
+            f.write(f"{rank} {self.decls[e.key]['name']} {e.part} {e.round}\n")
 
     def report_bytes(self) -> None:
         """Log the pushed payload bytes per host; with BYTEPS_TEST_RECORD also write them

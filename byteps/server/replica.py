@@ -42,7 +42,7 @@ from byteps import transport
 from byteps.common import variables
 from byteps.common.node import describe
 from byteps.server.store import Round
-from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PULL, PUSH, Op, WireError,
+from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PULL, PUSH, Entry, Op, WireError,
                                    decode, encode, entry_array, failover_body, frame_bytes,
                                    new_seq, payload_count)
 
@@ -161,10 +161,10 @@ class Replicator:
         for ident, items in out.items():
             keep = []
             for e, arr in items:
-                if e[3] & ACK or arr is None:
+                if e.flags & ACK or arr is None:
                     keep.append((e, arr))
                     continue
-                kp = (e[0], e[1])
+                kp = (e.key, e.part)
                 slot = self.srv.slots.get(kp)
                 if kp in self.forwarded or (slot is not None and slot.value is not None):
                     # an asynchronous key: wait for every push forwarded so far
@@ -174,35 +174,34 @@ class Replicator:
                     else:
                         self.parked_async.setdefault(kp, []).append((need, ident, e, arr))
                     continue
-                if e[2] in self.confirmed.get(kp, ()):
+                if e.round in self.confirmed.get(kp, ()):
                     keep.append((e, arr))
                     continue
-                k = (e[0], e[1], e[2])
+                k = (e.key, e.part, e.round)
                 self.parked.setdefault(k, []).append((ident, e, arr))
                 if k not in self.sent:
                     self.sent.add(k)
-                    self._replicate([e[0], e[1], e[2], PULL | (e[3] & COMP), e[4], e[5]], -1,
-                                    arr)
+                    self._replicate(e._replace(flags=PULL | (e.flags & COMP)), -1, arr)
                     self.stats["rounds"] += 1
             if keep:
                 now[ident] = keep
         return now
 
-    def forward(self, e: list, arr, rank: int) -> None:
+    def forward(self, e: Entry, arr, rank: int) -> None:
         """Copy an asynchronous push to the backup (before its pull can be answered)."""
-        kp = (e[0], e[1])
+        kp = (e.key, e.part)
         self.forwarded[kp] = self.forwarded.get(kp, 0) + 1
-        self._replicate([e[0], e[1], e[2], PUSH | ASYNC | (e[3] & COMP), e[4], e[5]], rank, arr)
+        self._replicate(e._replace(flags=PUSH | ASYNC | (e.flags & COMP)), rank, arr)
         self.stats["pushes"] += 1
 
-    def _replicate(self, entry: list, rank: int, arr) -> None:
+    def _replicate(self, entry: Entry, rank: int, arr) -> None:
         decls = []
-        if entry[0] not in self.told:
-            d = self.srv.decls.get(entry[0], {})
+        if entry.key not in self.told:
+            d = self.srv.decls.get(entry.key, {})
             if "shape" in d:
-                self.told.add(entry[0])
+                self.told.add(entry.key)
                 spec = d.get("comp")
-                decls.append([entry[0], d["name"], list(d["shape"]), d["dtype"], d["rank"],
+                decls.append([entry.key, d["name"], list(d["shape"]), d["dtype"], d["rank"],
                               spec.to_wire() if spec is not None else []]
                              + ([d["op"]] if d.get("op") else []))
         self.stats["bytes"] += arr.nbytes
@@ -250,24 +249,24 @@ class Replicator:
     def confirm(self, entries: list) -> None:
         """The backup stored these: release the results that waited for them."""
         ready: list = []
-        for e in entries:
-            kp = (e[0], e[1])
-            if e[3] & PUSH:
+        for e in map(Entry._make, entries):      # validated by decode: 6 integers
+            kp = (e.key, e.part)
+            if e.flags & PUSH:
                 n = self.acked[kp] = self.acked.get(kp, 0) + 1
                 held = self.parked_async.get(kp, [])
                 ready += [it[1:] for it in held if it[0] <= n]
                 held[:] = [it for it in held if it[0] > n]
                 continue
-            k = (e[0], e[1], e[2])
+            k = (e.key, e.part, e.round)
             if k not in self.sent:
                 continue
             self.sent.discard(k)
             done = self.confirmed.setdefault(kp, set())
-            done.add(e[2])
+            done.add(e.round)
             if len(done) > 4:                  # keep the recent rounds only
                 done.difference_update(sorted(done)[:-4])
             ready += self.parked.pop(k, [])
-            if self.crash is not None and e[2] >= self.crash[1] and len(ready) > 1:
+            if self.crash is not None and e.round >= self.crash[1] and len(ready) > 1:
                 self._crash(ready)
         self._release(ready)
 
@@ -279,7 +278,7 @@ class Replicator:
         self._release([it for it in ready if it[0] == first])
         time.sleep(0.3)                    # let ZeroMQ put it on the wire
         log.warning("BYTEPS_TEST_SERVER_CRASH: answered one worker's round %d, now SIGKILL",
-                    ready[0][1][2])
+                    ready[0][1].round)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def _release(self, items: list) -> None:
@@ -319,26 +318,26 @@ class Replicator:
         for d in decls:
             self.srv.declare(d, dict(w, rank=d[4]))
         stored = []
-        for e, rank, frame in zip(entries, ranks, payload):
+        for e, rank, frame in zip(map(Entry._make, entries), ranks, payload):
             try:
                 if self.store(e, rank, frame):
-                    stored.append([e[0], e[1], e[2], ACK | (e[3] & PUSH), e[4], e[5]])
+                    stored.append(e._replace(flags=ACK | (e.flags & PUSH)))
             except (WireError, ValueError) as exc:    # CompressionError is a ValueError
                 self.srv.drops.warn("malformed replica", f"from {describe(s)}: {exc}")
         self.srv.send(ident, Op.REPLICA_OK, [stored, []])
 
-    def store(self, e: list, rank: int, frame) -> bool:
+    def store(self, e: Entry, rank: int, frame) -> bool:
         """Keep a copy of a finished round, or add a forwarded asynchronous push."""
         srv = self.srv
-        if e[0] not in srv.decls or srv.decls[e[0]].get("error"):
-            raise WireError(f"key {e[0]} without a valid declaration")
-        slot = srv.slots.get((e[0], e[1])) or srv.new_slot(e, rank)
-        if slot.dtype != e[4] or slot.length != e[5]:
+        if e.key not in srv.decls or srv.decls[e.key].get("error"):
+            raise WireError(f"key {e.key} without a valid declaration")
+        slot = srv.slots.get((e.key, e.part)) or srv.new_slot(e, rank)
+        if slot.dtype != e.dtype or slot.length != e.length:
             raise WireError(f"entry {e} does not match the stored {slot.length} x "
                             f"{DTYPES[slot.dtype].name}")
-        if bool(e[3] & COMP) != (slot.pipe is not None):
+        if bool(e.flags & COMP) != (slot.pipe is not None):
             raise WireError(f"entry {e}: compression differs from the declaration")
-        if e[3] & COMP:
+        if e.flags & COMP:
             arr = frame_bytes(frame)
             if arr.nbytes != slot.pipe.frame_bytes:
                 raise WireError(f"compressed frame of {arr.nbytes} bytes, expected "
@@ -347,18 +346,18 @@ class Replicator:
         else:
             arr = entry_array(e, frame)
         self.stats["stored"] += 1
-        if e[3] & PUSH:
+        if e.flags & PUSH:
             if rank < 0:
                 raise WireError(f"forwarded push {e} without a rank")
-            entry = [e[0], e[1], e[2], PUSH | ASYNC | (e[3] & COMP), e[4], e[5]]
+            entry = e._replace(flags=PUSH | ASYNC | (e.flags & COMP))
             srv.apply(slot, entry, arr, rank, None, {})
             return True
-        rs = slot.rounds.get(e[2])
+        rs = slot.rounds.get(e.round)
         if rs is None:
-            rs = slot.rounds[e[2]] = Round()
+            rs = slot.rounds[e.round] = Round()
         if rs.result is None:
             rs.result = arr
-        for old in [r for r in slot.rounds if r < e[2] - 1]:
+        for old in [r for r in slot.rounds if r < e.round - 1]:
             del slot.rounds[old]
         return True
 

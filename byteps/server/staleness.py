@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from byteps.transport.wire import DTYPES, PULL, PUSH
+from byteps.transport.wire import DTYPES, PULL, PUSH, Entry
 
 
 class AsyncStore:
@@ -53,7 +53,7 @@ class AsyncStore:
         low = min(rounds.values())
         return low, sorted(r for g, v in rounds.items() if v == low for r in groups[g])
 
-    def apply(self, slot, entry: list, arr, rank: int, ident: bytes, ranks, out: dict) -> None:
+    def apply(self, slot, entry: Entry, arr, rank: int, ident: bytes, ranks, out: dict) -> None:
         """Apply one asynchronous entry from ``rank``; queue replies into ``out``.
 
         ``arr``: the pushed delta, float32 already when it came compressed (the server
@@ -62,18 +62,18 @@ class AsyncStore:
         and the pull answers that value uncompressed.
         ``ranks``: who still pushes (not joined, not gone): a set of ranks or
         ``{group: ranks}`` (see :meth:`slowest`)."""
-        key, part, rnd, flags, dt, length = entry
+        rnd, flags = entry.round, entry.flags
         if flags & PUSH and slot.applied.get(rank, -1) < rnd:     # a resend is not re-added
             slot.applied[rank] = rnd
             if slot.value is None:
-                slot.value = np.zeros(length, dtype=DTYPES[dt])
+                slot.value = np.zeros(entry.length, dtype=DTYPES[entry.dtype])
             np.add(slot.value, arr, out=slot.value)
             slot.pushes += 1
             slot.bytes_in += arr.nbytes
             self.stats["pushes"] += 1
         if flags & PULL:
-            reply = [key, part, rnd, PULL, dt, length]
-            held = self.held.setdefault((key, part), [])
+            reply = entry._replace(flags=PULL)
+            held = self.held.setdefault((entry.key, entry.part), [])
             held[:] = [h for h in held if (h[1], h[2]) != (rank, rnd)]   # a resent pull
             held.append((ident, rank, rnd, reply, time.monotonic()))
         self.release(slot, ranks, out)
@@ -91,7 +91,8 @@ class AsyncStore:
             if self.staleness is not None and rnd - self.staleness > low:
                 keep.append(h)
                 continue
-            val = slot.value if slot.value is not None else np.zeros(reply[5], DTYPES[reply[4]])
+            val = slot.value if slot.value is not None else np.zeros(reply.length,
+                                                                     DTYPES[reply.dtype])
             out.setdefault(ident, []).append((reply, val.copy()))
             st = self.stats
             st["pulls"] += 1

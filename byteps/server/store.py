@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, average
+from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, average
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
 REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
@@ -143,7 +143,7 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     ROUNDS_DONE[0] += 1
     for w_ident, w_rank, w_entry in rs.waiting:
         if rs.div:
-            w_entry[3] |= AVG
+            w_entry = w_entry._replace(flags=w_entry.flags | AVG)
         out.setdefault(w_ident, []).append((w_entry, rs.result))
         rs.pulled.add(w_rank)
     rs.waiting.clear()
@@ -160,7 +160,7 @@ def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> int:
     return done
 
 
-def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
+def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
           out: dict, joined: frozenset = frozenset(), size: int = 0) -> None:
     """Apply one entry (push and/or pull) of a synchronous key from ``rank``; queue
     replies into ``out`` (asynchronous keys: byteps.server.staleness.AsyncStore).
@@ -175,7 +175,7 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
     the first one straight into the round's buffer; a malformed frame raises
     CompressionError before the round changes.
     """
-    key, part, rnd, flags, dt, length = entry
+    rnd, flags, dt, length = entry.round, entry.flags, entry.dtype, entry.length
     rs = slot.rounds.get(rnd)
     if rs is None:
         rs = slot.rounds[rnd] = Round()
@@ -213,10 +213,11 @@ def apply(slot: Slot, entry: list, arr, rank: int, ident: bytes, nworkers: int,
             if full(rs, nworkers, joined):
                 finish(slot, rnd, rs, out)
     if flags & PULL:
-        reply = [key, part, rnd, PULL | COMP if slot.pipe is not None
-                 else PULL | (flags & SHM if slot.segs else 0), dt, length]
+        reply = entry._replace(flags=PULL | COMP if slot.pipe is not None
+                               else PULL | (flags & SHM if slot.segs else 0))
         if rs.result is not None:
-            reply[3] |= AVG if rs.div else 0
+            if rs.div:
+                reply = reply._replace(flags=reply.flags | AVG)
             if rank not in rs.pulled:
                 rs.pulled.add(rank)
             out.setdefault(ident, []).append((reply, rs.result))
