@@ -41,6 +41,20 @@ def test_round_latency_histogram_and_ports():
         metrics.metrics_port({"BYTEPS_METRICS_PORT": "http"})
 
 
+def test_roles_register_their_own_metrics(monkeypatch):
+    """common.metrics serves only what a role registered; registering again replaces it
+    (init() after shutdown()), and it imports no role to find the numbers."""
+    monkeypatch.setattr(metrics, "_FAMILIES", {})
+    assert metrics.collect("worker", None) == []
+    metrics.register("worker", lambda core: [("one", core)])
+    assert metrics.collect("worker", "C") == [("one", "C")]
+    metrics.register("worker", lambda core: [("two", core)])
+    assert metrics.collect("worker", "C") == [("two", "C")]
+    assert metrics.collect("server", "C") == []
+    monkeypatch.delenv("BYTEPS_METRICS_PORT", raising=False)
+    assert metrics.serve("worker rank 0", None, "worker", 0) is None   # off: no port asked
+
+
 def test_missing_prometheus_client_is_one_clear_warning(monkeypatch):
     monkeypatch.setattr(metrics, "available", lambda: False)
     text = metrics.check_env({"BYTEPS_METRICS_PORT": "9400"})
