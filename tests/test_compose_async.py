@@ -164,3 +164,37 @@ def test_async_compressed_single_process():
             api.push_pull_async(np.ones(2, np.float32), "s", uncompressed=True)
     finally:
         api.shutdown()
+
+
+def test_server_wire_checks_of_compressed_async_pushes():
+    """COMP + ASYNC: a compressed delta must have the compressor's exact frame size; a raw
+    push is accepted on a compressed key only when asynchronous (an exact seed/zeros,
+    whose length the frame decoder already checked); a compressed push to an
+    uncompressed key is still dropped."""
+    from byteps import compression
+    from byteps.server.decls import TensorChecks
+    from byteps.server.store import Slot
+    from byteps.transport.wire import ASYNC, COMP, PULL, PUSH, Entry
+
+    class Drops:
+        def __init__(self):
+            self.said = []
+
+        def warn(self, what, detail):
+            self.said.append(f"{what}: {detail}")
+
+    chk = TensorChecks.__new__(TensorChecks)
+    chk.decls, chk.drops = {7: {"name": "w"}}, Drops()
+    spec = compression.parse({"compressor": "onebit", "ef": "vanilla"})
+    slot = Slot(7, 0, 0, 1000, -1, compression.server_pipeline(spec, 1000, 7, 0))
+    frame = np.zeros(slot.pipe.frame_bytes, np.uint8)
+    raw = np.zeros(1000, np.float32)
+    ok = Entry(7, 0, 0, PUSH | PULL | COMP | ASYNC, 0, 1000)
+    assert chk.comp_ok(slot, ok, frame, 0)
+    assert not chk.comp_ok(slot, ok, frame[:-1], 0)                 # truncated frame
+    assert chk.comp_ok(slot, Entry(7, 0, 0, PUSH | PULL | ASYNC, 0, 1000), raw, 0)
+    assert not chk.comp_ok(slot, Entry(7, 0, 0, PUSH | PULL, 0, 1000), raw, 0)   # sync: raw
+    plain = Slot(7, 1, 0, 1000, -1)
+    assert not chk.comp_ok(plain, Entry(7, 1, 0, PUSH | PULL | COMP | ASYNC, 0, 1000),
+                           frame, 0)
+    assert len(chk.drops.said) == 3 and all("'w'" in s for s in chk.drops.said)
