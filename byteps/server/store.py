@@ -118,7 +118,7 @@ def async_groups(workers, local_reduce: str, joined, gone) -> dict:
     return {g: rs for g, (rs, active) in out.items() if active}
 
 
-ROUNDS_DONE = [0]     # rounds finished by this process (byteps.core.metrics)
+ROUNDS_DONE = [0]     # rounds finished by this process (byteps.server.metrics)
 
 
 def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
