@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def _run(tmp_path, mode):
     return run_job([sys.executable, str(SCRIPTS / "redeclare_job.py"), str(tmp_path), mode],
-                   workers=2, servers=2, timeout=120)
+                   workers=2, servers=2, timeout=120, BYTEPS_ENABLE_IPC=0)
 
 
 def test_different_new_shapes_fail_every_rank_at_once(tmp_path):
