@@ -97,7 +97,10 @@ def _behaviour(front: str) -> dict:
                      ("int16 sum", lambda: p["allreduce"](t(np.array([300, -7], np.int16)),
                                                           op=bps.Sum)),
                      ("0-d broadcast", lambda: p["broadcast"](t(np.float32(2.5)), 0))):
-        r = out(fn())
+        try:
+            r = out(fn())
+        except KeyError:              # a dtype the framework has no tensor of (mxnet int16)
+            continue
         res[what] = [r.dtype.name, list(r.shape), r.tolist()]
     return res
 
