@@ -98,6 +98,8 @@ class _State:
         self.user_timeline = None     # start_timeline() (Horovod's name)
         self.tuner = None        # byteps.core.autotune.Tuner (BYTEPS_AUTOTUNE)
         self.peers = None        # byteps.core.peers.PeerNet (decentralized algorithms)
+        self.join_hooks: list = []    # (before, after) of stages that quiesce around join()
+        self.last_joined: int | None = None   # what the last join() returned
 
 
 _STATE: _State | None = None
@@ -458,6 +460,8 @@ def join(device: int = -1) -> int:
         while not h.event.wait(0.5):
             if st.engine.fatal:
                 st.engine.fail_handle(h, st.engine.fatal)
+    for before, _ in list(st.join_hooks):   # background stages stop issuing operations
+        before()
     peers = getattr(st, "peers", None)
     if peers is not None:
         peers.announce_join()        # peer algorithms treat this rank as absent (peers.py)
@@ -472,7 +476,31 @@ def join(device: int = -1) -> int:
         if st.tuner is not None:
             st.tuner.saved.clear()            # (also those of keys autotune left behind)
         st.barrier_n = itertools.count()
+        st.last_joined = last
+    for _, after in list(st.join_hooks):
+        after()
     return last
+
+
+def add_join_hook(before, after) -> None:
+    """Run ``before()`` when this rank calls :func:`join` (before it waits for the others)
+    and ``after()`` once every rank has joined: a stage with background operations (e.g.
+    AsyncModelAverage's thread) stops issuing them meanwhile, so that a joined rank only
+    contributes the zeros the servers add for it."""
+    _state().join_hooks.append((before, after))
+
+
+def remove_join_hook(before, after) -> None:
+    """Undo :func:`add_join_hook` (no error if it is gone with a re-initialisation)."""
+    st = _STATE
+    if st is not None and (before, after) in st.join_hooks:
+        st.join_hooks.remove((before, after))
+
+
+def last_joined() -> int | None:
+    """The rank that joined last in this process's latest :func:`join` (None: no join
+    since :func:`init`); the rank that took the most steps, whose model SyncPS keeps."""
+    return _state().last_joined
 
 
 def _identity(cfg: Config) -> bytes:

@@ -137,9 +137,33 @@ class SyncPS(Algorithm):
         for _, h in hs:
             api.synchronize(h)
 
+    def finish(self, params: dict[str, np.ndarray]) -> None:
+        """After :func:`join` (uneven data) the ranks that joined early stopped stepping:
+        every rank takes the model of the rank that joined last (it took every step), as
+        Horovod's ``join()`` return value is meant for.  Without a join: nothing to do."""
+        last = api.last_joined()
+        if last is not None and api.size() > 1:
+            hs = [api.broadcast_async(p, last, name=f"{self.prefix}final.{n}", out=p)
+                  for n, p in params.items()]
+            for h in hs:
+                api.synchronize(h)
+
 
 def average_now(params: dict[str, np.ndarray], prefix: str) -> None:
-    """Replace ``params`` by their average over all workers (synchronous rounds)."""
-    hs = [api.push_pull_async(p, prefix + n, average=True, out=p) for n, p in params.items()]
+    """Replace ``params`` by their average over the ranks that take part (synchronous
+    rounds).  A rank inside :func:`join` adds zeros, so the sum is divided by the number
+    of contributions, counted in the same round, not by ``size()``: a model average never
+    shrinks toward zero while a rank has joined."""
+    hs = [api.push_pull_async(p, prefix + n, average=False, out=p) for n, p in params.items()]
+    n = contributors(prefix)
     for h in hs:
         api.synchronize(h)
+    for p in params.values():
+        np.divide(p, n, out=p, casting="unsafe")
+
+
+def contributors(prefix: str) -> float:
+    """How many ranks contribute to the round the caller has just pushed under ``prefix``
+    (a joined rank adds zero); every rank gets the same count."""
+    return float(api.push_pull(np.ones(1, np.float64), prefix + "#contributors",
+                               average=False)[0])

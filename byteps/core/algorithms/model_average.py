@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from byteps.core import api
-from byteps.core.algorithms.base import Algorithm, average_now
+from byteps.core.algorithms.base import Algorithm, average_now, contributors
 
 log = logging.getLogger("byteps.algorithms")
 
@@ -58,6 +58,12 @@ class AsyncModelAverage(Algorithm):
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.last: dict | None = None       # the last average (compressed rounds)
+        # join(): the thread finishes its round and waits (a joined rank adds only the
+        # zeros the servers count for it); ``idle`` tells the main thread it is waiting
+        self.run_ok = threading.Event()
+        self.run_ok.set()
+        self.idle = threading.Event()
+        self.latest: dict | None = None     # the parameters of the latest step
 
     def describe(self) -> str:
         return (f"AsyncModelAverage(sync_interval_ms={self.interval * 1000:g}"
@@ -77,15 +83,33 @@ class AsyncModelAverage(Algorithm):
             # the reference every rank's differences are taken from: one exact average
             self.last = {k: np.array(v, np.float32, copy=True) for k, v in params.items()}
             average_now(self.last, self.prefix + "init.")
+        self.latest = params
         self.thread = threading.Thread(target=self._run, name="bps-async-average",
                                        daemon=True)
         self.thread.start()
+        api.add_join_hook(self._before_join, self._after_join)
+
+    def _before_join(self) -> None:
+        """This rank calls join(): let the thread finish its round (serving the snapshot
+        it may wait for) and stop before the next one."""
+        self.run_ok.clear()
+        while self.thread is not None and self.thread.is_alive() and not self.idle.is_set():
+            if self.latest is not None:
+                self._serve(self.latest)
+            self.idle.wait(0.01)
+
+    def _after_join(self) -> None:
+        self.run_ok.set()
 
     def _run(self) -> None:
         n = 0
         try:
             while True:
                 time.sleep(self.interval)
+                if not self.run_ok.is_set():
+                    self.idle.set()
+                    self.run_ok.wait()
+                    self.idle.clear()
                 ctl = api.push_pull(np.array([float(self.stopping), float(self.paused)]),
                                     f"{self.prefix}ctl", average=False)
                 n += 1
@@ -117,16 +141,18 @@ class AsyncModelAverage(Algorithm):
             average_now(avg, self.prefix)
             return avg
         diff = {k: np.asarray(snap[k], np.float32) - self.last[k] for k in snap}
-        hs = [(k, api.push_pull_async(d, f"{self.prefix}delta.{k}", average=True, out=d,
+        hs = [(k, api.push_pull_async(d, f"{self.prefix}delta.{k}", average=False, out=d,
                                       priority=-i,
                                       compression_params=self.compression_params))
               for i, (k, d) in enumerate(diff.items())]
+        n = contributors(f"{self.prefix}delta")      # a joined rank adds zeros
         for k, h in hs:
             api.synchronize(h)
-            self.last[k] += diff[k]
+            self.last[k] += diff[k] / n
         return {k: v.copy() for k, v in self.last.items()}
 
     def _serve(self, params: dict[str, np.ndarray]) -> None:
+        self.latest = params
         with self.lock:
             if self.pending is not None:
                 for k, c in self.pending.items():
@@ -147,6 +173,8 @@ class AsyncModelAverage(Algorithm):
         """Stop the background thread (same round on every rank), then average the model
         synchronously: every rank ends with identical parameters."""
         self.stopping = True
+        self.run_ok.set()
+        api.remove_join_hook(self._before_join, self._after_join)
         while self.thread is not None and self.thread.is_alive():
             self._serve(params)
             self.thread.join(0.05)

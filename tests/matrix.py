@@ -1,0 +1,76 @@
+"""The feature matrix (issue 24): plugin x algorithm x compression x local reduction x join.
+
+Each cell trains the digits MLP (tests/scripts/matrix_job.py) and must either
+- learn within 2 points of SyncPS without compression in the same job, with every rank
+  ending on identical parameters (each algorithm's ``finish()`` makes them so), or
+- be refused, identically on every rank, by a rule of byteps/core/compat.py (and so
+  listed in docs/compatibility.md).
+
+One job per (plugin, layout) runs all its cells in sequence, so the whole matrix is a few
+jobs.  Used by tests/test_feature_matrix.py and tests/test_mxnet_matrix.py.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+
+from conftest import SCRIPTS, read_results, run_job
+
+ALGORITHMS = ("sync", "async", "average", "decentralized")
+COMPRESSIONS = ("none", "onebit", "int8")
+JOINS = ("off", "uneven")
+#: (launcher arguments, number of workers): flat = 2 hosts of 1 worker; local = 2 x 2
+LAYOUTS = {"flat": (("--hosts", "2", "--local-size", "1"), 2),
+           "local": (("--hosts", "2", "--local-size", "2"), 4)}
+BASELINE = "sync/none/off"
+TOLERANCE = 0.02
+
+
+def cells() -> list[str]:
+    return [BASELINE] + [f"{a}/{c}/{j}" for a, c, j in
+                         itertools.product(ALGORITHMS, COMPRESSIONS, JOINS)
+                         if f"{a}/{c}/{j}" != BASELINE]
+
+
+def sampled() -> list[str]:
+    """The short form: one cell per algorithm, each with a different compression and
+    join, so every value of every axis runs at least once."""
+    return [BASELINE, "async/onebit/uneven", "average/int8/off",
+            "decentralized/onebit/uneven", "sync/int8/uneven"]
+
+
+def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.executable,
+          timeout: float = 900) -> dict:
+    """Run one job of ``which`` cells; assert every cell learns or is refused by a rule."""
+    from byteps.core import compat
+    args, workers = LAYOUTS[layout]
+    out = tmp_path / f"{plugin}-{layout}"
+    res = run_job([python, str(SCRIPTS / "matrix_job.py"), str(out), plugin, *which],
+                  workers=workers, servers=1, timeout=timeout, launcher_args=args,
+                  BYTEPS_MIN_COMPRESS_BYTES=0)
+    ranks = read_results(out)
+    assert res.returncode == 0 and len(ranks) == workers, (
+        f"{plugin}/{layout}: rc={res.returncode}, results of ranks {sorted(ranks)}\n"
+        f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-6000:]}")
+    base = ranks[0][BASELINE]
+    assert "acc" in base and base["acc"] > 0.85, (plugin, layout, base)
+    bad = []
+    for cell in which:
+        got = [ranks[r][cell] for r in range(workers)]
+        if all("refused" in g for g in got):
+            rules = {g["refused"] for g in got}
+            if len(rules) != 1 or not rules <= set(compat.RULES):
+                bad.append(f"{cell}: refused by {rules} (not one rule of compat.py)")
+        elif all("acc" in g for g in got):
+            digests = {g["digest"] for g in got}
+            if len(digests) != 1:
+                bad.append(f"{cell}: ranks end with {len(digests)} different models")
+            if got[0]["acc"] < base["acc"] - TOLERANCE:
+                bad.append(f"{cell}: accuracy {got[0]['acc']:.3f} < SyncPS "
+                           f"{base['acc']:.3f} - {TOLERANCE}")
+        else:
+            why = next((g.get("error") or g.get("message") for g in got if "acc" not in g))
+            bad.append(f"{cell}: {['acc' if 'acc' in g else 'refused' if 'refused' in g else 'error' for g in got]}\n{why}")
+    assert not bad, f"{plugin}/{layout}: {len(bad)} of {len(which)} cells failed:\n" + \
+        "\n".join(bad)
+    return ranks
