@@ -33,7 +33,7 @@ def test_async_tape_is_not_held_to_a_stragglers_pace(tmp_path):
     for mode in ("eager", "function"):
         a, b = fast[mode], slow[mode]
         assert a["digest"] == b["digest"], mode          # identical after bps.finish()
-        assert a["acc"] > 0.85, (mode, a)
+        assert a["acc"] > 0.8, (mode, a)               # 3 epochs (SyncPS: ~0.9)
     assert fast["eager"]["loss"] < 0.3 * fast["loss0"]
     assert fast["function"]["loss"] < 0.3 * fast["function"]["loss0"]
 

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import byteps.tensorflow.keras as bps
+from byteps._keras import optimizer_variables  # noqa: E402
 
 out_dir = sys.argv[1]
 legacy = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
@@ -69,7 +70,7 @@ model.fit(dataset, steps_per_epoch=8 // bps.size(), callbacks=callbacks, epochs=
           verbose=1 if bps.rank() == 0 else 0)
 
 weights = [np.asarray(w) for w in model.get_weights()]
-opt_vars = bps.callbacks._impl.optimizer_variables(model.optimizer)
+opt_vars = optimizer_variables(model.optimizer)
 digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()
 opt_digest = hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in opt_vars
                                      if "iteration" not in v.name)).hexdigest()
