@@ -49,10 +49,10 @@ def test_qadam_trains_in_fit_and_in_the_tape(tmp_path, legacy):
     assert a["keras"].startswith("tf_keras" if legacy == "1" else "keras")
     for key in ("fit", "tape_eager", "tape_function"):
         assert a[key]["digest"] == b[key]["digest"], key     # averaged: ranks agree
-        assert a[key]["acc"] > 0.85, (key, a[key])
+        assert a[key]["acc"] > 0.8, (key, a[key])           # from ~0.1; 4 epochs
         # past the 10 warm-up steps: 4 epochs of 750 rows (fit: 24 batches, loop: 23)
         assert a[key]["iterations"] == 4 * (24 if key == "fit" else 23)
-    assert a["fit"]["class"] == "QAdam"
+    assert a["fit"]["class"] == "QAdamOptimizer"
     # after warm-up the momenta were exchanged (compressed) by both the fit and the tape
     assert any(k.startswith("fitQAdam.Push_Pull.QAdam.exp_avg.") for k in a["momentum_names"])
     assert any(k.startswith("DistributedGradientTape.Push_Pull.QAdam.exp_avg.")

@@ -163,8 +163,6 @@ class _Keras2(_Distributed):
             return self.iterations
         _report_lr(self, st)
         if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
-            with tf.init_scope():
-                self.build(variables)          # its moments exist before the exchange
             return super().apply_gradients(
                 list(zip(_qadam_exchange(self, grads, variables, st), variables)),
                 *args, **kwargs)

@@ -38,7 +38,11 @@ def _check(warmup_steps, compression_params) -> dict:
 
 
 def _exchange(opt, grads, variables, settings):
-    """DistributedOptimizer's hook: gradients during warm-up, then local momenta."""
+    """DistributedOptimizer's and DistributedGradientTape's hook: gradients during
+    warm-up, then local momenta (the moments exist first: a tape meets an unbuilt QAdam)."""
+    if not (getattr(opt, "built", False) or getattr(opt, "_built", False)):
+        with tf.init_scope():
+            opt.build(variables)
     idx = [opt._bps_index(v) for v in variables]
 
     def warm():

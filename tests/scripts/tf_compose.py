@@ -98,7 +98,7 @@ if part == "async":
 elif part == "qadam":
     # model.fit with DistributedOptimizer(QAdamOptimizer)
     m = model(1, 64)
-    opt = bps.DistributedOptimizer(bps.QAdamOptimizer(learning_rate=0.003, warmup_steps=10),
+    opt = bps.DistributedOptimizer(bps.QAdamOptimizer(learning_rate=0.005, warmup_steps=10),
                                    name="fitQAdam")
     m.compile(optimizer=opt, loss=lossf)
     import byteps.tensorflow.keras as bk
@@ -109,7 +109,7 @@ elif part == "qadam":
     # a custom loop: DistributedGradientTape(optimizer=QAdam), eager then tf.function
     for mode in ("eager", "function"):
         m2 = model(2, 64)
-        q = bps.QAdamOptimizer(learning_rate=0.003, warmup_steps=10)
+        q = bps.QAdamOptimizer(learning_rate=0.005, warmup_steps=10)
 
         def step(xb, yb, m2=m2, q=q, mode=mode):
             with tf.GradientTape() as tape:
