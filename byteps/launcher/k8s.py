@@ -17,6 +17,17 @@ The manifests (all labelled ``byteps.io/job: NAME``):
   the job's own pods.
 
 Every process listens on its pod's IP (``DMLC_NODE_HOST`` from ``status.podIP``).
+
+Elastic (``--min-workers N --max-workers M``, docs/fault_tolerance.md): the workers are a
+scalable non-indexed Job instead (``parallelism`` = ``--workers``, default N; scale with
+``kubectl patch job NAME-workers --type=merge -p '{"spec":{"parallelism":K}}'``, K between
+N and M).  Each worker pod runs one worker process without ``DMLC_WORKER_ID``: the
+scheduler (``BYTEPS_MIN_WORKERS``/``BYTEPS_MAX_WORKERS``) starts the job once N have
+registered, lets a new pod in at the members' next ``state.commit()``, and re-forms the
+group without a deleted or failed pod; ranks are the scheduler's dense ranks.  A pod is
+never restarted in place (``restartPolicy: Never``): the Job controller replaces a lost
+pod by a new one (new name, new IP), which joins as a new worker; once a worker finished
+the training (exit 0) the Job starts no more pods.
 """
 from __future__ import annotations
 
@@ -47,7 +58,9 @@ def parser() -> argparse.ArgumentParser:
                     "(see the Dockerfile)")
     ap.add_argument("--image-pull-policy", default="IfNotPresent",
                     choices=("Always", "IfNotPresent", "Never"))
-    ap.add_argument("--workers", type=int, required=True, help="worker pods (machines)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="worker pods (machines); elastic: the initial parallelism "
+                         "(default --min-workers)")
     ap.add_argument("--gpus-per-worker", type=int, default=0,
                     help="GPUs per worker pod (nvidia.com/gpu); one process per GPU")
     ap.add_argument("--procs-per-worker", type=int, default=1,
@@ -70,6 +83,19 @@ def parser() -> argparse.ArgumentParser:
                     help="extra environment variable of every pod (repeatable)")
     ap.add_argument("--no-network-policy", action="store_true",
                     help="leave out the NetworkPolicy")
+    g = ap.add_argument_group("elastic workers (docs/fault_tolerance.md)")
+    g.add_argument("--min-workers", type=int, default=0, metavar="N",
+                   help="elastic: a scalable Job of one-process worker pods; training starts "
+                        "once N are up and goes on while at least N remain")
+    g.add_argument("--max-workers", type=int, default=0, metavar="M",
+                   help="elastic: at most M workers (default --workers); pods beyond M "
+                        "are refused by the scheduler")
+    g.add_argument("--elastic-timeout", type=float, default=None, metavar="S",
+                   help="elastic: end the job after S seconds below N workers "
+                        "(BYTEPS_ELASTIC_TIMEOUT; default BYTEPS_STARTUP_TIMEOUT)")
+    g.add_argument("--backoff-limit", type=int, default=None, metavar="B",
+                   help="elastic: failed worker pods the Job replaces before it fails "
+                        "(default 10 x M; evicted or preempted pods do not count)")
     ap.add_argument("command", nargs=argparse.REMAINDER,
                     help="the training command, after --")
     return ap
@@ -89,7 +115,7 @@ def _env(o, role: str) -> list[dict]:
     def field(path: str) -> dict:
         return {"fieldRef": {"fieldPath": path}}
     env = [{"name": "DMLC_ROLE", "value": role},
-           {"name": "DMLC_NUM_WORKER", "value": str(o.workers)},
+           {"name": "DMLC_NUM_WORKER", "value": str(o.min_workers or o.workers)},
            {"name": "DMLC_NUM_SERVER", "value": str(o.servers)},
            {"name": "DMLC_PS_ROOT_PORT", "value": str(o.port)},
            {"name": "BYTEPS_JOB_ID", "value": o.name},
@@ -100,7 +126,12 @@ def _env(o, role: str) -> list[dict]:
         env.append({"name": "DMLC_PS_ROOT_URI", "valueFrom": field("status.podIP")})
     else:
         env.append({"name": "DMLC_PS_ROOT_URI", "value": f"{o.name}-scheduler"})
-    if role == "worker":
+    if o.min_workers:           # the scheduler's elastic membership (scheduler/membership.py)
+        env += [{"name": "BYTEPS_MIN_WORKERS", "value": str(o.min_workers)},
+                {"name": "BYTEPS_MAX_WORKERS", "value": str(o.max_workers)}]
+        if o.elastic_timeout is not None:
+            env.append({"name": "BYTEPS_ELASTIC_TIMEOUT", "value": f"{o.elastic_timeout:g}"})
+    elif role == "worker":      # (elastic: no id; the scheduler gives dense ranks)
         env.append({"name": "DMLC_WORKER_ID", "valueFrom": field(
             f"metadata.annotations['{INDEX_ANNOTATION}']")})
     env += [{"name": k, "value": v} for k, v in o.extra_env]
@@ -139,6 +170,22 @@ def _indexed_job(o, role: str, count: int, spec: dict) -> dict:
                                   "spec": spec}}}
 
 
+def _elastic_job(o, spec: dict) -> dict:
+    """The elastic workers: a non-indexed Job whose ``parallelism`` is the worker count
+    (scaled with kubectl patch).  No completions: once one pod succeeded (the training
+    ended) no new pods start, and the Job completes when all have ended; a failed or
+    deleted pod is replaced by a new one, which joins as a new worker."""
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": _meta(o, f"{o.name}-workers", "worker"),
+            "spec": {"completionMode": "NonIndexed", "parallelism": o.workers,
+                     "backoffLimit": o.backoff_limit,
+                     "podFailurePolicy": {"rules": [{
+                         "action": "Ignore", "onPodConditions": [
+                             {"type": "DisruptionTarget", "status": "True"}]}]},
+                     "template": {"metadata": {"labels": _meta(o, "x", "worker")["labels"]},
+                                  "spec": spec}}}
+
+
 def manifests(o) -> list[dict]:
     """The job's objects, in the order to apply them."""
     docs = []
@@ -163,9 +210,10 @@ def manifests(o) -> list[dict]:
                  "spec": _pod_spec(o, "scheduler", [], small, None)})
     docs.append(_indexed_job(o, "server", o.servers, _pod_spec(
         o, "server", [], _resources(o.server_cpu, o.server_memory), None)))
-    docs.append(_indexed_job(o, "worker", o.workers, _pod_spec(
-        o, "worker", ["--local-size", str(o.local_size), *o.command],
-        _resources(o.worker_cpu, o.worker_memory, o.gpus_per_worker), o.shm_size)))
+    wspec = _pod_spec(o, "worker", ["--local-size", str(o.local_size), *o.command],
+                      _resources(o.worker_cpu, o.worker_memory, o.gpus_per_worker), o.shm_size)
+    docs.append(_elastic_job(o, wspec) if o.min_workers
+                else _indexed_job(o, "worker", o.workers, wspec))
     return docs
 
 
@@ -180,11 +228,12 @@ def options(argv: list[str]) -> argparse.Namespace:
     if not _NAME.match(o.name):
         ap.error(f"--name {o.name!r} must be a DNS label of at most 42 characters "
                  f"(lower-case letters, digits, '-'), e.g. byteps-resnet")
+    if o.gpus_per_worker < 0 or o.procs_per_worker < 1:
+        ap.error("--gpus-per-worker must be >= 0 and --procs-per-worker >= 1")
+    _check_elastic(o, ap)
     for flag in ("workers", "servers"):
         if getattr(o, flag) < 1:
             ap.error(f"--{flag} must be >= 1")
-    if o.gpus_per_worker < 0 or o.procs_per_worker < 1:
-        ap.error("--gpus-per-worker must be >= 0 and --procs-per-worker >= 1")
     if not 1 <= o.port <= 65535:
         ap.error("--port must be 1..65535")
     o.local_size = o.gpus_per_worker or o.procs_per_worker
@@ -199,6 +248,35 @@ def options(argv: list[str]) -> argparse.Namespace:
             ap.error(f"--env {item!r}: use KEY=VALUE")
         o.extra_env.append((k, v))
     return o
+
+
+def _check_elastic(o, ap) -> None:
+    """--min-workers/--max-workers: the counts, and one worker process per pod."""
+    if not (o.min_workers or o.max_workers or o.elastic_timeout is not None
+            or o.backoff_limit is not None):
+        if o.workers is None:
+            ap.error("--workers is required (or --min-workers N for elastic workers)")
+        return
+    if o.min_workers < 1:
+        ap.error("--max-workers, --elastic-timeout and --backoff-limit need --min-workers N "
+                 "(N >= 1)")
+    o.workers = o.min_workers if o.workers is None else o.workers
+    o.max_workers = o.max_workers or max(o.workers, o.min_workers)
+    if o.max_workers < o.min_workers:
+        ap.error(f"--max-workers {o.max_workers} is below --min-workers {o.min_workers}")
+    if not o.min_workers <= o.workers <= o.max_workers:
+        ap.error(f"--workers {o.workers} (the initial pods) must lie between --min-workers "
+                 f"{o.min_workers} and --max-workers {o.max_workers}")
+    if o.gpus_per_worker > 1 or o.procs_per_worker > 1:
+        ap.error("--min-workers: elastic worker pods run one worker process each (the "
+                 "group re-forms worker by worker, which local reduction cannot follow); "
+                 "use --gpus-per-worker 1 (or --procs-per-worker 1) and more pods")
+    if o.elastic_timeout is not None and o.elastic_timeout <= 0:
+        ap.error("--elastic-timeout must be > 0")
+    if o.backoff_limit is None:
+        o.backoff_limit = 10 * o.max_workers
+    if o.backoff_limit < 0:
+        ap.error("--backoff-limit must be >= 0")
 
 
 def main(argv: list[str]) -> int:
