@@ -92,10 +92,16 @@ class JoinState:
         self.zeros = False
         self.base = dict(rounds)
 
+    def done(self) -> bool:
+        """Whether this rank adds no zeros (any more): not joined, or every local rank of
+        its host has joined the current ``join()`` (the others may already be training
+        again, under tensor names this rank has not pushed yet)."""
+        return not self.zeros or self.flags.all_joined(self.gen)
+
     def wanted(self, seg, me: int, rnd: int) -> bool:
         """Whether another local rank has started round ``rnd`` of ``seg`` (this rank's
         next), which this joined rank must add zeros to."""
-        if not self.zeros or self.flags.all_joined(self.gen):
+        if self.done():
             return False
         started = seg.copied[:, 0] >= rnd + 1
         started[me] = False

@@ -314,7 +314,12 @@ class LocalReducer(ReduceStages, Cuts):
     def _zeros(self, keys) -> None:
         """Joined (:mod:`.join`): start a zero contribution to each operation another
         local rank started on a tensor of ``keys`` that this rank has not (picked up at
-        the loop's next pass, like the user's own)."""
+        the loop's next pass, like the user's own).  Once every local rank has joined
+        this ``join()`` nothing of it can start any more: what a local rank that already
+        returned from it pushes meanwhile (next tensors, new names) is its next training,
+        which this rank joins in itself after its own ``join()`` returns."""
+        if self.join.done():
+            return
         for key in keys:
             if key in self.by_key:
                 continue
