@@ -125,6 +125,58 @@ def test_join_with_local_reduction_matches_replay(tmp_path, steps, mode, ipc):
     assert len({str(o["params"]["w.onebit"]) for o in out.values()}) == 1
 
 
+# rank 3 (host 1's second rank) joins first, then host 0's root is last; then a root
+# first and rank 0 last (the feature matrix's order); then host 0's second rank last
+MANY_JOINS = [[5, 8, 11, 3], [11, 3, 6, 8], [6, 11, 3, 8]]
+
+
+def _many_reference(cells) -> dict:
+    """The one-process replay of tests/scripts/join_many.py: per cell, the sum over the
+    ranks that still have data divided by the number of ranks, then one step of all."""
+    from test_join import LR, _grad
+    n = len(cells[0])
+    sizes = {"small": 37, "big": 200_000}
+    out = {"keep": np.zeros(3000, np.float32)}
+    for i, steps in enumerate(cells):
+        for name, size in [(f"c{i}.{k}", v) for k, v in sizes.items()] + [("keep", 3000)]:
+            w = out.get(name, np.zeros(size, np.float32))
+            for s in list(range(max(steps))) + [1000 + i]:
+                total = np.zeros(size, np.float32)
+                for r in range(n):
+                    if s < steps[r] or s == 1000 + i:
+                        total += _grad(r, s, size)
+                w = w - LR * np.divide(total, np.float32(n))
+            out[name] = w
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["root", "slice"])
+def test_many_joins_with_local_reduction_match_replay(tmp_path, mode):
+    """Several uneven join()s in one job on --hosts 2 --local-size 2 (another rank joins
+    first each time, new tensor names in every cell, a tensor kept across them, training
+    on after each join): every rank equals the replay bit for bit.  A local rank that
+    returned from join() first used to start the next cell while its peer still waited for
+    JOIN_DONE as a joined rank, which then failed the new names ('never pushed the tensor
+    of key ...') and the job stalled."""
+    cells = ";".join(",".join(map(str, c)) for c in MANY_JOINS)
+    res = run_job([sys.executable, str(SCRIPTS / "join_many.py"), str(tmp_path), cells],
+                  workers=4, servers=2, timeout=280, launcher_args=LOCAL,
+                  BYTEPS_LOCAL_REDUCE=mode, BYTEPS_PARTITION_BYTES=300000, **NOIPC)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3]
+    lasts = [c.index(max(c)) for c in MANY_JOINS]
+    assert all(o["last"] == lasts for o in out.values()), out
+    ref = _many_reference(MANY_JOINS)
+    for r, o in out.items():
+        for name, w in ref.items():
+            got = np.array(o["params"][name], np.float32)
+            assert np.array_equal(got, w), (r, name, np.abs(got - w).max())
+    for i in range(len(MANY_JOINS)):           # compressed between hosts: equal everywhere
+        assert len({str(o["params"][f"c{i}.onebit"]) for o in out.values()}) == 1
+
+
 def test_joined_hosts_and_staleness_groups_without_sockets():
     """The server's rules: with local reduction a host counts as joined (once, by its
     root) only when every local rank joined, and staleness is bounded per host."""
