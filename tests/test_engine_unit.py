@@ -1,7 +1,8 @@
 """The worker engine without sockets: priority order, credits, fusion, resends and results.
 
 The engine gets stand-in server connections (``Engine(..., servers=..., start=False)``) and
-the test drives its steps (take_pending, dispatch, on_server, resend_overdue) itself; every
+the test drives its steps (take_pending, dispatch, on_server, resend_overdue) itself
+(``eng.links``: its server connections, byteps/core/engine_servers.py); every
 message goes through the real wire format (encode/decode, MAC, validation).
 """
 from __future__ import annotations
@@ -190,7 +191,7 @@ def test_resend_push_until_acked_then_pull_only():
     sent = t.sent_at
     eng.resend_overdue(sent + 0.1)               # not overdue yet
     assert s0.messages() == []
-    eng.heard[0] = sent - 10                     # the server has been silent
+    eng.links.heard[0] = sent - 10                     # the server has been silent
     eng.resend_overdue(sent + 0.6)
     (entries, _, payload), = s0.messages()       # unacknowledged: the push again, in full
     assert entries == [Entry(h.tensor.key, 0, 0, PUSH | PULL | wire.AVG, 0, 8)] and \
@@ -253,7 +254,7 @@ def test_completion_callbacks_and_a_servers_data_error():
 def test_shared_memory_partitions_take_no_credit(tmp_path, monkeypatch):
     monkeypatch.setenv("BYTEPS_SHM_DIR", str(tmp_path))
     eng, (s0, s1) = make(partition_bytes=1000, scheduling_credit=1, fusion_bytes=0)
-    eng.shm_ok = [True, False]             # server 0 is colocated, server 1 over TCP
+    eng.links.shm_ok = [True, False]             # server 0 is colocated, server 1 over TCP
     hs = [push(eng, 200, server=0)[0] for _ in range(3)]      # 800 bytes each
     step(eng)
     m0 = s0.messages()
@@ -270,7 +271,7 @@ def test_shared_memory_partitions_take_no_credit(tmp_path, monkeypatch):
     assert eng.inflight_bytes == 0
     step(eng)
     assert names(s1.messages()) == [b.tensor.key] and eng.inflight_bytes == 800
-    for seg in eng.push_segs.values():
+    for seg in eng.links.push_segs.values():
         seg.close()
 
 

@@ -22,19 +22,17 @@ import zmq
 from byteps import transport
 from byteps.common import malloc
 from byteps.common.config import Config
-from byteps.core.engine_comp import (COMP_LR, CompressionMixin, comp_flags,  # noqa: F401
-                                    comp_pipeline, result_compressed)
-from byteps.core.engine_servers import ServersMixin
+from byteps.core.engine_comp import (COMP_LR, CannotCompress, Compression,  # noqa: F401
+                                    comp_flags, comp_pipeline, result_compressed)
+from byteps.core.engine_servers import ServerLinks
 from byteps.core.failover import WorkerFailover
 from byteps.common.metrics import RoundLatency
 from byteps.common.node import (BytePSError, SchedulerLink, describe, end_process_later,
                                 held_tensors)
 from byteps.core.tasks import Handle, Task  # noqa: F401 (re-exported: api, local, tests)
 from byteps.core.timeline import PushPullSpeed
-from byteps.transport import shm
 from byteps.transport.wire import (ACK, ASYNC, AVG, COMP, PULL, PUSH, SHM, Entry, Op,
-                                   WireError, average, decode, encode, entry_array, new_seq,
-                                   payload_count)
+                                   WireError, average, entry_array, payload_count)
 
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
@@ -43,12 +41,16 @@ MAX_FUSED_BYTES = 4 << 20
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
-class Engine(CompressionMixin, ServersMixin):
+class Engine:
     """The worker's I/O thread.  ``servers``: one connection per server of the address book
     (default: DEALER sockets to their addresses); with ``start=False`` the engine neither
     greets the servers nor starts its thread, and a caller drives :meth:`take_pending`,
     :meth:`dispatch`, :meth:`on_server` and :meth:`resend_overdue` itself (unit tests with
-    stand-in connections: tests/test_engine_unit.py)."""
+    stand-in connections: tests/test_engine_unit.py).
+
+    It holds the stages it drives: ``links`` (:class:`~byteps.core.engine_servers.ServerLinks`:
+    the server connections), ``comp`` (:class:`~byteps.core.engine_comp.Compression`) and
+    ``failover`` (:class:`~byteps.core.failover.WorkerFailover`)."""
 
     def __init__(self, cfg: Config, ctx: zmq.Context | None, link: SchedulerLink, book: dict,
                  servers: list | None = None, start: bool = True):
@@ -56,29 +58,20 @@ class Engine(CompressionMixin, ServersMixin):
         malloc.tune(cfg.malloc_tune)        # receive buffers stay in the heap
         self.rank = book["rank"]
         self.size = book["size"]
-        self.secret = link.secret
         self.server_info = book["servers"]
         if servers is None:
             ident = f"w{self.rank}/".encode() + secrets.token_hex(8).encode()   # unguessable
             servers = [transport.connect(ctx, s["address"], ident) for s in self.server_info]
-        self.servers = list(servers)
-        self.server_index = {s: i for i, s in enumerate(self.servers)}
-        self.heard = [0.0] * len(self.servers)    # last valid message from each server
+        self.drops = transport.RateLimitedLog(log)
         # robustness (docs/security.md): replay guard, dead-server watch, resends, drop knob
-        self.server_seq = [-1] * len(self.servers)
-        self.server_watch = [transport.ConnWatch(s) for s in self.servers] if start else []
-        self.server_down: list = [None] * len(self.servers)
-        self.held: list[dict] = [{} for _ in self.servers]    # server -> {key: tensor name}
+        self.links = ServerLinks(cfg, link, self.server_info, servers, self.rank, self.drops,
+                                 watch=start)
         self.dropper = transport.Dropper(cfg.test_drop_rate, 104729 * link.node_id + 1)
         self.next_check = 0.0
-        self.resends = 0
-        self.failover = WorkerFailover(self)     # BYTEPS_SERVER_REPLICAS: dead servers' keys
-        # colocated servers exchange payloads through shared memory (BYTEPS_ENABLE_IPC)
-        self.shm_ok = [cfg.enable_ipc and s.get("machine") == shm.machine_id()
-                       for s in self.server_info]
-        self.push_segs: dict[tuple, shm.Segment] = {}
-        self.result_segs: dict[tuple, np.ndarray] = {}
-        self.seq = new_seq()
+        # BYTEPS_SERVER_REPLICAS: dead servers' keys
+        self.failover = WorkerFailover(cfg, self.server_info, self.rank, self.drops)
+        self.comp = Compression(self.rank)
+        self.bytes = self.comp.bytes   # tensor -> [pushed raw, pushed wire, pulled raw/wire]
         self.heap: list[Task] = []
         self.pending: collections.deque = collections.deque()
         self.control: collections.deque = collections.deque()
@@ -96,38 +89,19 @@ class Engine(CompressionMixin, ServersMixin):
         os.set_blocking(self.wake_w, False)
         self.running = True
         self.tseq = itertools.count()
-        self.drops = transport.RateLimitedLog(log)
         self.timeline = None          # a byteps.core.timeline.Timeline when tracing
         self.speed = PushPullSpeed()
-        self.rounds = RoundLatency(len(self.servers))   # per-server histogram (metrics)
+        self.rounds = RoundLatency(len(self.server_info))   # per-server histogram (metrics)
         self.probe = None     # autotune.Probe while the first steps are measured
-        self.bytes: dict[str, list] = {}   # tensor -> [pushed raw, pushed wire, pulled raw/wire]
         self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
         if start:
-            self.hello()
+            self.links.hello(self.failover.dead)    # failover: never greet lost ones
             self.thread.start()
 
-    def send(self, sock, op, body, payload=()) -> None:
-        self.seq += 1
-        transport.send_frames(sock, encode(self.cfg.job_id, self.link.node_id, op,
-                                           self.link.epoch, self.seq, body, self.secret)
-                              + list(payload))
-
-    def recv(self, sock):
-        frames = transport.recv_frames(sock)
-        try:
-            hdr, payload = decode(frames, self.cfg.job_id, self.secret)
-        except WireError as exc:
-            self.drops.warn("malformed message from a server", str(exc))
-            return None, []
-        i = self.server_index[sock]
-        if hdr.sender != self.server_info[i]["node_id"] or hdr.seq <= self.server_seq[i]:
-            self.drops.warn("message with a wrong sender id or a replayed seq from a server",
-                            f"server {self.server_info[i]['address']}: sender {hdr.sender}, seq "
-                            f"{hdr.seq} (last {self.server_seq[i]})")
-            return None, []
-        self.server_seq[i] = hdr.seq
-        return hdr, payload
+    @property
+    def resends(self) -> int:
+        """Partitions sent again (late answers; metrics)."""
+        return self.links.resends
 
     # ---------------------------------------------------------------- user side
     def submit(self, tasks: list[Task]) -> None:
@@ -186,21 +160,14 @@ class Engine(CompressionMixin, ServersMixin):
         if self.thread.is_alive():
             self.request(("stop", leave))
             self.thread.join(10)
-        for w in self.server_watch:
-            w.close()
-        for s in self.servers:
-            s.close(0)
-        for seg in self.push_segs.values():
-            seg.close()
-        self.push_segs.clear()
-        self.result_segs.clear()
+        self.links.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
 
     # ---------------------------------------------------------------- engine thread
     def loop(self) -> None:
         poller = zmq.Poller()
-        for s in self.servers:
+        for s in self.links.conns:
             poller.register(s, zmq.POLLIN)
         poller.register(self.link.sock, zmq.POLLIN)
         poller.register(self.wake_r, zmq.POLLIN)
@@ -222,7 +189,7 @@ class Engine(CompressionMixin, ServersMixin):
                 self.link.tick(now)
                 if now >= self.next_check:
                     self.next_check = now + 0.2
-                    self.check_servers(now)
+                    self.links.check(now, self.failover.grace)
                     self.resend_overdue(now)
         except BytePSError as exc:
             self.fail_all(exc)
@@ -255,7 +222,7 @@ class Engine(CompressionMixin, ServersMixin):
         while self.heap:
             t = self.heap[0]
             server = self.failover.route[t.server]     # a dead server's partitions move
-            c = self.charge(t, server)
+            c = self.links.charge(t, server)
             if self.inflight_bytes and self.inflight_bytes + c > credit:
                 break
             heapq.heappop(self.heap)
@@ -295,27 +262,25 @@ class Engine(CompressionMixin, ServersMixin):
                 if getattr(tn, "op", 0):             # min/max/product (wire.REDUCE_OPS)
                     decl.append(tn.op)
                 decls.append(decl)
-                self.held[server][tn.key] = tn.name
+                self.links.held[server][tn.key] = tn.name
             if t.comp is not None:         # compressed: over the socket even when colocated
                 if t.wire is None:
                     try:
-                        t.wire = self.compress(t)
-                    except ValueError as exc:      # e.g. inf/NaN in the gradient
-                        self.drop_task(t, BytePSError(
-                            f"worker rank {self.rank}: cannot compress tensor {tn.name!r} "
-                            f"partition {t.part}: {exc}"))
+                        t.wire = self.comp.compress(t, self.timeline)
+                    except CannotCompress as exc:      # e.g. inf/NaN in the gradient
+                        self.drop_task(t, exc)
                         continue
                 entries.append(Entry(tn.key, t.part, t.round, PUSH | PULL | comp_flags(tn),
                                      tn.dtype_code, t.length))
                 payload.append(t.wire)
                 t.sent_at = now
                 continue
-            self.count(tn.name, t.src.nbytes, t.src.nbytes, 0)
+            self.comp.count(tn.name, t.src.nbytes, t.src.nbytes, 0)
             flags = PUSH | PULL | getattr(tn, "wire_flags", 0)
             if t.handle.average and self.size > 1 and not flags & ASYNC and \
                     t.src.dtype.kind == "f":
                 flags |= AVG          # the server may divide the sum (wire.average)
-            seg = self.push_segment(t, server) if self.shm_ok[server] else None
+            seg = self.links.push_segment(t, server) if self.links.shm_ok[server] else None
             if seg is not None:
                 np.copyto(seg, t.src)
                 entries.append(Entry(tn.key, t.part, t.round, flags | SHM, tn.dtype_code,
@@ -324,14 +289,15 @@ class Engine(CompressionMixin, ServersMixin):
                 entries.append(Entry(tn.key, t.part, t.round, flags, tn.dtype_code, t.length))
                 payload.append(t.src)
             t.sent_at = now
-        self.send(self.servers[server], Op.DATA, [entries, decls], payload)
+        self.links.send(server, Op.DATA, [entries, decls], payload)
         if self.probe is not None:        # autotune's measurements (byteps/core/autotune.py)
             for t in tasks:
                 self.probe.sent(server, t.nbytes, now)
 
     def on_server(self, sock) -> None:
-        hdr, payload = self.recv(sock)
-        if hdr is None or self.server_index[sock] in self.failover.dead:
+        hdr, payload = self.links.recv(sock)
+        server = self.links.index[sock]
+        if hdr is None or server in self.failover.dead:
             return
         if hdr.epoch != self.link.epoch:
             return self.drops.warn("message from a stale epoch", str(hdr.epoch))
@@ -339,12 +305,11 @@ class Engine(CompressionMixin, ServersMixin):
             return self.on_key_error(hdr.body)
         if hdr.op != Op.RESULT or self.dropper.drop():     # BYTEPS_TEST_DROP_RATE
             return
-        self.heard[self.server_index[sock]] = time.monotonic()
+        self.links.heard[server] = time.monotonic()
         entries = hdr.body[0]
         if payload_count(entries, Op.RESULT) != len(payload):
             return self.drops.warn("result with wrong payload count", str(len(payload)))
         it = iter(payload)
-        server = self.server_index[sock]
         for e in map(Entry._make, entries):      # validated by decode: 6 integers
             self.declared.add((e.key, server))
             if e.flags & ACK:
@@ -367,11 +332,11 @@ class Engine(CompressionMixin, ServersMixin):
                                     f"compressed, "
                                     f"the tensor is not")
                 if e.flags & COMP:
-                    arr = self.decompress(t, e, frame)
+                    arr = self.comp.decompress(t, e, frame, self.timeline)
                 else:
-                    arr = self.result_segment(server, e) if frame is None \
+                    arr = self.links.result_segment(server, e) if frame is None \
                         else entry_array(e, frame)
-                    self.count(t.handle.tensor.name, 0, 0, arr.nbytes)
+                    self.comp.count(t.handle.tensor.name, 0, 0, arr.nbytes)
             except (WireError, OSError, ValueError) as exc:   # CompressionError is a ValueError
                 self.drops.warn("truncated or malformed result", str(exc))
                 continue
@@ -438,7 +403,8 @@ class Engine(CompressionMixin, ServersMixin):
             dead = hdr.body.get("dead") or {}
             i = next((i for i, s in enumerate(self.server_info)
                       if dead.get("role") == "server" and s["node_id"] == dead.get("node_id")), -1)
-            held = (f"; it held {held_tensors(self.held[i])}; those push_pulls cannot complete"
+            held = (f"; it held {held_tensors(self.links.held[i])}; those push_pulls cannot "
+                    f"complete"
                     if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
                               f"{hdr.body.get('reason')}{held}")
@@ -446,10 +412,51 @@ class Engine(CompressionMixin, ServersMixin):
             from byteps.core.elastic import on_message
             on_message(self, hdr.body)
         elif hdr.op == Op.FAILOVER:
-            self.failover.on_failover(hdr.body)
+            self.fail_over(hdr.body)
         elif hdr.op == Op.TERMINATE and hdr.body.get("ok") is not True:
             raise BytePSError(f"worker rank {self.rank}: the job was ended: "
                               f"{hdr.body.get('reason')}")
+
+    def resend_overdue(self, now: float) -> None:
+        """Resend partitions whose answer is late (:meth:`ServerLinks.resend`)."""
+        self.links.resend(self.inflight.values(), now, self.send_tasks)
+
+    def fail_over(self, body: dict) -> None:
+        """The scheduler's FAILOVER (byteps/core/failover.py): every partition in flight to
+        the dead server is resent in full to its new owner; later ones are routed there."""
+        moved = self.failover.on_failover(body)
+        if moved is None:
+            return
+        i, new, reason = moved
+        tasks, delta = self.failover.take_over(self.inflight.values(), i, new,
+                                               self.links.charge, reason)
+        self.inflight_bytes += delta
+        self.links.held[new].update(self.links.held[i])
+        for s in range(0, len(tasks), 256):
+            self.send_tasks(new, tasks[s:s + 256])
+
+    def retire_keys(self, keys: list, again) -> None:
+        """Forget this worker's state of ``keys`` (keys autotune left behind,
+        byteps/core/retire.py: declarations sent, shared-memory segments) and ask every live
+        server to free them (``FREE``).  A key that still has a partition queued or in
+        flight is handed back to ``again`` (retried at a later step boundary), never freed."""
+        busy = {t.handle.tensor.key for t in self.inflight.values()} | \
+            {t.handle.tensor.key for t in self.heap}
+        later = [k for k in keys if k in busy]
+        keys = [k for k in keys if k not in busy]
+        if later:
+            again(later)
+        if not keys:
+            return
+        gone = set(keys)
+        self.declared = {d for d in self.declared if d[0] not in gone}
+        self.links.free(keys, self.failover.dead)
+
+    def drop_task(self, t: Task, err: BytePSError) -> None:
+        """Take an unsent task out of flight and fail its handle."""
+        if self.inflight.pop((t.handle.tensor.key, t.part), None) is not None:
+            self.inflight_bytes -= t.credit
+        self.fail_handle(t.handle, err)
 
     def fail_handle(self, h: Handle, err: BytePSError) -> None:
         if h.error is None:

@@ -1,8 +1,9 @@
-"""The worker engine's compression side: per-partition pipelines, compress/decompress with
-timeline spans, and per-tensor byte counts before and after compression.
+"""The worker engine's compression stage: per-partition pipelines, compress-on-send and
+decompress-on-pull with timeline spans, and per-tensor byte counts before and after
+compression.
 
-:class:`CompressionMixin` is a base of :class:`byteps.core.engine.Engine`; it runs on the
-engine thread.  The compressors themselves are in :mod:`byteps.compression`.
+:class:`Compression` is held by :class:`byteps.core.engine.Engine` (``engine.comp``); it
+runs on the engine thread.  The compressors themselves are in :mod:`byteps.compression`.
 """
 from __future__ import annotations
 
@@ -61,25 +62,35 @@ def result_compressed(t) -> bool:
     return t.comp is not None and not getattr(t.handle.tensor, "wire_flags", 0) & ASYNC
 
 
-class CompressionMixin:
-    """Engine methods for compressed partitions (``Task.comp`` is their pipeline)."""
+class CannotCompress(BytePSError):
+    """A partition could not be compressed (its push_pull fails, the job goes on)."""
 
-    def drop_task(self, t, err: BytePSError) -> None:
-        """Take an unsent task out of flight and fail its handle."""
-        if self.inflight.pop((t.handle.tensor.key, t.part), None) is not None:
-            self.inflight_bytes -= t.credit
-        self.fail_handle(t.handle, err)
 
-    def compress(self, t) -> np.ndarray:
-        """Compress a partition (momentum -> error feedback -> compressor)."""
+class Compression:
+    """Compressed partitions of one worker (``Task.comp`` is a partition's pipeline), and the
+    byte counts of every tensor (``bytes``: name -> [pushed raw, pushed wire, pulled raw,
+    pulled wire]; read by the metrics).  ``rank``: for error messages."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.bytes: dict[str, list] = {}
+
+    def compress(self, t, timeline=None) -> np.ndarray:
+        """Partition ``t``'s compressed frame (momentum -> error feedback -> compressor);
+        CannotCompress naming the tensor when it cannot be compressed (e.g. inf/NaN in the
+        gradient).  ``timeline``: the engine's Timeline when tracing."""
         t0 = time.monotonic()
         src = t.src if t.src.dtype == np.float32 else t.src.astype(np.float32)
-        wire = t.comp.compress(src, t.round)
+        try:
+            wire = t.comp.compress(src, t.round)
+        except ValueError as exc:
+            raise CannotCompress(f"worker rank {self.rank}: cannot compress tensor "
+                              f"{t.handle.tensor.name!r} partition {t.part}: {exc}") from exc
         self.count(t.handle.tensor.name, t.src.nbytes, wire.nbytes, 0)
-        self._span("compress", t, t0)
+        _span(timeline, "compress", t, t0)
         return wire
 
-    def decompress(self, t, e: Entry, frame) -> np.ndarray:
+    def decompress(self, t, e: Entry, frame, timeline=None) -> np.ndarray:
         """The float32 result of a compressed RESULT entry (raises CompressionError before
         writing anything).  A float32 output is decoded in place (no temporary)."""
         t0 = time.monotonic()
@@ -89,14 +100,8 @@ class CompressionMixin:
         buf = frame_bytes(frame)
         t.comp.decompress(buf, e.round, out)
         self.count(t.handle.tensor.name, 0, 0, t.src.nbytes, buf.nbytes)
-        self._span("decompress", t, t0)
+        _span(timeline, "decompress", t, t0)
         return out
-
-    def _span(self, what: str, t, t0: float) -> None:
-        tl = self.timeline
-        if tl is not None and tl.traced(t.handle.id):
-            tl.span(what, t0, time.monotonic(), cat="compress", tensor=t.handle.tensor.name,
-                    part=t.part)
 
     def count(self, name: str, raw_out: int, wire_out: int, raw_in: int,
               wire_in: int | None = None) -> None:
@@ -108,3 +113,9 @@ class CompressionMixin:
         b[1] += wire_out
         b[2] += raw_in
         b[3] += raw_in if wire_in is None else wire_in
+
+
+def _span(tl, what: str, t, t0: float) -> None:
+    if tl is not None and tl.traced(t.handle.id):
+        tl.span(what, t0, time.monotonic(), cat="compress", tensor=t.handle.tensor.name,
+                part=t.part)

@@ -1,19 +1,23 @@
-"""The engine's dealings with its server connections (:class:`ServersMixin`, a base of
-``Engine``): the greeting at start, a closed connection that stays closed fails the job,
-late partitions are sent again, and keys autotune left behind are freed (``FREE``)."""
+"""A worker's connections to the servers (:class:`ServerLinks`, held by ``Engine``): the
+greeting at start, authenticated send/receive with the replay guard, a closed connection
+that stays closed fails the job, late partitions are sent again, shared-memory segments
+and the credit a partition takes, and keys autotune left behind are freed (``FREE``)."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from byteps import transport
 from byteps.common.errors import BytePSError
 from byteps.common.node import describe, held_tensors
 from byteps.core.engine_comp import comp_flags
 from byteps.transport import shm
-from byteps.transport.wire import DTYPES, MAX_FREE_KEYS, PULL, SHM, Entry, Op
+from byteps.transport.wire import (DTYPES, MAX_FREE_KEYS, PULL, SHM, Entry, Op, WireError,
+                                   decode, encode, new_seq)
 
 log = logging.getLogger("byteps.worker")
 
@@ -35,10 +39,134 @@ def colocated_config(cfg, book: dict):
     return dataclasses.replace(cfg, partition_bytes=COLOCATED_PARTITION_BYTES)
 
 
-class ServersMixin:
-    """Greeting, liveness and resends (docs/security.md), shared-memory segments and the
-    credit a partition takes; uses the Engine's state."""
+class ServerLinks:
+    """One connection per server of the address book (``conns[i]`` for ``info[i]``), and
+    what this worker knows of each: the last message heard, the last sequence number (replay
+    guard), whether its connection is down, the tensors it holds, whether it is colocated
+    (shared memory).  Engine thread only (docs/security.md).
 
+    ``link``: the scheduler link (node id, epoch and secret of this worker's messages);
+    ``watch``: watch the connections for closing (False with stand-in connections)."""
+
+    def __init__(self, cfg, link, info: list, conns: list, rank: int, drops,
+                 watch: bool = True):
+        self.cfg, self.link, self.rank, self.drops = cfg, link, rank, drops
+        self.info = info
+        self.conns = list(conns)
+        self.index = {s: i for i, s in enumerate(self.conns)}
+        self.heard = [0.0] * len(self.conns)    # last valid message from each server
+        self.last_seq = [-1] * len(self.conns)
+        self.watches = [transport.ConnWatch(s) for s in self.conns] if watch else []
+        self.down: list = [None] * len(self.conns)
+        self.held: list[dict] = [{} for _ in self.conns]    # server -> {key: tensor name}
+        # colocated servers exchange payloads through shared memory (BYTEPS_ENABLE_IPC)
+        self.shm_ok = [cfg.enable_ipc and s.get("machine") == shm.machine_id() for s in info]
+        self.push_segs: dict[tuple, shm.Segment] = {}
+        self.result_segs: dict[tuple, np.ndarray] = {}
+        self.seq = new_seq()
+        self.resends = 0
+
+    # ---------------------------------------------------------------- messages
+    def send(self, i: int, op, body, payload=()) -> None:
+        """An authenticated message to server ``i``."""
+        self.seq += 1
+        transport.send_frames(self.conns[i], encode(self.cfg.job_id, self.link.node_id, op,
+                                                    self.link.epoch, self.seq, body,
+                                                    self.link.secret) + list(payload))
+
+    def recv(self, sock):
+        """(header, payload) of the next message on ``sock``; (None, []) when it is malformed,
+        from a wrong sender or replayed."""
+        frames = transport.recv_frames(sock)
+        try:
+            hdr, payload = decode(frames, self.cfg.job_id, self.link.secret)
+        except WireError as exc:
+            self.drops.warn("malformed message from a server", str(exc))
+            return None, []
+        i = self.index[sock]
+        if hdr.sender != self.info[i]["node_id"] or hdr.seq <= self.last_seq[i]:
+            self.drops.warn("message with a wrong sender id or a replayed seq from a server",
+                            f"server {self.info[i]['address']}: sender {hdr.sender}, seq "
+                            f"{hdr.seq} (last {self.last_seq[i]})")
+            return None, []
+        self.last_seq[i] = hdr.seq
+        return hdr, payload
+
+    def hello(self, dead: set) -> None:
+        """Greet every server but the ``dead`` (failed over) until each answers HELLO_OK
+        (one may not know the epoch yet)."""
+        waiting = set(range(len(self.conns))) - dead
+        for i in waiting:
+            self.send(i, Op.HELLO, {})
+        deadline = time.monotonic() + self.cfg.startup_timeout
+        pause = 0.02
+        again = time.monotonic() + pause
+        while waiting:
+            if time.monotonic() > again:      # the server may not have the new epoch yet
+                pause = min(1.0, pause * 2)
+                again = time.monotonic() + pause
+                for i in waiting:
+                    self.send(i, Op.HELLO, {})
+            for i in list(waiting):
+                if self.conns[i].poll(50):
+                    hdr, _ = self.recv(self.conns[i])
+                    if hdr is not None and hdr.op == Op.HELLO_OK:
+                        waiting.discard(i)
+            if time.monotonic() > deadline:
+                names = ", ".join(self.info[i]["address"] for i in sorted(waiting))
+                raise BytePSError(f"worker rank {self.rank}: server(s) {names} did not answer "
+                                  f"within {self.cfg.startup_timeout:g} s")
+
+    # ---------------------------------------------------------------- liveness, resends
+    def check(self, now: float, grace: Callable[[int], float | None]) -> None:
+        """Fail the job when a server's TCP connection closed and did not come back within
+        ``grace(i)`` seconds (None: never, it was failed over)."""
+        for i, w in enumerate(self.watches):
+            for kind, _, _ in w.poll():
+                self.down[i] = (self.down[i] or now) if kind == "down" else None
+            down, g = self.down[i], grace(i)
+            if down is not None and g is not None and now - down > g:
+                s = self.info[i]
+                raise BytePSError(
+                    f"worker rank {self.rank}: {describe(dict(s, role='server'))} is "
+                    f"unreachable: its connection closed {now - down:.1f} s ago and did not come "
+                    f"back (did the server process die?); it held {held_tensors(self.held[i])}")
+
+    def resend(self, tasks: Iterable, now: float, send_tasks: Callable[[int, list], None]) -> None:
+        """Resend the partitions among ``tasks`` (those in flight) whose answer is late (a
+        lost message; the server dedups).
+
+        Unacknowledged pushes are sent again in full (``send_tasks(server, tasks)``);
+        acknowledged ones only ask for the result again (a pull without payload).  The wait
+        doubles per try (BYTEPS_RESEND_TIMEOUT_S, at most 30 s).
+        """
+        base = self.cfg.resend_timeout_s
+        pushes: dict[int, list] = {}
+        pulls: dict[int, list] = {}
+        for t in tasks:
+            if now - t.sent_at >= min(base * (1 << min(t.tries, 10)), 30.0):
+                if not t.acked and now - self.heard[t.server] < base:
+                    continue   # the server is answering: a slow link, not a lost push
+                t.tries += 1
+                (pulls if t.acked else pushes).setdefault(t.server, []).append(t)
+        for server, ts in pushes.items():
+            self.resends += len(ts)
+            send_tasks(server, ts)
+        for server, ts in pulls.items():
+            self.resends += len(ts)
+            flags = PULL | (SHM if self.shm_ok[server] else 0)
+            entries = [Entry(t.handle.tensor.key, t.part, t.round, PULL | comp_flags(
+                             t.handle.tensor) if t.comp else
+                             flags | getattr(t.handle.tensor, "wire_flags", 0),
+                             t.handle.tensor.dtype_code, t.length) for t in ts]
+            for t in ts:
+                t.sent_at = now
+            self.send(server, Op.DATA, [entries, []])
+        if pushes or pulls:
+            log.debug("resent %d push(es) and %d pull(s)", sum(map(len, pushes.values())),
+                      sum(map(len, pulls.values())))
+
+    # ---------------------------------------------------------------- shared memory, credit
     def charge(self, t, server: int) -> int:
         """Credit a partition takes: its bytes, or none through shared memory (a colocated
         server: no link to keep from queueing; loopback 2 + 2, 100 MB in 4 MB partitions:
@@ -56,7 +184,7 @@ class ServersMixin:
                     True)
             except OSError as exc:
                 log.warning("worker rank %d: shared memory unavailable, using TCP for server "
-                            "%s: %s", self.rank, self.server_info[server]["address"], exc)
+                            "%s: %s", self.rank, self.info[server]["address"], exc)
                 self.shm_ok[server] = False
                 return None
         return seg.array(t.src.dtype, t.length)
@@ -66,98 +194,18 @@ class ServersMixin:
         arr = self.result_segs.get(k)
         if arr is None:
             dt = DTYPES[e.dtype]
-            seg = shm.Segment(shm.result_path(self.cfg.job_id, self.server_info[server]["node_id"],
+            seg = shm.Segment(shm.result_path(self.cfg.job_id, self.info[server]["node_id"],
                                               e.key, e.part, e.round % 2), e.length * dt.itemsize,
                               False)
             arr = self.result_segs[k] = seg.array(dt, e.length)
         return arr
 
-    def hello(self) -> None:
-        """Greet every server until each answers HELLO_OK (one may not know the epoch yet)."""
-        waiting = set(range(len(self.servers))) - self.failover.dead    # failover: lost ones
-        for i in waiting:
-            self.send(self.servers[i], Op.HELLO, {})
-        deadline = time.monotonic() + self.cfg.startup_timeout
-        pause = 0.02
-        again = time.monotonic() + pause
-        while waiting:
-            if time.monotonic() > again:      # the server may not have the new epoch yet
-                pause = min(1.0, pause * 2)
-                again = time.monotonic() + pause
-                for i in waiting:
-                    self.send(self.servers[i], Op.HELLO, {})
-            for i in list(waiting):
-                if self.servers[i].poll(50):
-                    hdr, _ = self.recv(self.servers[i])
-                    if hdr is not None and hdr.op == Op.HELLO_OK:
-                        waiting.discard(i)
-            if time.monotonic() > deadline:
-                names = ", ".join(self.server_info[i]["address"] for i in sorted(waiting))
-                raise BytePSError(f"worker rank {self.rank}: server(s) {names} did not answer "
-                                  f"within {self.cfg.startup_timeout:g} s")
-
-    def check_servers(self, now: float) -> None:
-        """Fail the job when a server's TCP connection closed and did not come back."""
-        for i, w in enumerate(self.server_watch):
-            for kind, _, _ in w.poll():
-                self.server_down[i] = (self.server_down[i] or now) if kind == "down" else None
-            down, grace = self.server_down[i], self.failover.grace(i)
-            if down is not None and grace is not None and now - down > grace:
-                s = self.server_info[i]
-                raise BytePSError(
-                    f"worker rank {self.rank}: {describe(dict(s, role='server'))} is "
-                    f"unreachable: its connection closed {now - down:.1f} s ago and did not come "
-                    f"back (did the server process die?); it held {held_tensors(self.held[i])}")
-
-    def resend_overdue(self, now: float) -> None:
-        """Resend partitions whose answer is late (a lost message; the server dedups).
-
-        Unacknowledged pushes are sent again in full; acknowledged ones only ask
-        for the result again (a pull without payload).  The wait doubles per try
-        (BYTEPS_RESEND_TIMEOUT_S, at most 30 s).
-        """
-        base = self.cfg.resend_timeout_s
-        pushes: dict[int, list] = {}
-        pulls: dict[int, list] = {}
-        for t in self.inflight.values():
-            if now - t.sent_at >= min(base * (1 << min(t.tries, 10)), 30.0):
-                if not t.acked and now - self.heard[t.server] < base:
-                    continue   # the server is answering: a slow link, not a lost push
-                t.tries += 1
-                (pulls if t.acked else pushes).setdefault(t.server, []).append(t)
-        for server, ts in pushes.items():
-            self.resends += len(ts)
-            self.send_tasks(server, ts)
-        for server, ts in pulls.items():
-            self.resends += len(ts)
-            flags = PULL | (SHM if self.shm_ok[server] else 0)
-            entries = [Entry(t.handle.tensor.key, t.part, t.round, PULL | comp_flags(
-                             t.handle.tensor) if t.comp else
-                             flags | getattr(t.handle.tensor, "wire_flags", 0),
-                             t.handle.tensor.dtype_code, t.length) for t in ts]
-            for t in ts:
-                t.sent_at = now
-            self.send(self.servers[server], Op.DATA, [entries, []])
-        if pushes or pulls:
-            log.debug("resent %d push(es) and %d pull(s)", sum(map(len, pushes.values())),
-                      sum(map(len, pulls.values())))
-
-    def retire_keys(self, keys: list, again) -> None:
-        """Engine thread: forget this worker's state of ``keys`` (keys autotune left behind,
-        byteps/core/retire.py: declarations sent, shared-memory segments) and ask every live
-        server to free them (``FREE``, at most MAX_FREE_KEYS a message).  A key that still
-        has a partition queued or in flight is handed back to ``again`` (retried at a later
-        step boundary), never freed."""
-        busy = {t.handle.tensor.key for t in self.inflight.values()} | \
-            {t.handle.tensor.key for t in self.heap}
-        later = [k for k in keys if k in busy]
-        keys = [k for k in keys if k not in busy]
-        if later:
-            again(later)
-        if not keys:
-            return
+    # ---------------------------------------------------------------- keys, closing
+    def free(self, keys: list, dead: set) -> None:
+        """Forget this worker's state of ``keys`` (tensors held, shared-memory segments) and
+        ask every server but the ``dead`` to free them (``FREE``, at most MAX_FREE_KEYS a
+        message)."""
         gone = set(keys)
-        self.declared = {d for d in self.declared if d[0] not in gone}
         for names in self.held:
             for k in keys:
                 names.pop(k, None)
@@ -165,9 +213,19 @@ class ServersMixin:
             self.push_segs.pop(kp).close()          # unlinks this worker's segment
         for kp in [kp for kp in self.result_segs if kp[1] in gone]:
             del self.result_segs[kp]                # the server's segment: unmapped
-        for i, sock in enumerate(self.servers):
-            if i in self.failover.dead:
+        for i in range(len(self.conns)):
+            if i in dead:
                 continue
             for j in range(0, len(keys), MAX_FREE_KEYS):
-                self.send(sock, Op.FREE, {"keys": keys[j:j + MAX_FREE_KEYS]})
+                self.send(i, Op.FREE, {"keys": keys[j:j + MAX_FREE_KEYS]})
         log.debug("worker rank %d: asked the servers to free %d key(s)", self.rank, len(keys))
+
+    def close(self) -> None:
+        for w in self.watches:
+            w.close()
+        for s in self.conns:
+            s.close(0)
+        for seg in self.push_segs.values():
+            seg.close()
+        self.push_segs.clear()
+        self.result_segs.clear()

@@ -19,15 +19,17 @@ log = logging.getLogger("byteps.worker")
 
 
 class WorkerFailover:
-    """Which servers are dead and where their partitions go now (engine thread only)."""
+    """Which servers are dead and where their partitions go now (engine thread only).
+    ``info``: the address book's servers; ``rank``: this worker's, for messages;
+    ``drops``: the engine's rate-limited log of dropped messages."""
 
-    def __init__(self, engine):
-        self.engine = engine
-        n = len(engine.server_info)
-        self.enabled = engine.cfg.server_replicas > 0 and n >= 2
+    def __init__(self, cfg, info: list, rank: int, drops):
+        self.cfg, self.info, self.rank, self.drops = cfg, info, rank, drops
+        n = len(info)
+        self.enabled = cfg.server_replicas > 0 and n >= 2
         self.route = list(range(n))     # server index -> index of its current owner
         self.dead: set[int] = set()
-        lost = [i for i, s in enumerate(engine.server_info) if s.get("lost") is True]
+        lost = [i for i, s in enumerate(info) if s.get("lost") is True]
         if lost and self.enabled:      # a group re-formed after a failover: never greet it
             self._mark(lost[0])
 
@@ -37,8 +39,8 @@ class WorkerFailover:
         decides: its FAILOVER (or NODE_DEAD) comes first."""
         if i in self.dead:
             return None
-        g = down_grace(self.engine.cfg)
-        return g + self.engine.cfg.heartbeat_timeout if self.enabled else g
+        g = down_grace(self.cfg)
+        return g + self.cfg.heartbeat_timeout if self.enabled else g
 
     def _mark(self, i: int) -> int:
         """Server ``i`` is dead: its partitions (and those it took over) go to the next live
@@ -52,36 +54,40 @@ class WorkerFailover:
             self.route[k] = j
         return self.route[i]
 
-    def on_failover(self, body: dict) -> None:
-        """The scheduler's FAILOVER: move everything bound for the dead server."""
-        eng = self.engine
+    def on_failover(self, body: dict) -> tuple[int, int, str] | None:
+        """The scheduler's FAILOVER: mark the dead server; returns (its index, the index of
+        its new owner, the reason), or None when there is nothing to move."""
         try:
             dead, reason = failover_body(body)
         except WireError as exc:
-            return eng.drops.warn("bad FAILOVER", str(exc))
-        i = next((i for i, s in enumerate(eng.server_info) if s["node_id"] == dead["node_id"]),
-                 -1)
+            return self.drops.warn("bad FAILOVER", str(exc))
+        i = next((i for i, s in enumerate(self.info) if s["node_id"] == dead["node_id"]), -1)
         if i < 0:
-            return eng.drops.warn("FAILOVER naming no server of this job", repr(body)[:200])
+            return self.drops.warn("FAILOVER naming no server of this job", repr(body)[:200])
         if not self.enabled:       # the scheduler and this worker disagree on the setting
-            raise BytePSError(f"worker rank {eng.rank}: {describe(dict(dead, role='server'))} "
+            raise BytePSError(f"worker rank {self.rank}: "
+                              f"{describe(dict(dead, role='server'))} "
                               f"died ({reason}) and this worker does not have "
                               f"BYTEPS_SERVER_REPLICAS=1; set it on every node")
         if i in self.dead:
-            return
-        new = self._mark(i)
+            return None
+        return i, self._mark(i), reason
+
+    def take_over(self, tasks, i: int, new: int, charge, reason: str) -> tuple[list, int]:
+        """Move the partitions among ``tasks`` (those in flight) bound for dead server ``i``
+        to server ``new``, to be resent there in full; ``charge(t, server)``: the credit a
+        partition takes.  Returns (the moved tasks, the change of the bytes in flight)."""
         moved: list = []
-        for t in eng.inflight.values():
+        delta = 0
+        for t in tasks:
             if t.server == i:
                 t.server = new
-                c = eng.charge(t, new)  # an acked one's credit was returned: taken again
-                eng.inflight_bytes += c - (0 if t.acked else t.credit)
+                c = charge(t, new)     # an acked one's credit was returned: taken again
+                delta += c - (0 if t.acked else t.credit)
                 t.credit = c
                 t.acked, t.tries = False, 0
                 moved.append(t)
-        eng.held[new].update(eng.held[i])
         log.warning("worker rank %d: %s died (%s); its partitions go to %s: %d in flight "
-                    "resent", eng.rank, describe(dict(eng.server_info[i], role="server")),
-                    reason, eng.server_info[new]["address"], len(moved))
-        for s in range(0, len(moved), 256):
-            eng.send_tasks(new, moved[s:s + 256])
+                    "resent", self.rank, describe(dict(self.info[i], role="server")),
+                    reason, self.info[new]["address"], len(moved))
+        return moved, delta

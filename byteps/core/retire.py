@@ -5,7 +5,7 @@ During autotune's trials a tensor whose cut changes gets a new key per size
 (:func:`byteps.core.autotune.layout_key`).  After the final choice (the same decision on
 every rank at the same step boundary) no size is ever gone back to, so at that boundary
 and at each later one, until every tensor is settled, this worker hands the keys it left
-behind to its engine thread (:meth:`byteps.core.engine_servers.ServersMixin.retire_keys`),
+behind to its engine thread (:meth:`byteps.core.engine.Engine.retire_keys`),
 which forgets its own state of them (declarations sent, shared-memory segments) and sends
 ``FREE`` to every server.  A key is handed over only after this worker's last use of it:
 

@@ -26,8 +26,9 @@ from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_gr
                                 require_secret)
 from byteps.scheduler import membership
 from byteps.scheduler.checks import _check_local_reduce, _check_tuning, _pushers
-from byteps.scheduler.departures import DeparturesMixin
+from byteps.scheduler.departures import Departures
 from byteps.scheduler.failover import Failover
+from byteps.scheduler.registration import node_info
 from byteps.scheduler.metrics import serve_scheduler
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
@@ -35,7 +36,9 @@ from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireEr
 log = logging.getLogger("byteps.scheduler")
 
 
-class Scheduler(DeparturesMixin):
+class Scheduler:
+    """Holds ``departures`` (barriers, join(), leaving), ``elastic`` and ``failover``."""
+
     def __init__(self, cfg: Config):
         require_secret(cfg, "scheduler")
         self.cfg = cfg
@@ -62,7 +65,6 @@ class Scheduler(DeparturesMixin):
         self.rejoin: dict[bytes, dict] = {}
         self.early_rejoin: dict[bytes, tuple] = {}   # re-registration that beat its LEAVE
         self.all_left_since: float | None = None
-        self.barriers: dict[str, set] = {}
         self.started = time.monotonic()
         self.rejoin_since = None
         self.exit_code = None
@@ -71,13 +73,18 @@ class Scheduler(DeparturesMixin):
         self.linger_reason: str | None = None
         self.linger_until = 0.0
         self.told: set[bytes] = set()
-        # join() (uneven data) and clean departures within an epoch (docs/fault_tolerance.md)
-        self.joined: dict[bytes, int] = {}    # worker -> rank, in the order they joined
-        self.gone: dict[bytes, str] = {}      # worker that left (shutdown()/exit 0) -> why
-        self.members_id = 0
-        self.join_reset: tuple | None = None  # (MEMBERS id, servers yet to confirm, last rank)
+        # barriers, join() (uneven data) and clean departures within an epoch
+        self.departures = Departures(self.send, self.drops)
         self.elastic = membership.from_config(self)   # BYTEPS_MIN_WORKERS: elastic membership
         self.failover = Failover(self)        # BYTEPS_SERVER_REPLICAS: a server's death survived
+
+    # the departures' state, as failover.py and membership.py read and reset it
+    barriers = property(lambda self: self.departures.barriers)
+    joined = property(lambda self: self.departures.joined)
+    gone = property(lambda self: self.departures.gone)
+    join_reset = property(lambda self: self.departures.join_reset,
+                          lambda self, v: setattr(self.departures, "join_reset", v))
+    join_done = property(lambda self: self.departures.join_done)
 
     # ---------------------------------------------------------------- sending
     def send(self, ident: bytes, op: int, body: dict, job_id: str | None = None) -> None:
@@ -180,7 +187,7 @@ class Scheduler(DeparturesMixin):
         if hdr.op == Op.HEARTBEAT:
             self.send(ident, Op.HEARTBEAT_ACK, {})
         elif hdr.op == Op.BARRIER:
-            self.barrier(ident, hdr.body)
+            self.departures.barrier(ident, hdr.body, self.workers)
         elif hdr.op == Op.LEAVE:
             self.left.add(ident)
             early = self.early_rejoin.pop(ident, None)
@@ -188,12 +195,14 @@ class Scheduler(DeparturesMixin):
                 self.register_again(*early)
             elif self.elastic is not None and self.elastic.on_leave(ident):
                 pass                   # leaves to re-form the group (membership.py)
-            elif ident in self.workers:
-                self.worker_gone(ident, node, "left the job (called shutdown())")
+            elif ident in self.workers and self.formed:
+                self.departures.worker_gone(ident, node, "left the job (called shutdown())",
+                                            self.workers, self.servers)
         elif hdr.op == Op.JOIN and ident in self.workers:
-            self.join(ident, node)
+            self.departures.join(ident, node, self.workers, self.servers,
+                                 set(self.servers) - self.exited)
         elif hdr.op == Op.MEMBERS_OK and ident in self.servers:
-            self.members_ok(ident, hdr.body)
+            self.departures.members_ok(ident, hdr.body)
         elif hdr.op == Op.EXIT:
             self.node_exit(ident, node, hdr.body)
         elif hdr.op == Op.STALL:
@@ -218,30 +227,8 @@ class Scheduler(DeparturesMixin):
                 return self.refuse(ident, f"{role} at {b.get('host')} (pid {b.get('pid')}) has "
                                    f"{var}={b.get(k)} but the scheduler has {var}={want}; "
                                    f"every node of a job must use the same value", fatal=True)
-        info = {k: b.get(k) for k in ("role", "host", "host_id", "pid", "hostname", "machine",
-                                      "address",
-                                      "local_rank", "local_size", "worker_id")}
-        if not all(isinstance(info[k], int) for k in ("pid", "local_rank", "local_size",
-                                                       "worker_id")):
-            raise WireError("registration fields pid/local_rank/local_size/worker_id must be ints")
-        info["local_reduce"] = b.get("local_reduce", "off")     # local reduction mode of a worker
-        if info["local_reduce"] not in ("off", "slice", "root"):
-            raise WireError("registration field local_reduce must be off, slice or root")
-        info["tuning"] = b.get("tuning")     # [autotune, partition bytes, credit] (autotune.py)
-        if info["tuning"] is not None and not (
-                isinstance(info["tuning"], list) and len(info["tuning"]) == 3
-                and all(type(x) is int for x in info["tuning"])):
-            raise WireError("registration field tuning must be a list of 3 ints")
-        if not all(isinstance(info[k], str) for k in ("host", "host_id", "hostname", "machine")):
-            raise WireError("registration fields host/host_id/hostname must be strings")
-        if role == "worker" and not (info["address"] is None or (
-                isinstance(info["address"], str) and len(info["address"]) <= 300)):
-            raise WireError("a worker's peer address must be a string (byteps/core/peers.py)")
-        info["last_seen"] = time.monotonic()
-        info["seq"] = seq
+        info = node_info(b, seq)
         if role == "server":
-            if not isinstance(info["address"], str):
-                raise WireError("server registration needs an address")
             if any(s["address"] == info["address"] for s in self.servers.values()):
                 return self.refuse(ident, f"a server at {info['address']} is already "
                                    f"registered (replayed registration?)")
@@ -371,14 +358,25 @@ class Scheduler(DeparturesMixin):
                 self.workers[new_ident] = new
             self.rejoin.clear()
             self.left.clear()
-            self.barriers.clear()
-            self.gone.clear()
-            self.joined.clear()
-            self.join_reset = None
+            self.departures.clear()
             self.rejoin_since = None
             self.epoch += 1
             log.info("workers re-formed the job: epoch %d", self.epoch)
             self.send_books(list(self.servers) + list(self.workers))
+
+    def node_exit(self, ident: bytes, node: dict, body: dict) -> None:
+        self.exited.add(ident)
+        if body.get("ok") is not True:
+            self.fail(f"{describe(node)} exited with an error: {body.get('reason', 'unknown')}",
+                      dead=node)
+            return
+        if ident in self.workers and self.formed:
+            self.departures.worker_gone(ident, node, "exited (code 0)", self.workers,
+                                        self.servers)
+        if all(w in self.exited for w in self.workers):
+            log.info("all workers exited; ending the job")
+            self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers finished"})
+            self.exit_code = 0
 
     def fail(self, reason: str, dead: dict | None = None, linger: bool = False) -> None:
         """End the job: tell every node.  Before formation (``linger``), stay up to

@@ -150,7 +150,7 @@ elif mode == "hostile":
             if t.comp is None or (t.handle.tensor.key, server) not in self.declared:
                 continue               # (the first push of a tensor carries its declaration)
             if t.wire is None:
-                t.wire = self.compress(t)
+                t.wire = self.comp.compress(t)
             tn, w = t.handle.tensor, t.wire
             e = [tn.key, t.part, t.round, PUSH | PULL | COMP, tn.dtype_code, t.length]
             bad = [w[:-1], np.concatenate([w, w[:1]]), np.zeros(0, np.uint8)]
@@ -172,10 +172,10 @@ elif mode == "hostile":
                 nan[:4] = np.array([np.nan], np.float32).view(np.uint8)
                 bad.append(nan)
             for b in bad:
-                self.send(self.servers[server], Op.DATA, [[e], []], [b])
+                self.links.send(server, Op.DATA, [[e], []], [b])
             raw = t.src.astype(np.float32) * 1e6   # a raw push for a compressed tensor
-            self.send(self.servers[server], Op.DATA, [[[e[0], e[1], e[2], PUSH | PULL,
-                                                      e[4], e[5]]], []], [raw])
+            self.links.send(server, Op.DATA, [[[e[0], e[1], e[2], PUSH | PULL,
+                                                e[4], e[5]]], []], [raw])
             sent.append(len(bad) + 1)
         return real(self, server, tasks)
     if r == 1:
