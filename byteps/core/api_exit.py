@@ -10,6 +10,7 @@ import sys
 import zmq
 
 from byteps.core import api
+from byteps.core import state as _st
 from byteps.transport.wire import Op, encode, new_seq
 
 log = logging.getLogger("byteps.worker")
@@ -32,7 +33,7 @@ def install_exit_hooks() -> None:
 
 def at_exit() -> None:
     """Tell the scheduler this worker process ends (ok, or with its error)."""
-    st = api._STATE
+    st = _st.current()
     body = {"ok": not api._FAILED, "reason": api._FAILED[0] if api._FAILED else ""}
     try:
         if st is not None and st.engine is not None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import threading
 
+from byteps.core import state as _st
+
+
 class _Op:
     __slots__ = ("id", "event", "error", "result")
 
@@ -17,7 +20,7 @@ class _Op:
         self.id, self.event, self.error, self.result = hid, threading.Event(), None, None
 
 
-OPS: dict[int, _Op] = {}        # handle -> collective in flight (api.synchronize looks here)
+OPS: dict[int, _Op] = _st.OPS   # handle -> collective in flight (synchronize looks here)
 _BUSY: dict[tuple, int] = {}    # (kind, name) -> handle, until that handle is synchronized
 _BUSY_BY_HANDLE: dict[int, tuple] = {}
 _busy_lock = threading.Lock()
@@ -30,8 +33,8 @@ def _claim(kind: str, name: str) -> tuple:
     key = (kind, name)
     with _busy_lock:
         if key in _BUSY:
-            raise api.NameInFlightError(
-                f"{kind} {name!r} is already in flight on rank {api.rank()} (handle "
+            raise _st.NameInFlightError(
+                f"{kind} {name!r} is already in flight on rank {_st.rank()} (handle "
                 f"{_BUSY[key]}); synchronize() it before using the name again, or use a "
                 f"distinct name")
         _BUSY[key] = 0
@@ -80,7 +83,7 @@ def reserved(kind: str, name: str, begin) -> int:
 
 def start(kind: str, fn) -> int:
     """Run ``fn`` (blocking exchanges) on a thread of its own; returns its handle."""
-    st = api._state()
+    st = _st._state()
     op = _Op(next(st.ids))
 
     def run():
@@ -108,9 +111,3 @@ def wait(handle: int):
         raise op.error
     return op.result
 
-
-def sync(handle: int):
-    return api.synchronize(handle)
-
-
-from byteps.core import api  # noqa: E402  (last: api imports collectives, which imports this)

@@ -447,8 +447,8 @@ def barrier(process_set=None) -> None:
 # ------------------------------------------------------------------ handles, api
 # imported last: byteps.core.api re-exports this module's names at its end, so whichever
 # of the two is imported first, the other finds what it needs
-from byteps.core import api  # noqa: E402
+from byteps.core import pushpull as api  # noqa: E402  (push_pull and the state below it)
 from byteps.core.coll_handles import OPS, release, reset, wait  # noqa: E402,F401
 from byteps.core.coll_handles import reserved as _reserved  # noqa: E402
 from byteps.core.coll_handles import start as _start  # noqa: E402
-from byteps.core.coll_handles import sync as _sync  # noqa: E402
+from byteps.core.pushpull import synchronize as _sync  # noqa: E402

@@ -94,8 +94,8 @@ def allow_stop(engine) -> None:
 
 # ---------------------------------------------------------------------- user side
 def _state():
-    from byteps.core import api
-    return api._STATE
+    from byteps.core import state
+    return state.current()
 
 
 def membership_changed() -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from byteps.core import api as _api
+from byteps.core import state as _api
 from byteps.core.timeline import Timeline
 
 

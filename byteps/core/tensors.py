@@ -88,4 +88,4 @@ def _check_op(st: _api._State, name: str, op: int, average: bool, params) -> Non
 
 
 # last: importing this module first still works (api imports it at its end)
-from byteps.core import api as _api  # noqa: E402
+from byteps.core import state as _api  # noqa: E402  (the process state)

@@ -1,0 +1,218 @@
+"""push_pull and the operations built directly on it: the worker's one path for a
+tensor (declare -> redeclare -> partitions -> local reduction or the engine -> result),
+its handles (poll, synchronize), broadcast and barrier.  Reads the process state
+(:mod:`byteps.core.state`); the collectives and the algorithms build on this module."""
+from __future__ import annotations
+
+import numpy as np
+
+from byteps.common.errors import BytePSError
+from byteps.core import autotune as _autotune
+from byteps.core import coll_handles as _coll
+from byteps.core import redeclare as _redeclare
+from byteps.core.engine import Handle, Task, comp_pipeline
+from byteps.core.state import NameInFlightError, _contiguous, _state, rank, size  # noqa: F401
+from byteps.core import state as _st
+from byteps.core.tensors import _check_op, _tensor
+from byteps.transport.wire import ASYNC
+
+
+def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
+                    out: np.ndarray | None = None, compression_params: dict | None = None,
+                    op: int = 0, asynchronous: bool = False, uncompressed: bool = False) -> int:
+    """Start summing (or averaging) ``array`` across all workers; returns a handle.
+
+    Higher ``priority`` goes first.  The input must not change until the
+    handle is synchronized.  ``out`` may be ``array`` itself (in place).
+    ``compression_params`` (first use of a name fixes them, as does ``declare``)
+    compresses what leaves the host; see docs/compression.md.
+    ``op`` is the servers' element-wise reduction (``wire.REDUCE_OPS``: 0 sum, 1 min,
+    2 max, 3 product; plugins resolve Horovod's ``op=`` with
+    :func:`byteps.core.collectives.resolve_op`).
+
+    ``asynchronous=True`` (the numpy API and the async algorithms set it with
+    ``BYTEPS_ENABLE_ASYNC=1``): the servers add ``array`` (a delta) to the value they
+    hold for ``name`` at once and the result is their current value, with no rounds
+    and no averaging (``average=True`` is an error); ``BYTEPS_ASYNC_STALENESS`` bounds
+    how far a worker may run ahead (docs/algorithms.md).  A compressed asynchronous name
+    pushes compressed deltas (error feedback on this worker) and pulls the servers' value
+    uncompressed; ``uncompressed=True`` pushes this one array exactly (AsyncPS's seeds
+    and pulls: parameters and zeros, where compression would lose the model).
+    """
+    st = _state()
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"push_pull needs a tensor name, got {name!r}")
+    if asynchronous:
+        from byteps.core.algorithms.async_ps import check_async
+        check_async(st, name, average, op, compression_params)
+    elif uncompressed:
+        raise ValueError(f"tensor {name!r}: uncompressed=True is for asynchronous pushes "
+                         f"(a synchronous round sums every rank's compressed push)")
+    if op:
+        _check_op(st, name, op, average, compression_params)
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"tensor {name!r}: expected a numpy array, got {type(array).__name__}")
+    src = _contiguous(array)
+    if out is None:
+        out = np.empty_like(src)
+    elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
+                         f"shape {src.shape}")
+    if not asynchronous:                # a name used again with another layout: its own key
+        name = _redeclare.current(st, name, src)
+    new = name not in st.tensors
+    t = _tensor(st, name, src, compression_params, op)
+    if new and asynchronous:
+        t.wire_flags = ASYNC
+    if bool(t.wire_flags & ASYNC) != bool(asynchronous):
+        from byteps.core.algorithms.async_ps import mode_change
+        raise BytePSError(mode_change(st, name, asynchronous))
+    st.steps.pushed(name)
+    if st.tuner is not None:
+        _autotune.relayout(st, t, src.nbytes)
+    hid = next(st.ids)
+    if st.engine is None or (src.size == 0 and not asynchronous):   # nothing to exchange
+        h = Handle(hid, t, out, 0, average)
+        if asynchronous:        # one process: the "servers' value" is kept here
+            from byteps.core.algorithms.async_ps import local_add
+            src = local_add(st, name, src)
+        if out is not src:
+            np.copyto(out, src)
+        h.event.set()
+        st.handles[hid] = h
+        return hid
+    err = st.engine.key_errors.get(t.key)
+    if err:
+        raise BytePSError(err)
+    with st.lock:
+        if t.busy is not None:
+            raise NameInFlightError(
+                f"tensor {name!r} is already in flight on rank {st.rank} (handle {t.busy}); "
+                f"synchronize() it before pushing the name again, or use a distinct name")
+        t.busy = hid
+    if st.local is not None:            # local reduction: shared memory, then the network
+        try:
+            st.handles[hid] = st.local.submit(hid, t, src, out, average, priority,
+                                              raw=uncompressed)
+        except BaseException:
+            t.busy = None
+            raise
+        _redeclare.check(st, t, hid, push_pull_async)   # ranks agree on a re-used name
+        return hid
+    h = Handle(hid, t, out, len(t.parts), average)
+    if st.engine.timeline is not None:
+        st.engine.timeline.begin(hid, name, h.t0)
+    flat = src.reshape(-1)
+    tasks = []
+    seq = next(st.ids)
+    # incast: every rank starts on a different server (rank r first pushes the partition
+    # placed on server r mod S), then goes round the tensor from there
+    nparts = len(t.parts)
+    first = (st.rank - t.key) % max(1, st.nservers) % nparts
+    for part, start, length, server in t.parts:
+        tasks.append(Task(h, part, start, length, server, t.round, flat[start:start + length],
+                          -priority, seq, order=(part - first) % nparts,
+                          comp=None if uncompressed else comp_pipeline(t, part, length)))
+    t.round += 1
+    st.handles[hid] = h
+    try:
+        if st.tuner is None or not st.tuner.defer(tasks):   # autotune may hold them
+            st.engine.submit(tasks)
+    except BytePSError:
+        t.busy = None
+        del st.handles[hid]
+        raise
+    _redeclare.check(st, t, hid, push_pull_async)       # ranks agree on a re-used name
+    return hid
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind ``handle`` has finished."""
+    if handle in _st.OPS:
+        return _st.OPS[handle].event.is_set()
+    h = _handle(handle)
+    st = _st.current()
+    if st is not None and st.tuner is not None:
+        st.tuner.release()        # partitions autotune held go out at the first wait
+    return h.event.is_set()
+
+
+def synchronize(handle: int) -> np.ndarray:
+    """Wait for ``handle`` and return the result (raises BytePSError on failure).
+
+    Handles of the collectives in :mod:`byteps.core.collectives` return their result
+    (an array, a list of arrays, or ``(array, received_splits)`` for alltoall)."""
+    if handle in _st.OPS:
+        return _coll.wait(handle)
+    st = _state()
+    h = _handle(handle)
+    if st.tuner is not None:
+        st.tuner.release()            # partitions autotune held go out at the first wait
+    while not h.event.wait(0.5):
+        if st.engine is not None and st.engine.fatal:
+            st.engine.fail_handle(h, st.engine.fatal)
+    st.handles.pop(handle, None)
+    _coll.release(handle)         # a name reserved by collectives.allreduce_async
+    if h.error is not None:
+        raise BytePSError(str(h.error))
+    return h.out
+
+
+def step_done(implicit: bool = False) -> None:
+    """This worker's current training step ended (plugins call it from their optimizer's
+    step; numpy users may too).  The timeline's trace window counts these steps; see
+    :class:`byteps.core.timeline.StepCounter`.  ``implicit`` (numpy ``synchronize``)
+    counts only when nothing is left to synchronize and no explicit step was marked."""
+    st = _st.current()
+    if st is None or (implicit and st.handles):
+        return
+    if st.steps.mark(implicit) and st.tuner is not None and not implicit:
+        _autotune.boundary(st)       # autotune counts explicit steps only (same on every rank)
+
+
+def _handle(handle: int) -> Handle:
+    h = _state().handles.get(handle)
+    if h is None:
+        raise ValueError(f"unknown or already synchronized handle {handle!r}")
+    return h
+
+
+def push_pull(array: np.ndarray, name: str, average: bool = True, priority: int = 0,
+              out: np.ndarray | None = None, compression_params: dict | None = None,
+              asynchronous: bool = False) -> np.ndarray:
+    """push_pull_async + synchronize."""
+    return synchronize(push_pull_async(array, name, average, priority, out, compression_params,
+                                       asynchronous=asynchronous))
+
+
+def broadcast_async(array: np.ndarray, root_rank: int, name: str, out: np.ndarray | None = None,
+                    priority: int = 0) -> int:
+    """Start sending rank ``root_rank``'s ``array`` to every rank under ``name``: the one
+    broadcast of byteps, a sum in which every other rank contributes zeros (exact for
+    every dtype); returns a handle for :func:`synchronize`.  The checked broadcast of
+    every plugin (:func:`byteps.core.collectives.broadcast`) first agrees on the root,
+    dtype and shape, then calls this."""
+    from byteps.core.rules import check_root
+    st = _state()
+    root = check_root(root_rank, f"broadcast of {name!r}", st.size)
+    array = _contiguous(array)
+    src = array if st.rank == root else np.zeros_like(array)
+    return push_pull_async(src, name, average=False, priority=priority, out=out)
+
+
+def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Return rank ``root_rank``'s ``array`` on every rank (:func:`broadcast_async` under
+    ``"broadcast." + name``; without ``name``, :func:`byteps.core.rules.auto_name`)."""
+    from byteps.core.rules import auto_name
+    name = auto_name("broadcast") if name is None else name
+    return synchronize(broadcast_async(array, root_rank, "broadcast." + name, out))
+
+
+def barrier() -> None:
+    """Wait until every worker reaches the barrier."""
+    st = _state()
+    if st.tuner is not None:
+        st.tuner.release()
+    if st.engine is not None:
+        st.engine.barrier(f"barrier.{next(st.barrier_n)}")
