@@ -95,10 +95,14 @@ def test_scheduler_reforms_with_dense_ranks_and_a_new_epoch(monkeypatch):
         books = _books(s)
         assert {i: b["rank"] for i, b in books.items() if b["rank"] >= 0} == \
             {b"w0c": 0, b"w2c": 1, b"new": 2} and s.epoch == 3 and books[b"new"]["size"] == 3
-        # --max-workers 4: a fifth worker is refused with the reason
+        # --max-workers 4: a fifth worker waits for a place (a loss may be on its way: a
+        # deleted pod's replacement), then is refused with the reason
         _reg(s, b"x1", "worker", "host8", 300)
         s.sent.clear()
         _reg(s, b"x2", "worker", "host9", 301)
+        assert not [b for i, op, b in s.sent if op == Op.REFUSED] and b"x2" in s.elastic.parked
+        import time
+        s.elastic.tick(time.monotonic() + s.cfg.heartbeat_timeout + 2)
         refused = [b["reason"] for i, op, b in s.sent if op == Op.REFUSED]
         assert refused and "--max-workers 4" in refused[0]
     finally:

@@ -144,9 +144,9 @@ STEPS = 60
 @pytest.mark.timeout(240)
 def test_elastic_pods_scale_up_lose_a_pod_and_finish_exact(tmp_path):
     """2 worker pods start the job; at step 20 parallelism goes to 3 and the new pod is let
-    in at the next commit; at step 40 the first pod (rank 0) is deleted: the survivors
-    re-form as ranks 0 and 1 and the controller's replacement pod joins as rank 2 (a new
-    worker, not the deleted one's ordinal or rank).  Every step's sums match that step's
+    in at the next commit; at step 40 the pod of rank 0 is deleted: the survivors re-form as
+    ranks 0 and 1 and the controller's replacement pod joins as rank 2 (a new worker, not
+    the deleted one's ordinal or rank).  Every step's sums match that step's
     membership and the model equals one process's run."""
     out = tmp_path / "out"
     out.mkdir()
@@ -182,7 +182,8 @@ def test_elastic_pods_scale_up_lose_a_pod_and_finish_exact(tmp_path):
             if parallelism == 2 and (out / "grow").exists():
                 parallelism = 3                 # kubectl patch job el-workers parallelism=3
             if deleted is None and (out / "delete").exists():
-                deleted = workers[0]            # kubectl delete pod <the first worker pod>
+                pid = int((out / "delete").read_text())     # kubectl delete pod <rank 0's>
+                deleted = next(n for n in workers if pods.procs[n].pid == pid)
                 pods.delete(deleted)
             if all(p.poll() is not None for p in pods.procs.values()):
                 break
@@ -195,16 +196,18 @@ def test_elastic_pods_scale_up_lose_a_pod_and_finish_exact(tmp_path):
     assert sched.returncode == 0 and pods.procs["el-servers-0"].returncode == 0, text
     assert deleted is not None and len(workers) == 4, text
     assert pods.procs[deleted].returncode != 0, text
-    assert all(pods.procs[n].returncode == 0 for n in workers[1:]), text
+    assert deleted in workers[:2] and workers[2] != deleted, text
+    assert all(pods.procs[n].returncode == 0 for n in workers if n != deleted), text
     ranks = {}
     for f in out.glob("rank*.json"):
         doc = json.loads(f.read_text())
         ranks[doc["rank"]] = doc
     assert sorted(ranks) == [0, 1, 2], text
-    # pods -> final ranks: the second pod, the scale-up pod, the replacement (dense, in
-    # the scheduler's order; no pod ordinal involved)
+    # pods -> final ranks: the first two pods' survivor (it was rank 1), the scale-up
+    # pod, the replacement: dense, in the scheduler's order, no pod ordinal involved
     by_pod = {pods.procs[n].pid: n for n in workers}
-    assert [by_pod[ranks[r]["ppid"]] for r in (0, 1, 2)] == workers[1:], text
+    survivor = next(n for n in workers[:2] if n != deleted)
+    assert [by_pod[ranks[r]["ppid"]] for r in (0, 1, 2)] == [survivor, *workers[2:]], text
     sizes = {0: 2, 20: 3, 40: 2, 45: 3}
 
     def size_at(step):
@@ -217,3 +220,29 @@ def test_elastic_pods_scale_up_lose_a_pod_and_finish_exact(tmp_path):
     got = [np.array(ranks[r]["w"], np.float32) for r in (0, 1, 2)]
     assert all(np.array_equal(g, got[0]) for g in got)
     np.testing.assert_allclose(got[0], _reference(STEPS), rtol=1e-4, atol=1e-5)
+
+
+def test_scheduler_holds_a_pod_over_max_until_a_loss_frees_its_place(monkeypatch):
+    """A deleted pod's replacement may register before the scheduler notices the loss: at
+    --max-workers it is held (not refused), and the loss lets it into the re-formed group."""
+    from test_elastic import _books, _close, _reg, _scheduler
+
+    from byteps.transport.wire import Op
+    s = _scheduler(monkeypatch, workers=2, min=2, max=2)
+    try:
+        _reg(s, b"srv", "server", "s0", 10)
+        _reg(s, b"a", "worker", "podA", 100)
+        _reg(s, b"b", "worker", "podB", 101)
+        assert s.formed
+        s.sent.clear()
+        _reg(s, b"c", "worker", "podC", 102)                # the replacement, early
+        assert not [1 for _i, op, _b in s.sent if op in (Op.REFUSED, Op.ELASTIC)]
+        assert b"c" in s.elastic.parked
+        s.fail("pod A deleted", dead=dict(s.workers[b"a"], role="worker"))
+        assert s.exit_code is None and not s.elastic.parked and b"c" in s.elastic.waiting
+        _reg(s, b"b2", "worker", "podB", 101)               # the survivor after its reset
+        books = _books(s)
+        assert {i: b["rank"] for i, b in books.items() if b["rank"] >= 0} == \
+            {b"b2": 0, b"c": 1} and s.epoch == 2
+    finally:
+        _close(s)

@@ -78,6 +78,9 @@ class Elastic:
         self.lost: dict[bytes, str] = {}       # members lost in this epoch -> why
         self.short_since: float | None = None
         self.conns: dict[int, tuple] = {}      # fd -> (registration ident, peer address)
+        # newcomers over the maximum, held until a loss frees a place (a deleted pod's
+        # replacement may register before the loss is noticed) or the heartbeat timeout
+        self.parked: dict[bytes, tuple[dict, float]] = {}   # ident -> (info, refuse at)
         self.changes = 0            # groups re-formed
         log.info("elastic membership: %d to %d worker(s), %g s to get back above the minimum",
                  min_workers, max_workers, timeout)
@@ -109,11 +112,13 @@ class Elastic:
                             f"BYTEPS_LOCAL_REDUCE=0 (or one worker per host)")
         member = self.member_of(info)
         if member is None:
-            newcomers = sum(1 for w in self.waiting.values() if self.member_of(w) is None)
-            if len(self.members()) + newcomers >= self.max:
-                return s.refuse(ident, f"worker at host {info['host_id']} (pid {info['pid']}) "
-                                f"cannot join: the job already has {self.max} worker(s) "
-                                f"(BYTEPS_MAX_WORKERS / --max-workers {self.max})")
+            if self._available() >= self.max:
+                wait = s.cfg.heartbeat_timeout + 1.0
+                self.parked[ident] = (info, time.monotonic() + wait)
+                log.info("elastic: worker at host %s (pid %s) waits up to %g s for a place "
+                         "(already %d worker(s), --max-workers %d)", info["host_id"],
+                         info["pid"], wait, self.max, self.max)
+                return None
         self.waiting[ident] = info
         if member is None:
             self.announce(False, f"a worker at host {info['host_id']} (pid {info['pid']}) "
@@ -149,6 +154,7 @@ class Elastic:
             return False                # nobody left to go on: the job fails as before
         self.lost[ident] = reason
         s.exited.add(ident)             # no more heartbeat checks, never counted as alive
+        self._unpark()
         log.warning("elastic: %s; re-forming the group with %d worker(s) (--min-workers %d)",
                     reason, len(others) + len(newcomers), self.min)
         self.announce(True, reason)
@@ -167,6 +173,7 @@ class Elastic:
         if got is None or got[1] is None or got[1] != peer:
             return                      # not a waiting registration's (or unknown: keep it)
         del self.conns[fd]
+        self.parked.pop(got[0], None)
         info = self.waiting.pop(got[0], None)
         if info is not None:
             log.warning("elastic: worker at host %s (pid %s) died while waiting to join",
@@ -182,8 +189,24 @@ class Elastic:
                 s.send(m, Op.ELASTIC, {"gen": self.gen, "removed": removed,
                                        "reason": reason[:4000]})
 
+    def _unpark(self) -> None:
+        """Let held newcomers wait to join while places are free (arrival order)."""
+        while self.parked and self._available() < self.max:
+            ident = next(iter(self.parked))
+            info, _ = self.parked.pop(ident)
+            self.waiting[ident] = info
+            log.info("elastic: worker at host %s (pid %s) takes a freed place",
+                     info["host_id"], info["pid"])
+
     def tick(self, now: float) -> None:
-        """End the job when too few workers stay around for BYTEPS_ELASTIC_TIMEOUT."""
+        """Refuse newcomers held past their time; end the job when too few workers stay
+        around for BYTEPS_ELASTIC_TIMEOUT."""
+        for ident, (info, until) in list(self.parked.items()):
+            if now > until:
+                del self.parked[ident]
+                self.s.refuse(ident, f"worker at host {info['host_id']} (pid {info['pid']}) "
+                              f"cannot join: the job already has {self.max} worker(s) "
+                              f"(BYTEPS_MAX_WORKERS / --max-workers {self.max})")
         if self.short_since is not None and now - self.short_since > self.timeout:
             lost = "; ".join(self.lost.values()) or "none lost in this epoch"
             self.s.fail(f"elastic: only {self._available()} worker(s) for more than "
@@ -232,7 +255,8 @@ class Elastic:
             h["slots"][info["local_rank"]] = info["pid"]
         old = set(s.workers)
         s.workers, s.hosts = workers, hosts
-        self.conns = {fd: c for fd, c in self.conns.items() if c[0] in self.waiting}
+        self.conns = {fd: c for fd, c in self.conns.items()
+                      if c[0] in self.waiting or c[0] in self.parked}
         s.exited.difference_update(old)
         s.left.difference_update(old)
         for state in (s.barriers, s.gone, s.joined, s.rejoin, s.early_rejoin):

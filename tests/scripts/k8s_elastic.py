@@ -13,9 +13,9 @@ happen at fixed steps, whatever the timing:
 
 * step 20 with 2 workers: rank 0 creates OUT/grow (the test raises ``parallelism`` to 3
   and starts a pod); the members commit until the new worker is let in (size 3);
-* step 40 with 3 workers: rank 0 creates OUT/delete (the test deletes the first worker
-  pod: SIGTERM, then SIGKILL); the members exchange until the loss reaches them, restore
-  the commit of step 40 and go on as 2;
+* step 40 with 3 workers: rank 0 writes its pod's pid (bpslaunch's) to OUT/delete and the
+  test deletes that pod (SIGTERM, then SIGKILL); the members exchange until the loss
+  reaches them, restore the commit of step 40 and go on as 2 (dense ranks 0 and 1);
 * step 45 with 2 workers: the Job controller's replacement pod is let in (size 3).
 
 Each worker that finishes writes OUT/rank<final rank>.json.
@@ -73,8 +73,10 @@ def train(state):
                 mark(out, "grow")
             wait_until_size(3, "the scale-up to 3 pods")
         if state.step == 40 and size == 3:
-            if bps.rank() == 0:
-                mark(out, "delete")
+            if bps.rank() == 0:             # "delete my pod": its bpslaunch's pid
+                with open(os.path.join(out, "delete.tmp"), "w") as f:
+                    f.write(str(os.getppid()))
+                os.replace(os.path.join(out, "delete.tmp"), os.path.join(out, "delete"))
             wait_for_loss()
         if state.step == 45 and size == 2:
             wait_until_size(3, "the replacement pod's join")
