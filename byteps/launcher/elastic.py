@@ -50,7 +50,8 @@ def check(args, ap) -> None:
     over_ssh = bool(args.host_list or args.hostfile or args.slurm)
     if not (args.standalone or over_ssh):
         ap.error("--min-workers runs an elastic --standalone, -H/--hostfile or --slurm job; "
-                 "on a cluster set BYTEPS_MIN_WORKERS (and BYTEPS_MAX_WORKERS) for the "
+                 "on Kubernetes print elastic manifests with bpslaunch k8s --min-workers N; "
+                 "on another cluster set BYTEPS_MIN_WORKERS (and BYTEPS_MAX_WORKERS) for the "
                  "scheduler and start workers with bpslaunch as usual "
                  "(docs/fault_tolerance.md)")
     if args.slurm and args.host_discovery_script:
