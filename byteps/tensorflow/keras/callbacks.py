@@ -2,7 +2,8 @@
 :func:`byteps._keras.callbacks.populate` for ``tf.keras``: Horovod's
 BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback
 and LearningRateWarmupCallback."""
-from byteps._keras.callbacks import populate as _populate
-from byteps.tensorflow.keras import keras as _keras
+import tensorflow as _tf
 
-_populate(globals(), _keras)
+from byteps._keras.callbacks import populate as _populate
+
+_populate(globals(), _tf.keras)
