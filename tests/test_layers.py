@@ -286,7 +286,6 @@ def test_the_import_graph_checker_finds_a_circle():
     assert "byteps.core.local.reducer" not in graph["byteps.core.local"]     # in a function
 
 
-@pytest.mark.xfail(strict=True, reason="core import circle: being removed")
 def test_no_import_cycles():
     """(c) No module-level import circle anywhere in byteps/."""
     graph = import_graph()

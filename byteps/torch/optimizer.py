@@ -114,10 +114,9 @@ class _DistributedOptimizer:
         return loss
 
     def finish(self) -> None:
-        """End of training with a core algorithm: its final exchange (e.g. the last
-        synchronous average of AsyncModelAverage); every rank must call it."""
-        if not self._bps_async:
-            return
+        """End of training: the algorithm's final exchange (e.g. the last synchronous
+        average of AsyncModelAverage; SyncPS after an uneven ``join()``: the model of the
+        rank that joined last); every rank must call it."""
         with torch.no_grad():
             named = {self._bps_names[p]: p for p in self._bps_requires_update}
             arrs = _as_arrays(named)
