@@ -11,6 +11,7 @@ import gc
 import os
 import warnings
 
+import numpy as np
 import tensorflow as tf
 
 from byteps.core import api as core
@@ -65,6 +66,7 @@ class _Settings:
         self.passes, self.average_aggregated = int(passes), average_aggregated
         self.counter, self.accs = None, None
         self.alg = None           # byteps._keras.algorithm.KerasAlgorithm (non-SyncPS)
+        self.variables: list = []  # SyncPS: the variables of the latest step (finish())
         if self.passes < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
 
@@ -114,10 +116,18 @@ class _Distributed:
     _bps: _Settings
 
     def finish(self) -> None:
-        """End of training with a core algorithm (AsyncPS, ...): its final exchange, so
-        every rank ends with identical parameters; every rank calls it (eagerly)."""
+        """End of training: the algorithm's final exchange, so every rank ends with
+        identical parameters (AsyncPS, ...; SyncPS after an uneven ``join()``: the model of
+        the rank that joined last); every rank calls it (eagerly)."""
         if self._bps.alg is not None:
             self._bps.alg.finish()
+        elif self._bps.variables:
+            from byteps.core import algorithms as _algorithms
+            arrs = {f"{self._bps.prefix}{i}": np.array(v.numpy(), order="C", copy=True)
+                    for i, v in enumerate(self._bps.variables)}
+            _algorithms.SyncPS(prefix=self._bps.prefix).finish(arrs)
+            for v, a in zip(self._bps.variables, arrs.values()):
+                v.assign(a)
 
 
 class _Keras3(_Distributed):
@@ -139,6 +149,7 @@ class _Keras3(_Distributed):
                 variables, lambda: super(_Keras3, self).apply(g, variables)))
             return None
         _report_lr(self, st)
+        st.variables = variables
         if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
             return super().apply(_qadam_exchange(self, grads, variables, st), variables)
         if st.passes == 1:
@@ -162,6 +173,7 @@ class _Keras2(_Distributed):
                     list(zip(g, variables)), *args, **kwargs)))
             return self.iterations
         _report_lr(self, st)
+        st.variables = variables
         if hasattr(self, "_bps_exchange"):     # QAdam: gradients, then compressed momenta
             return super().apply_gradients(
                 list(zip(_qadam_exchange(self, grads, variables, st), variables)),

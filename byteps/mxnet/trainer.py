@@ -69,6 +69,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             # the core's one rule: the algorithm compresses what it exchanges
             alg.bind(self._bps_cparams, 1, subject=f"DistributedTrainer: {alg.describe()}")
         self._bps_alg = None if alg.plugin_gradients else alg
+        self._bps_final = alg           # finish(): every algorithm's final exchange
         self._bps_alg_ready = False
         super().__init__(_param_list(params), optimizer, optimizer_params=optimizer_params,
                          kvstore=None)
@@ -132,15 +133,16 @@ class DistributedTrainer(mx.gluon.Trainer):
                 d[:] = mx.nd.array(arrs[n], ctx=d.context, dtype=d.dtype)
 
     def finish(self) -> None:
-        """End of training with a core algorithm: its final exchange (every rank), so all
-        ranks end with identical parameters."""
-        if self._bps_alg is None or not self._bps_alg_ready:
+        """End of training: the algorithm's final exchange (every rank), so all ranks end
+        with identical parameters (SyncPS after an uneven ``join()``: the model of the rank
+        that joined last)."""
+        if self._bps_alg is not None and not self._bps_alg_ready:
             return
         params = [p for p in self._params if p.grad_req != "null" and not p._deferred_init]
         names = [self._bps_param_names[self._bps_index[id(p)]] for p in params]
         arrs = {n: np.ascontiguousarray(p.list_data()[0].asnumpy()) for n, p in
                 zip(names, params)}
-        self._bps_alg.finish(arrs)
+        self._bps_final.finish(arrs)
         for n, p in zip(names, params):
             for d in p.list_data():
                 d[:] = mx.nd.array(arrs[n], ctx=d.context, dtype=d.dtype)
