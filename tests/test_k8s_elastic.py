@@ -146,7 +146,8 @@ def test_elastic_pods_scale_up_lose_a_pod_and_finish_exact(tmp_path):
     """2 worker pods start the job; at step 20 parallelism goes to 3 and the new pod is let
     in at the next commit; at step 40 the pod of rank 0 is deleted: the survivors re-form as
     ranks 0 and 1 and the controller's replacement pod joins as rank 2 (a new worker, not
-    the deleted one's ordinal or rank).  Every step's sums match that step's
+    the deleted one's ordinal or rank; at step 45's commit, or in the same re-formation
+    when it registered before the loss was noticed).  Every step's sums match that step's
     membership and the model equals one process's run."""
     out = tmp_path / "out"
     out.mkdir()
@@ -208,15 +209,18 @@ def test_elastic_pods_scale_up_lose_a_pod_and_finish_exact(tmp_path):
     by_pod = {pods.procs[n].pid: n for n in workers}
     survivor = next(n for n in workers[:2] if n != deleted)
     assert [by_pod[ranks[r]["ppid"]] for r in (0, 1, 2)] == [survivor, *workers[2:]], text
-    sizes = {0: 2, 20: 3, 40: 2, 45: 3}
+    # the replacement joins at step 45's commit, or already in the re-formation of step 40
+    # (it registered before the loss was noticed: held at --max-workers, then let in)
+    resets = ranks[0]["resets"]
+    assert resets in ([[20, 1, 3], [40, 0, 2], [45, 0, 3]], [[20, 1, 3], [40, 0, 3]]), resets
+    sizes = {0: 2, **{step: size for step, _rank, size in resets}}
 
     def size_at(step):
         return sizes[max(s for s in sizes if s <= step)]
-    for r, first in ((0, 0), (1, 20), (2, 45)):
+    for r, first in ((0, 0), (1, 20), (2, resets[-1][0])):
         steps = [c[0] for c in ranks[r]["checked"]]
         assert steps == list(range(first, STEPS)), (r, steps)
         assert all(c[2] == size_at(c[0]) for c in ranks[r]["checked"]), ranks[r]["checked"]
-    assert ranks[0]["resets"] == [[20, 1, 3], [40, 0, 2], [45, 0, 3]], ranks[0]["resets"]
     got = [np.array(ranks[r]["w"], np.float32) for r in (0, 1, 2)]
     assert all(np.array_equal(g, got[0]) for g in got)
     np.testing.assert_allclose(got[0], _reference(STEPS), rtol=1e-4, atol=1e-5)

@@ -111,14 +111,13 @@ class Elastic:
                             f"by worker, which local reduction cannot follow; set "
                             f"BYTEPS_LOCAL_REDUCE=0 (or one worker per host)")
         member = self.member_of(info)
-        if member is None:
-            if self._available() >= self.max:
-                wait = s.cfg.heartbeat_timeout + 1.0
-                self.parked[ident] = (info, time.monotonic() + wait)
-                log.info("elastic: worker at host %s (pid %s) waits up to %g s for a place "
-                         "(already %d worker(s), --max-workers %d)", info["host_id"],
-                         info["pid"], wait, self.max, self.max)
-                return None
+        if member is None and self._available() >= self.max:
+            wait = s.cfg.heartbeat_timeout + 1.0
+            self.parked[ident] = (info, time.monotonic() + wait)
+            log.info("elastic: worker at host %s (pid %s) waits up to %g s for a place "
+                     "(already %d worker(s), --max-workers %d)", info["host_id"],
+                     info["pid"], wait, self.max, self.max)
+            return None
         self.waiting[ident] = info
         if member is None:
             self.announce(False, f"a worker at host {info['host_id']} (pid {info['pid']}) "

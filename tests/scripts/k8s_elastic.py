@@ -16,7 +16,8 @@ happen at fixed steps, whatever the timing:
 * step 40 with 3 workers: rank 0 writes its pod's pid (bpslaunch's) to OUT/delete and the
   test deletes that pod (SIGTERM, then SIGKILL); the members exchange until the loss
   reaches them, restore the commit of step 40 and go on as 2 (dense ranks 0 and 1);
-* step 45 with 2 workers: the Job controller's replacement pod is let in (size 3).
+* step 45 with 2 workers: the Job controller's replacement pod is let in (size 3), unless
+  it registered early enough to join in the re-formation that removed the deleted pod.
 
 Each worker that finishes writes OUT/rank<final rank>.json.
 """
@@ -29,8 +30,9 @@ import numpy as np
 
 out, steps = sys.argv[1], int(sys.argv[2])
 
-import byteps.numpy as bps  # noqa: E402
-from elastic_files import mark  # noqa: E402
+from elastic_files import mark
+
+import byteps.numpy as bps
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((96, 40)).astype(np.float32)
@@ -64,6 +66,15 @@ def wait_for_loss() -> None:
     raise SystemExit(f"rank {bps.rank()}: the deleted pod was not noticed within 90 s")
 
 
+def first_time(name: str) -> bool:
+    """Rank 0's word (one round, so every member agrees): OUT/name does not exist yet.
+    (The replacement pod may join in the very re-formation that removes the deleted one:
+    back at step 40 with 3 workers, the deletion must not be asked for again.)"""
+    mine = float(bps.rank() == 0 and not os.path.exists(os.path.join(out, name)))
+    return bps.push_pull(np.array([mine], np.float32), name=f"gate.{name}",
+                         average=False)[0] > 0
+
+
 @bps.elastic.run
 def train(state):
     while state.step < steps:
@@ -72,7 +83,7 @@ def train(state):
             if bps.rank() == 0:
                 mark(out, "grow")
             wait_until_size(3, "the scale-up to 3 pods")
-        if state.step == 40 and size == 3:
+        if state.step == 40 and size == 3 and first_time("delete"):
             if bps.rank() == 0:             # "delete my pod": its bpslaunch's pid
                 with open(os.path.join(out, "delete.tmp"), "w") as f:
                     f.write(str(os.getppid()))
