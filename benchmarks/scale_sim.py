@@ -3,7 +3,7 @@
 Used by ``benchmarks/scale_model.py`` (validation, predictions, plots) and by
 ``tests/test_scale_model.py``.  No sockets, no byteps imports: numpy only.
 
-PS data path (what ``byteps/core/engine.py`` and ``byteps/server`` do):
+PS data path (what ``byteps/core/engine/`` and ``byteps/server`` do):
 
 * A tensor of M bytes is cut into partitions of ``part`` bytes; partition i goes to server
   ``i mod S``.  Every worker sends them in the same order (the engine's total order), so the

@@ -1,4 +1,4 @@
-"""Autotune (byteps/core/autotune.py): the plan and the pick are pure and deterministic;
+"""Autotune (byteps/core/autotune/): the plan and the pick are pure and deterministic;
 in a real job every rank goes through the same settings at the same step boundaries and
 cuts tensors alike (exact sums throughout); after the final choice the servers (and their
 backups) hold only the chosen size's keys; workers started with different explicit
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from byteps.core import autotune
-from byteps.core.engine_servers import COLOCATED_PARTITION_BYTES
+from byteps.core.engine.servers import COLOCATED_PARTITION_BYTES
 from conftest import assert_ok, read_results, run_script
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
@@ -105,7 +105,7 @@ def test_every_rank_switches_alike_at_step_boundaries(tmp_path, replicas):
     assert out[0]["choice"] == out[1]["choice"] and out[0]["choice"] is not None
     assert out[0]["hold"] == out[1]["hold"] and out[0]["state"] in ("verify", "done"), out
     changes = {step: size for step, size, _ in out[0]["changes"]}
-    # every node on this machine: colocated partitions (engine_servers.colocated_config)
+    # every node on this machine: colocated partitions (engine.servers.colocated_config)
     initial = out[0]["initial"]
     assert initial == out[1]["initial"] == COLOCATED_PARTITION_BYTES, out
     assert any(size != initial for size in changes.values()), "no trial changed the size"

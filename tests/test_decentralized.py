@@ -181,7 +181,7 @@ def test_peer_messages_are_authenticated_and_validated():
 
     import zmq
 
-    from byteps.core import peers
+    from byteps.core.algorithms import peers
     from byteps.core.node import BytePSError
     from byteps.transport.wire import Op, WireError, encode
 

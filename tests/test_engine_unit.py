@@ -2,7 +2,7 @@
 
 The engine gets stand-in server connections (``Engine(..., servers=..., start=False)``) and
 the test drives its steps (take_pending, dispatch, on_server, resend_overdue) itself
-(``eng.links``: its server connections, byteps/core/engine_servers.py); every
+(``eng.links``: its server connections, byteps/core/engine/servers.py); every
 message goes through the real wire format (encode/decode, MAC, validation).
 """
 from __future__ import annotations
@@ -276,7 +276,7 @@ def test_shared_memory_partitions_take_no_credit(tmp_path, monkeypatch):
 
 
 def test_colocated_job_gets_larger_partitions(monkeypatch):
-    from byteps.core.engine_servers import COLOCATED_PARTITION_BYTES, colocated_config
+    from byteps.core.engine.servers import COLOCATED_PARTITION_BYTES, colocated_config
     from byteps.transport.shm import machine_id
     me = machine_id()
     book = {"servers": [{"machine": me}] * 2, "workers": [{"machine": me}] * 2}

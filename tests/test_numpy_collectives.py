@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from byteps.core.carry import carry, reduction
+from byteps.core.collective.carry import carry, reduction
 from tests.conftest import assert_ok, read_results, run_script
 
 

@@ -1,9 +1,9 @@
-"""byteps/core/partitions.py: every element in exactly one partition, finer edges only for
+"""byteps/core/pipeline/partitions.py: every element in exactly one partition, finer edges only for
 long tensors, and every rank's first and last pushes (rotated start, api.py) are edge
 partitions."""
 import pytest
 
-from byteps.core.partitions import EDGE_DIVISOR, cut, lengths
+from byteps.core.pipeline.partitions import EDGE_DIVISOR, cut, lengths
 
 
 @pytest.mark.parametrize("n,per,s", [(25_000_000, 262144, 4), (25_000_000, 1 << 20, 4),

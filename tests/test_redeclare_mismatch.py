@@ -1,7 +1,7 @@
 """Issue 24: ranks that re-use a name with *different* new shapes at the same call get one
 error naming the tensor, both shapes and both ranks, at once (not the servers' stall
 warnings); ranks that agree are unaffected, also with several new layouts in flight and
-across join() (byteps/core/redeclare.py)."""
+across join() (byteps/core/pipeline/redeclare.py)."""
 import sys
 
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 
 from conftest import SCRIPTS, assert_ok, read_results, run_job
 
-from byteps.core import redeclare
+from byteps.core.pipeline import redeclare
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,4 +1,4 @@
-"""Keys autotune no longer uses, freed (byteps/core/retire.py, byteps/server/retire.py,
+"""Keys autotune no longer uses, freed (byteps/core/autotune/retire.py, byteps/server/retire.py,
 ``wire.free_body``), step by step without sockets: which keys a worker hands over after
 the final choice (never a key still in use, never the final one), and when a server frees
 one (every pushing rank asked, no round in flight).  The real multi-process job is
@@ -14,7 +14,8 @@ import pytest
 
 from byteps import transport
 from byteps.common.config import Config
-from byteps.core import autotune, retire
+from byteps.core import autotune
+from byteps.core.autotune import retire
 from byteps.core.api import Tensor, tensor_key
 from byteps.server.retire import KeyRetirement
 from byteps.server.store import Slot, apply

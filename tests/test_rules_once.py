@@ -143,17 +143,17 @@ def test_torch_push_pull_uses_the_same_bool_rule(job):
 
 # ------------------------------------------------------------------ no plugin re-grows a rule
 RULES = {   # what a plugin must not contain -> where the rule lives
-    r"out of range for": "byteps/core/rules.py check_root",
-    r"\.noname\.|noname\.\{": "byteps/core/rules.py auto_name",
-    r"use (hvd\.)?Average or (hvd\.)?Sum|bps\.Average or bps\.Sum": "byteps/core/rules.py "
-                                                                     "resolve_op",
-    r"give either": "byteps/core/rules.py resolve_op",
-    r"np\.zeros_like\(|\.zero_\(\)": "byteps/core/api.py broadcast_async",
+    r"out of range for": "byteps/core/collective/rules.py check_root",
+    r"\.noname\.|noname\.\{": "byteps/core/collective/rules.py auto_name",
+    r"use (hvd\.)?Average or (hvd\.)?Sum|bps\.Average or bps\.Sum": "byteps/core/collective/"
+                                                                     "rules.py resolve_op",
+    r"give either": "byteps/core/collective/rules.py resolve_op",
+    r"np\.zeros_like\(|\.zero_\(\)": "byteps/core/pipeline/pushpull.py broadcast_async",
     r"(torch|tf|np)\.(bool|int16|uint16|uint32|bfloat16)\s*:\s*(torch|tf|np)\.":
-        "byteps/core/carry.py",
-    r"np\.dtype\((bool|np\.int16|np\.uint16|np\.uint32)\)\s*:": "byteps/core/carry.py",
+        "byteps/core/collective/carry.py",
+    r"np\.dtype\((bool|np\.int16|np\.uint16|np\.uint32)\)\s*:": "byteps/core/collective/carry.py",
     r"def (_?check_root|_?auto_name|_scatter_op|resolve_average)\(":
-        "byteps/core/rules.py",
+        "byteps/core/collective/rules.py",
 }
 
 
@@ -177,13 +177,14 @@ def test_the_core_defines_each_rule_once():
         for m in re.finditer(r"^def (check_root|resolve_op|auto_name|wire_dtype|carry)\(",
                              path.read_text(), re.M):
             defs.setdefault(m.group(1), []).append(str(path.relative_to(ROOT)))
-    assert defs == {"check_root": ["byteps/core/collectives.py", "byteps/core/rules.py"],
-                    "resolve_op": ["byteps/core/rules.py"],
-                    "auto_name": ["byteps/core/rules.py"],
-                    "wire_dtype": ["byteps/core/carry.py"],
-                    "carry": ["byteps/core/carry.py"]}, defs
+    assert defs == {"check_root": ["byteps/core/collective/ops.py",
+                                   "byteps/core/collective/rules.py"],
+                    "resolve_op": ["byteps/core/collective/rules.py"],
+                    "auto_name": ["byteps/core/collective/rules.py"],
+                    "wire_dtype": ["byteps/core/collective/carry.py"],
+                    "carry": ["byteps/core/collective/carry.py"]}, defs
     # collectives.check_root only fills in this job's size: one wording, in rules.py
-    assert "out of range" not in (core / "collectives.py").read_text()
+    assert "out of range" not in (core / "collective" / "ops.py").read_text()
 
 
 # ------------------------------------------------------------------ across ranks

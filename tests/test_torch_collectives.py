@@ -1,4 +1,4 @@
-"""Horovod's collectives (byteps.core.collectives + byteps.torch): rules without sockets,
+"""Horovod's collectives (byteps.core.collective.ops + byteps.torch): rules without sockets,
 then real jobs of 2 and 3 workers checked against numpy references."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from byteps.core import collectives as coll
+from byteps.core.collective import ops as coll
 from byteps.server import store
 from byteps.transport import wire
 from tests.conftest import assert_ok, read_results, run_script

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from byteps.core import process_sets
+from byteps.core.collective import process_sets
 from tests.conftest import assert_ok, read_results, run_script
 
 ALWAYS = ["HOROVOD_RANK/SIZE", "duplicate allgather name", "name free after sync",

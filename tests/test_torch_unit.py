@@ -67,7 +67,7 @@ def test_push_pull_errors():
     with pytest.raises(TypeError, match="torch.Tensor"):
         bps.push_pull_async(np.ones(2), name="u.np")
     bps.push_pull(torch.ones(2), name="u.shape")
-    # as Horovod, a name may be used again with another shape (byteps/core/redeclare.py)
+    # as Horovod, a name may be used again with another shape (byteps/core/pipeline/redeclare.py)
     assert bps.push_pull(torch.ones(3), name="u.shape").shape == (3,)
     with pytest.raises(ValueError, match="handle"):
         bps.synchronize(987654)

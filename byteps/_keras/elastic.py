@@ -4,7 +4,7 @@ docs/fault_tolerance.md).
 
 It keeps a Keras model's weights and its optimizer's variables through their numpy
 interface (``get_weights``/``set_weights``, ``variables``, ``numpy()``/``assign()``), on
-top of the framework-free :class:`byteps.core.elastic_state.ObjectState`.
+top of the framework-free :class:`byteps.core.elastic.state.ObjectState`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from byteps.common.errors import BytePSError
 from byteps.core import api
-from byteps.core.elastic_state import ObjectState, broadcast_value
+from byteps.core.elastic.state import ObjectState, broadcast_value
 
 __all__ = ["TensorFlowKerasState", "KerasState"]
 

@@ -8,12 +8,12 @@
   at scrape time (:class:`_Collector`); the only hot-path addition is
   :meth:`RoundLatency.observe`, a few integer operations per partition.
 * **Each role registers its own metrics** (:func:`register`): the worker
-  (:mod:`byteps.core.worker_metrics`), the server (:mod:`byteps.server.metrics`) and the
+  (:mod:`byteps.core.api.worker_metrics`), the server (:mod:`byteps.server.metrics`) and the
   scheduler (:mod:`byteps.scheduler.metrics`) know their own state; this module only
   serves what was registered and imports none of them.
 * Under ``bpslaunch --standalone`` with the live view on (``BPSLAUNCH_LIVE_S``), a
   worker writes ``worker<rank>.live`` (JSON) into the launcher's summary folder
-  (:class:`byteps.core.worker_metrics.StatusWriter`); :mod:`byteps.launcher.liveview`
+  (:class:`byteps.core.api.worker_metrics.StatusWriter`); :mod:`byteps.launcher.liveview`
   shows it.
 
 See docs/metrics.md.

@@ -13,7 +13,7 @@ import numpy as np
 
 from byteps.common.config import Config
 from byteps.common.errors import BytePSError
-from byteps.core import partitions as _partitions
+from byteps.core.pipeline import partitions as _partitions
 from byteps.core.timeline import StepCounter
 from byteps.transport.wire import dtype_code
 
@@ -36,7 +36,7 @@ class Tensor:
         self.dtype_code = dtype_code(arr.dtype, name)
         self.shape = tuple(arr.shape)
         self.parts = self.cut(partition_bytes, nservers)
-        self.layout = 0           # autotune's layout generation (byteps/core/autotune.py)
+        self.layout = 0           # autotune's layout generation (byteps/core/autotune/)
         self.round = 0
         self.busy = None
         # compression: what was asked (``asked``, to check later calls), and what applies
@@ -78,14 +78,14 @@ class State:
         self.declared: dict = {}  # name -> compression Spec given to declare()
         self.user_timeline = None     # start_timeline() (Horovod's name)
         self.tuner = None        # byteps.core.autotune.Tuner (BYTEPS_AUTOTUNE)
-        self.peers = None        # byteps.core.peers.PeerNet (decentralized algorithms)
+        self.peers = None        # byteps.core.algorithms.peers.PeerNet (decentralized algorithms)
         self.join_hooks: list = []    # (before, after) of stages that quiesce around join()
         self.last_joined: int | None = None   # what the last join() returned
 
 
 _State = State            # the name older code uses
 _STATE: State | None = None
-#: collective operations in flight (handle -> op), filled by byteps.core.coll_handles;
+#: collective operations in flight (handle -> op), filled by byteps.core.collective.handles;
 #: push_pull's poll/synchronize look here first
 OPS: dict = {}
 

@@ -1,7 +1,7 @@
 """bpslaunch's live view: one status line per worker while a standalone job runs.
 
 Every worker writes ``worker<rank>.live`` (JSON,
-:class:`byteps.core.worker_metrics.StatusWriter`) into the launcher's summary folder every
+:class:`byteps.core.api.worker_metrics.StatusWriter`) into the launcher's summary folder every
 ``BPSLAUNCH_LIVE_S`` seconds; the launcher polls those files from its supervision loop
 (no sockets).
 

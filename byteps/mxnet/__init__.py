@@ -21,9 +21,9 @@ from byteps.core.api import (
     size,
 )
 from byteps.mxnet._mx import mx  # noqa: F401  (restores torch's thread count)
-from byteps.core.basics import __all__ as _basics_names
-from byteps.core.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
-from byteps.core.basics import init, shutdown
+from byteps.core.api.basics import __all__ as _basics_names
+from byteps.core.api.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
+from byteps.core.api.basics import init, shutdown
 from byteps.mxnet.collectives import __all__ as _coll_names
 from byteps.mxnet.collectives import *  # noqa: F401,F403  (Horovod's collectives)
 from byteps.mxnet.compression import parse_compression

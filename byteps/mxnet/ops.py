@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from byteps.core import api as core
-from byteps.core import collectives as coll
+from byteps.core.collective import ops as coll
 from byteps.mxnet._mx import mx
 
 _HOST = ("cpu", "cpu_pinned", "cpu_shared")

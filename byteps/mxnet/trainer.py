@@ -73,7 +73,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._bps_alg_ready = False
         super().__init__(_param_list(params), optimizer, optimizer_params=optimizer_params,
                          kvstore=None)
-        from byteps.core.collectives import check_root
+        from byteps.core.collective.ops import check_root
         self.root_rank = check_root(root_rank, "DistributedTrainer")
         self._bps_size = size = core.size()
         self._bps_index = {id(p): i for i, p in enumerate(self._params)}

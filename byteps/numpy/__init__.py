@@ -16,9 +16,9 @@ import numpy as np
 from byteps.core import api as _api
 from byteps.core.api import (BytePSError, declare, is_initialized, join, local_rank,
                              local_size, poll, rank, size)
-from byteps.core.basics import init, shutdown
-from byteps.core.basics import __all__ as _basics_names
-from byteps.core.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
+from byteps.core.api.basics import init, shutdown
+from byteps.core.api.basics import __all__ as _basics_names
+from byteps.core.api.basics import *  # noqa: F401,F403  (build info, cross_rank, timeline)
 from byteps.numpy import collectives as _coll
 from byteps.numpy.collectives import __all__ as _coll_names
 from byteps.numpy.collectives import *  # noqa: F401,F403  (Horovod's collectives)

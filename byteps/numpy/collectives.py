@@ -1,6 +1,7 @@
-"""Horovod's collectives on numpy arrays: the core's (:mod:`byteps.core.collectives`, which
-decides every rule: names, ops, root ranks, dtypes by :mod:`byteps.core.carry`, results in
-the input's dtype and shape); this module only checks that it is given arrays.
+"""Horovod's collectives on numpy arrays: the core's
+(:mod:`byteps.core.collective.ops`, which decides every rule: names, ops, root ranks,
+dtypes by :mod:`byteps.core.collective.carry`, results in the input's dtype and shape); this
+module only checks that it is given arrays.
 
 Every operation takes ``process_set=`` (passed to the core's process sets where the core has
 them; otherwise only the global set) and has an ``*_async`` form whose handle
@@ -13,10 +14,10 @@ import threading
 
 import numpy as np
 
-from byteps.core import collectives as _coll
-from byteps.core import objects as _objects
-from byteps.core.basics import process_set_kw
-from byteps.core.collectives import barrier  # noqa: F401  (exported: the one barrier)
+from byteps.core.collective import ops as _coll
+from byteps.core.collective import objects as _objects
+from byteps.core.api.basics import process_set_kw
+from byteps.core.collective.ops import barrier  # noqa: F401  (exported: the one barrier)
 
 Average, Sum, Adasum = _coll.AVERAGE, _coll.SUM, _coll.ADASUM
 Min, Max, Product = _coll.MIN, _coll.MAX, _coll.PRODUCT

@@ -15,7 +15,7 @@ See docs/fault_tolerance.md; the logic lives in byteps.core.elastic.
 """
 from byteps.core.elastic import (HostsUpdatedInterrupt, WorkersChanged, check_host_updates,
                                  membership_changed, reset, run)
-from byteps.core.elastic_state import NumpyState, ObjectState, State, broadcast_value
+from byteps.core.elastic.state import NumpyState, ObjectState, State, broadcast_value
 
 __all__ = ["run", "reset", "State", "ObjectState", "NumpyState", "HostsUpdatedInterrupt",
            "WorkersChanged", "check_host_updates", "membership_changed", "broadcast_value"]

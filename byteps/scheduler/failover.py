@@ -3,7 +3,7 @@
 When a server is declared dead (its connection closed and stayed closed, or its
 heartbeats stopped) and replication is on, the job goes on: the scheduler tells every
 live node ``FAILOVER {dead, reason}`` (its backup, the next server of the address book,
-owns its keys from now on; byteps/server/replica.py, byteps/core/failover.py), tells the
+owns its keys from now on; byteps/server/replica.py, byteps/core/engine/failover.py), tells the
 dead node (if it is merely unreachable) to end, and stops watching it.  Address books of a
 re-formed group (``shutdown()`` and ``init()`` again, elastic membership) mark it
 ``lost``: new engines route around it from the start.  A second server

@@ -29,7 +29,8 @@ def node_info(b: dict, seq: int) -> dict:
         raise WireError("registration fields host/host_id/hostname must be strings")
     if role == "worker" and not (info["address"] is None or (
             isinstance(info["address"], str) and len(info["address"]) <= 300)):
-        raise WireError("a worker's peer address must be a string (byteps/core/peers.py)")
+        raise WireError("a worker's peer address must be a string "
+                        "(byteps/core/algorithms/peers.py)")
     info["last_seen"] = time.monotonic()
     info["seq"] = seq
     if role == "server" and not isinstance(info["address"], str):

@@ -8,7 +8,6 @@ with at most two CPUs: :func:`byteps.server.decls.engine_threads`).
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import queue
@@ -30,13 +29,13 @@ from byteps.server.decls import INLINE_BYTES, TensorChecks, engine_threads  # no
 from byteps.server.metrics import serve_server
 from byteps.server.records import Records
 from byteps.server.replica import Replicator
+from byteps.server.replies import Replies
 from byteps.server.retire import KeyRetirement
 from byteps.server.staleness import AsyncStore
 from byteps.server.stalls import StallReports
 from byteps.server.store import Slot, apply, async_groups, counted_joined, recheck
 from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Entry, Op,
-                                   WireError, decode, encode, entry_array, frame_bytes, new_seq,
-                                   payload_count)
+                                   WireError, decode, entry_array, frame_bytes, payload_count)
 
 log = logging.getLogger("byteps.server")
 
@@ -56,16 +55,12 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.peers: dict[bytes, dict] = {}    # worker identity -> book entry
         self.workers_by_id: dict[int, dict] = {}
         self.nworkers = self.size = 0
-        self.seq = new_seq()
         self.seqs = transport.SeqTracker()    # replay guard per worker node id
         self.watch = transport.ConnWatch(self.sock)
         self.peer_fds: dict[int, dict] = {}
         self.dropper = transport.Dropper(0.0, 0)
         self.engine_load = [0] * engine_threads(cfg)
-        self.batch: dict | None = None        # replies gathered while a burst is received
-        self.outbox: collections.deque = collections.deque()
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_w, False)
+        self.replies = Replies(self)          # every message to a worker (replies.py)
         self.queues = [queue.SimpleQueue() for _ in self.engine_load]
         self.lock = threading.Lock()       # guards slots/decls across engine threads
         self.record = os.environ.get("BYTEPS_TEST_RECORD")
@@ -130,31 +125,26 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.link.sock, zmq.POLLIN)
-        poller.register(self.wake_r, zmq.POLLIN)
+        poller.register(self.replies.wake_r, zmq.POLLIN)
         self.replica.watch(poller)
         next_scan = time.monotonic() + 1.0
         try:
             while self.exit_code is None:
                 for sock, _ in poller.poll(200):
                     if sock is self.sock:
-                        self.batch = {}       # replies of this burst: one message per worker
-                        try:
+                        with self.replies.burst():    # one reply message per worker
                             for _ in range(64):
                                 frames = transport.recv_frames(self.sock, block=False)
                                 if frames is None:
                                     break
                                 self.on_worker(frames)
-                        finally:
-                            batch, self.batch = self.batch, None
-                            if batch:
-                                self.send_results(batch)
                     elif sock is self.link.sock:
                         self.on_scheduler()
                     elif sock is self.replica.sock:
                         self.replica.on_backup_reply()
                     else:
-                        os.read(self.wake_r, 4096)
-                self.flush_outbox()
+                        self.replies.woken()
+                self.replies.flush()
                 now = time.monotonic()
                 try:
                     self.link.tick(now)
@@ -258,8 +248,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                     rs.waiting.clear()
         self.async_store.release(slot, self.async_ranks(), out)   # a slow rank left/joined
         if out:
-            self.outbox.append(out)
-            self.wake()
+            self.replies.queue(out)
 
     def blocked(self, slot: Slot, rnd: int) -> str | None:
         """Why round ``rnd`` of ``slot`` can never complete (a pusher left the job without
@@ -283,14 +272,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         """Fail one worker's push_pulls of ``key`` (a round that cannot complete); sent by
         the I/O thread (this may run on an engine thread)."""
         name = self.decls.get(key, {}).get("name", "")
-        self.outbox.append((ident, {"key": key, "name": name, "message": message}))
-        self.wake()
-
-    def wake(self) -> None:
-        try:
-            os.write(self.wake_w, b"x")
-        except BlockingIOError:
-            pass
+        self.replies.error(ident, {"key": key, "name": name, "message": message})
 
     def on_worker(self, frames: list) -> None:
         ident = frames[0].bytes
@@ -405,10 +387,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                 self.apply(slot, e, arr, rank, ident, out)
             else:
                 self.queues[slot.engine].put((slot, e, arr, rank, ident))
-        if self.batch is None:
-            return self.send_results(out)
-        for ident, items in out.items():      # acks and inline results of one receive burst
-            self.batch.setdefault(ident, []).extend(items)
+        self.replies.deliver(out)             # acks and inline results of one receive burst
 
     def apply(self, slot: Slot, e: Entry, arr, rank: int, ident, out: dict) -> None:
         """Apply one entry; a malformed compressed push is dropped with a log line."""
@@ -447,31 +426,14 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             except Exception:      # a bug must not silently stop this engine thread
                 log.exception("server engine thread: entry %s from rank %d failed", e, rank)
             if out:
-                self.outbox.append(out)
-                self.wake()
+                self.replies.queue(out)
 
-    def flush_outbox(self) -> None:
-        while self.outbox:
-            item = self.outbox.popleft()
-            if isinstance(item, tuple):      # (worker identity, DATA_ERROR body)
-                self.send(item[0], Op.DATA_ERROR, item[1])
-            else:
-                self.send_results(item)
-
+    # what the other server modules send through (decls.py, replica.py)
     def send_results(self, out: dict) -> None:
-        out = self.replica.hold(out)      # results wait until the backup has their round
-        for ident, items in out.items():
-            frames = [a for e, a in items if a is not None and not e.flags & SHM]
-            self.send(ident, Op.RESULT, [[e for e, _ in items], []], frames)
+        self.replies.results(out)
 
     def send(self, ident: bytes, op: int, body, payload=()) -> None:
-        self.seq += 1
-        msg = [ident] + encode(self.cfg.job_id, self.link.node_id, op, self.link.epoch,
-                               self.seq, body, self.secret) + list(payload)
-        try:
-            transport.send_frames(self.sock, msg)
-        except zmq.ZMQError as exc:
-            log.debug("cannot reach worker: %s", exc)
+        self.replies.send(ident, op, body, payload)
 
 
 def main(cfg: Config | None = None) -> int:

@@ -4,7 +4,7 @@ Autotune tries several partition sizes; a tensor whose cut changes gets a new ke
 name's key with the size mixed in), so a server would keep the declaration, slots and
 buffers of every size tried.  Once autotune has made its final choice, each worker sends
 ``FREE {keys}`` (``wire.free_body``) to every server for the keys it left behind, after its
-own last use of each (no handle of it in flight: byteps/core/retire.py).
+own last use of each (no handle of it in flight: byteps/core/autotune/retire.py).
 
 A server frees a key only when
 

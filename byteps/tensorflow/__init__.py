@@ -33,7 +33,7 @@ from byteps.core.api import (
     rank,
     size,
 )
-from byteps.core.basics import (
+from byteps.core.api.basics import (
     shutdown,
     init,
     barrier,
@@ -51,8 +51,8 @@ from byteps.core.basics import (
     start_timeline,
     stop_timeline,
 )
-from byteps.core.basics import __all__ as _basics_names
-from byteps.core.basics import *  # noqa: F401,F403  (process sets, where the core has them)
+from byteps.core.api.basics import __all__ as _basics_names
+from byteps.core.api.basics import *  # noqa: F401,F403  (process sets, where the core has them)
 from byteps.tensorflow import _ops, util  # noqa: F401  (hvd.util._executing_eagerly)
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn
@@ -87,7 +87,7 @@ __all__ = [
     "QAdamOptimizer", "barrier", "broadcast_global_variables", "broadcast_variables", "finish",
     "init", "is_initialized", "join", "local_rank", "local_size", "push_pull", "rank", "shutdown",
     "size",
-    # Horovod's names (byteps/tensorflow/mpi_ops.py, byteps/core/basics.py; docs/tensorflow.md)
+    # Horovod's names (byteps/tensorflow/mpi_ops.py, byteps/core/api/basics.py; docs/tensorflow.md)
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
     "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_object",
     "broadcast_object_fn", "byteps_built", "ccl_built",

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from byteps.core import api as core
-from byteps.core.carry import carry
+from byteps.core.collective.carry import carry
 
 log = logging.getLogger("byteps.tensorflow")
 _tickets: dict[int, tuple] = {}
@@ -80,7 +80,7 @@ def start_sparse(values: np.ndarray, indices: np.ndarray, name: str, average: bo
 
 def start_broadcast(array: np.ndarray, name: str, root_rank: int) -> int:
     """Start sending rank ``root_rank``'s ``array`` to every rank (the core's broadcast and
-    dtype table, :func:`byteps.core.api.broadcast_async`, :mod:`byteps.core.carry`)."""
+    dtype table, :func:`byteps.core.api.broadcast_async`, :mod:`byteps.core.collective.carry`)."""
     arr = np.asarray(array)
     wire, back = carry(np.array(arr, order="C", copy=True), copy=True)
     h = core.broadcast_async(wire.reshape(-1) if wire.ndim == 0 else wire, root_rank,

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.core import api as core
-from byteps.core.rules import sum_or_average
+from byteps.core.collective.rules import sum_or_average
 from byteps.tensorflow import _exchange
 from byteps.tensorflow._plumbing import from_wire, to_wire
 
@@ -23,7 +23,7 @@ Average, Sum = "Average", "Sum"
 
 def resolve_op(op, average, kind: str = "DistributedOptimizer") -> str:
     """``op`` (Average/Sum) from the old ``average=`` flag or the new ``op=`` (the core's
-    rule, :func:`byteps.core.rules.sum_or_average`)."""
+    rule, :func:`byteps.core.collective.rules.sum_or_average`)."""
     return Average if sum_or_average(average, op, kind) else Sum
 
 

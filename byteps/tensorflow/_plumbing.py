@@ -1,10 +1,10 @@
 """TensorFlow <-> numpy plumbing for the collectives of byteps.tensorflow.
 
-An operation is a function of numpy arrays (calling :mod:`byteps.core.collectives`) that
+An operation is a function of numpy arrays (calling :mod:`byteps.core.collective.ops`) that
 :func:`run` calls at once when eager, or wraps in one ``tf.numpy_function`` op inside
 ``tf.function`` and TF1 graphs.  Everything else here is conversion:
 
-* dtypes: the core's collectives take every dtype of :mod:`byteps.core.carry`'s table as
+* dtypes: the core's collectives take every dtype of :mod:`byteps.core.collective.carry`'s table as
   numpy arrays and give results back in that dtype; :func:`to_wire` only casts the small
   floats (bfloat16, float8) as the table says, for exchanges that take wire dtypes;
 * errors: when eager, a disagreement between ranks (the core's BytePSError) is raised as
@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.core.api import BytePSError
-from byteps.core.carry import wire_dtype
+from byteps.core.collective.carry import wire_dtype
 
 _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -62,7 +62,7 @@ def as_tf_error(exc: BaseException) -> BaseException:
 
 def to_wire(t: tf.Tensor, copy: bool = True):
     """``(t, None)``, or for a small float (bfloat16, float8) ``(t as the dtype
-    :func:`byteps.core.carry.wire_dtype` names, t's dtype)``; every other dtype goes to
+    :func:`byteps.core.collective.carry.wire_dtype` names, t's dtype)``; every other dtype goes to
     the core as it is (the core carries it by the same table, or refuses it by name)."""
     d = t.dtype
     to = wire_dtype(d.name, copy)

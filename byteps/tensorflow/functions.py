@@ -1,10 +1,10 @@
 """Horovod's object functions for TensorFlow: plain Python values (msgpack, never pickle)
-through :mod:`byteps.core.objects`.  They run in Python at once (eagerly and in TF1
+through :mod:`byteps.core.collective.objects`.  They run in Python at once (eagerly and in TF1
 graphs alike), so ``session=`` is accepted and not needed."""
 from __future__ import annotations
 
-from byteps.core import objects
-from byteps.core.basics import process_set_kw
+from byteps.core.collective import objects
+from byteps.core.api.basics import process_set_kw
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_object_fn"]
 

@@ -1,4 +1,4 @@
-"""Horovod's collectives for TensorFlow, over :mod:`byteps.core.collectives`.
+"""Horovod's collectives for TensorFlow, over :mod:`byteps.core.collective.ops`.
 
 Every rule (op resolution, scaling, naming, agreement between ranks, row layouts) is the
 core's; this module converts tensors (:mod:`byteps.tensorflow._plumbing`) and registers
@@ -22,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from byteps.core import api as core
-from byteps.core import collectives as coll
-from byteps.core.basics import process_set_kw
+from byteps.core.collective import ops as coll
+from byteps.core.api.basics import process_set_kw
 from byteps.tensorflow import _plumbing as P
 from byteps.tensorflow.compression import Compression
 
@@ -343,7 +343,7 @@ def _const(value: int, name):
 def size_op(process_set_id: int = 0, name=None):
     """The number of workers, as an int32 tensor."""
     if process_set_id:
-        from byteps.core.process_sets import get_process_set
+        from byteps.core.collective.process_sets import get_process_set
         return _const(get_process_set(process_set_id).size(), name)
     return _const(core.size(), name)
 
@@ -366,6 +366,6 @@ def local_rank_op(name=None):
 def process_set_included_op(process_set_id: int = 0, name=None):
     """1 when this worker is in the process set ``process_set_id`` (0: the global set)."""
     if process_set_id:
-        from byteps.core.process_sets import get_process_set
+        from byteps.core.collective.process_sets import get_process_set
         return _const(int(get_process_set(process_set_id).included()), name)
     return _const(1, name)

@@ -214,4 +214,4 @@ def fill_slots(obj, values: list):
     return obj
 
 
-CODEC = (encode, decode)      # for the core's object transport (byteps.core.objects)
+CODEC = (encode, decode)      # for the core's object transport (byteps.core.collective.objects)

@@ -1,7 +1,7 @@
 """Horovod names on top of byteps.torch, so ``import byteps.torch as hvd`` works.
 
 Every rule (op resolution, scaling, naming, agreement between ranks, row layouts) is
-decided in :mod:`byteps.core.collectives` on numpy arrays; this module only converts
+decided in :mod:`byteps.core.collective.ops` on numpy arrays; this module only converts
 tensors (dtype, device), makes the operations differentiable where Horovod does, and
 turns handles' results back into tensors.  See docs/torch.md for the table of names.
 """
@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from byteps.core import api as _core
-from byteps.core import collectives as _coll
-from byteps.core import objects as _core_objects
-from byteps.core.collectives import ReduceOp, resolve_op
-from byteps.core.rules import sum_or_average as resolve_average  # noqa: F401 (optimizer)
+from byteps.core.collective import ops as _coll
+from byteps.core.collective import objects as _core_objects
+from byteps.core.collective.ops import ReduceOp, resolve_op
+from byteps.core.collective.rules import sum_or_average as resolve_average  # noqa: F401 (optimizer)
 from byteps.torch import _objects
 from byteps.torch.compression import Compression
 from byteps.torch.ops import _handles, _lock, host_array, rank, size, synchronize
@@ -221,7 +221,8 @@ def grouped_allgather(tensors, name=None, process_set=None) -> list:
 
 def allgather_object(obj, name=None, process_set=None) -> list:
     """Every rank's ``obj`` as a list by rank (msgpack, never pickle; see broadcast_object):
-    the core's :func:`byteps.core.objects.allgather_object` with torch tensors encoded."""
+    the core's :func:`byteps.core.collective.objects.allgather_object` with torch tensors
+    encoded."""
     return _core_objects.allgather_object(obj, name, codec=_objects.CODEC,
                                           process_set=process_set)
 

@@ -1,7 +1,7 @@
 """More of Horovod's names for byteps.torch: reducescatter, alltoall, barrier, process sets,
 sparse allreduce and the build-information queries (see :mod:`byteps.torch.compat`).
 
-The rules live in :mod:`byteps.core.collectives` and :mod:`byteps.core.process_sets`;
+The rules live in :mod:`byteps.core.collective.ops` and :mod:`byteps.core.collective.process_sets`;
 this module converts tensors and makes the operations differentiable as Horovod does.
 """
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from byteps.core import collectives as _coll
-from byteps.core import process_sets as _ps
-from byteps.core.collectives import barrier, resolve_op  # noqa: F401 (barrier: exported)
-from byteps.core.process_sets import ProcessSet, add_process_set, global_process_set
+from byteps.core.collective import ops as _coll
+from byteps.core.collective import process_sets as _ps
+from byteps.core.collective.ops import barrier, resolve_op  # noqa: F401 (barrier: exported)
+from byteps.core.collective.process_sets import ProcessSet, add_process_set, global_process_set
 from byteps.torch.compression import Compression
 from byteps.torch.ops import local_size, rank, size, synchronize
 

@@ -22,7 +22,7 @@ import copy
 
 from byteps.core.elastic import (HostsUpdatedInterrupt, WorkersChanged, check_host_updates,
                                  membership_changed, reset, run)
-from byteps.core.elastic_state import ObjectState, State
+from byteps.core.elastic.state import ObjectState, State
 
 __all__ = ["run", "reset", "State", "ObjectState", "TorchState", "HostsUpdatedInterrupt",
            "WorkersChanged", "check_host_updates", "membership_changed"]

@@ -1,17 +1,17 @@
 """Broadcast helpers: parameters, optimizer state and plain Python objects.
 
-Every broadcast here is the core's (:func:`byteps.core.collectives.broadcast`: the root
+Every broadcast here is the core's (:func:`byteps.core.collective.ops.broadcast`: the root
 rank checked once, the ranks' root, dtype and shape agreed, then a sum in which every
 rank but the root contributes zeros, so the result is the root's value bit for bit);
-objects travel by the core's :mod:`byteps.core.objects` with torch tensors encoded.
+objects travel by the core's :mod:`byteps.core.collective.objects` with torch tensors encoded.
 """
 from __future__ import annotations
 
 import torch
 
 from byteps.core import api as _core
-from byteps.core import collectives as _coll
-from byteps.core import objects as _core_objects
+from byteps.core.collective import ops as _coll
+from byteps.core.collective import objects as _core_objects
 from byteps.torch import _objects
 from byteps.torch.ops import rank, synchronize
 

@@ -6,7 +6,7 @@ core cannot carry directly go through a per-name staging buffer:
 
 * CUDA tensors are copied into pinned host memory before the push and copied
   back after the pull (the core sums on CPU servers);
-* other dtypes travel as the core's one table says (:mod:`byteps.core.carry`:
+* other dtypes travel as the core's one table says (:mod:`byteps.core.collective.carry`:
   ``bfloat16`` as ``float32``, ``int16`` as ``int32``, ``bool`` as ``uint8`` reduced
   logically), and come back in their own dtype;
 * non-contiguous tensors are made contiguous.
@@ -20,10 +20,10 @@ import torch
 import numpy as np
 
 from byteps.core import api as _core
-from byteps.core import carry as _carry
-from byteps.core import collectives as _collectives
+from byteps.core.collective import carry as _carry
+from byteps.core.collective import ops as _collectives
 from byteps.core.api import BytePSError
-from byteps.core.rules import check_name
+from byteps.core.collective.rules import check_name
 from byteps.torch.compression import Compression
 
 __all__ = [
@@ -63,7 +63,7 @@ def init(lazy: bool = True, process_sets=None, comm=None) -> None:
                          "the DMLC_*/BYTEPS_* environment (bpslaunch)")
     _init(lazy)
     if process_sets is not None and not isinstance(process_sets, str):
-        from byteps.core import process_sets as _ps
+        from byteps.core.collective import process_sets as _ps
         for s in process_sets:
             if not (isinstance(s, _ps.ProcessSet) and s.process_set_id is not None):
                 _ps.add_process_set(s)
@@ -83,8 +83,8 @@ def _init(lazy: bool) -> None:
 
 
 def _export_horovod_env() -> None:
-    """HOROVOD_RANK, HOROVOD_SIZE, ... for this job (the core's rule, byteps.core.basics)."""
-    from byteps.core.basics import export_horovod_env
+    """HOROVOD_RANK, HOROVOD_SIZE, ... for this job (the core's rule, byteps.core.api.basics)."""
+    from byteps.core.api.basics import export_horovod_env
     export_horovod_env()
 
 
@@ -93,7 +93,7 @@ def shutdown() -> None:
     with _lock:
         _handles.clear()
         _staging.clear()
-    from byteps.core import process_sets as _ps
+    from byteps.core.collective import process_sets as _ps
     _ps.reset()
     _collectives.reset()
     _core.shutdown()
@@ -150,7 +150,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _wire_dtype(t: torch.Tensor, name: str, copy: bool = False) -> torch.dtype:
-    """The dtype ``t`` travels as (the core's table, :func:`byteps.core.carry.wire_dtype`)."""
+    """The dtype ``t`` travels as (the core's table,
+    :func:`byteps.core.collective.carry.wire_dtype`)."""
     to = _carry.wire_dtype(_dtype_name(t.dtype), copy)
     if to is None:
         from byteps.transport.wire import dtype_code

@@ -62,7 +62,7 @@ class _DistributedOptimizer:
                                  f"order); pass all of model.named_parameters() or none")
             self._bps_names = {p: by_id[id(p)] for p in params}
         else:
-            from byteps.core.rules import position_name
+            from byteps.core.collective.rules import position_name
             self._bps_names = {p: position_name(i) for i, p in enumerate(params)}
         self._parameter_names = self._bps_names      # Horovod's name for it
         self._bps_priority = {p: -i for i, p in enumerate(params)}
@@ -300,8 +300,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     tensors are fused automatically); ``sparse_as_dense`` (sparse gradients
     are densified; without it they are gathered, as Horovod's
     ``sparse_allreduce_async``); ``process_set`` (gradients averaged among
-    that set's ranks, byteps.core.process_sets; compressed there too with
-    ``compression_params``, byteps/core/set_ops.py).
+    that set's ranks, byteps.core.collective.process_sets; compressed there too with
+    ``compression_params``, byteps/core/collective/set_ops.py).
 
     With ``BYTEPS_ENABLE_ASYNC=1`` (asynchronous training, as in the original)
     the servers hold the parameters: they are seeded with rank 0's values when
@@ -358,7 +358,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
                           if k not in ("step", "zero_grad", "synchronize")})
     dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
-    from byteps.core import collectives as _coll
+    from byteps.core.collective import ops as _coll
     dist._bps_process_set = _coll._set(process_set)
     if algorithm is None:            # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
         algorithm = _algorithms.default()

@@ -69,7 +69,7 @@ class Op(enum.IntEnum):
     REPLICA = 40        # server -> its backup server: [entries, decls, ranks] + payloads
     REPLICA_OK = 41     # backup -> server: [entries, []] (what it stored; no payload)
     FAILOVER = 42       # scheduler -> all: a server died, its backup owns its keys (dead, reason)
-    PEER = 26           # worker -> worker: decentralized algorithms (byteps/core/peers.py)
+    PEER = 26           # worker -> worker: decentralized algorithms (core/algorithms/peers.py)
     FREE = 27           # worker -> server: keys this worker no longer uses ({keys}, checked
                         # by free_body; byteps/server/retire.py)
     ELASTIC = 30        # scheduler -> worker: membership change (gen, removed, reason);

@@ -131,7 +131,9 @@ elif mode == "join":
     for name in sys.argv[4].split(","):
         res[name] = numpy_train(name, steps[r])
 elif mode == "pset":                 # compression with a process set of ranks 0 and 1
-    from byteps.core import api, collectives, process_sets
+    from byteps.core import api
+    from byteps.core.collective import ops as collectives
+    from byteps.core.collective import process_sets
     ps = process_sets.add_process_set([0, 1])
     api.declare("pset.g", compression_params=ONEBIT)
     if r in (0, 1):

@@ -1,4 +1,4 @@
-"""Worker script: a tensor name re-used with new shapes (byteps/core/redeclare.py).
+"""Worker script: a tensor name re-used with new shapes (byteps/core/pipeline/redeclare.py).
 
     redeclare_job.py OUT_DIR mismatch    after a first use of "x" with shape (2,), rank 0
                                          re-uses it with shape (3,), rank 1 with (4,)

@@ -20,7 +20,7 @@ the plugin accumulates N backward passes locally and the hooks run once per opti
 step.
 
 Algorithms communicate only through :mod:`byteps.core.api` (push_pull with names) or the
-worker-to-worker links (:mod:`byteps.core.peers`), so partitioning, priority,
+worker-to-worker links (:mod:`byteps.core.algorithms.peers`), so partitioning, priority,
 compression and the timeline come with them.
 """
 from __future__ import annotations

@@ -32,7 +32,7 @@ step re-forms the group: one exact average through the servers, counters and rep
 restart together.
 
 ``finish()`` averages the models exactly through the servers, so every rank ends with
-identical parameters.  Messages go through :mod:`byteps.core.peers` (authenticated,
+identical parameters.  Messages go through :mod:`byteps.core.algorithms.peers` (authenticated,
 validated; a dead peer ends the wait with an error naming it).
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ local rank and host; a cut other than the initial one has its own layout key (au
 here and fresh slice keys on the servers.  At the first push in a new cut the old
 segment goes and compressor state moves per element; after autotune's final choice the
 slice keys of the cuts left behind are handed to the servers to free
-(:meth:`Cuts.old_slice_keys`, called by byteps/core/retire.py).
+(:meth:`Cuts.old_slice_keys`, called by byteps/core/autotune/retire.py).
 """
 from __future__ import annotations
 

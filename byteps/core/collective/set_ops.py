@@ -1,7 +1,8 @@
-"""The collectives of a process set smaller than the job (see :mod:`byteps.core.process_sets`).
+"""The collectives of a process set smaller than the job (see
+:mod:`byteps.core.collective.process_sets`).
 
 Each function starts one operation of the set's star and returns a function that waits for
-its result.  The rules are those of :mod:`byteps.core.collectives` (the same metadata rows
+its result.  The rules are those of :mod:`byteps.core.collective.ops` (the same metadata rows
 and checks, the same scaling, averaging and row layouts); only the transport differs.
 
 **Compression.**  A sum or average of a name declared with ``compression_params``
@@ -19,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.core import api
-from byteps.core import collectives as c
-from byteps.core import process_sets
+from byteps.core.collective import ops as c
+from byteps.core.collective import process_sets
 from byteps.core.node import BytePSError
 from byteps.transport.wire import REDUCE_OPS
 

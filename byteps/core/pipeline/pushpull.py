@@ -8,12 +8,12 @@ import numpy as np
 
 from byteps.common.errors import BytePSError
 from byteps.core import autotune as _autotune
-from byteps.core import coll_handles as _coll
-from byteps.core import redeclare as _redeclare
+from byteps.core.collective import handles as _coll
+from byteps.core.pipeline import redeclare as _redeclare
 from byteps.core.engine import Handle, Task, comp_pipeline
 from byteps.core.state import NameInFlightError, _contiguous, _state, rank, size  # noqa: F401
 from byteps.core import state as _st
-from byteps.core.tensors import _check_op, _tensor
+from byteps.core.pipeline.tensors import _check_op, _tensor
 from byteps.transport.wire import ASYNC
 
 
@@ -28,7 +28,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     compresses what leaves the host; see docs/compression.md.
     ``op`` is the servers' element-wise reduction (``wire.REDUCE_OPS``: 0 sum, 1 min,
     2 max, 3 product; plugins resolve Horovod's ``op=`` with
-    :func:`byteps.core.collectives.resolve_op`).
+    :func:`byteps.core.collective.ops.resolve_op`).
 
     ``asynchronous=True`` (the numpy API and the async algorithms set it with
     ``BYTEPS_ENABLE_ASYNC=1``): the servers add ``array`` (a delta) to the value they
@@ -140,7 +140,7 @@ def poll(handle: int) -> bool:
 def synchronize(handle: int) -> np.ndarray:
     """Wait for ``handle`` and return the result (raises BytePSError on failure).
 
-    Handles of the collectives in :mod:`byteps.core.collectives` return their result
+    Handles of the collectives in :mod:`byteps.core.collective.ops` return their result
     (an array, a list of arrays, or ``(array, received_splits)`` for alltoall)."""
     if handle in _st.OPS:
         return _coll.wait(handle)
@@ -190,9 +190,9 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: str, out: np.ndarra
     """Start sending rank ``root_rank``'s ``array`` to every rank under ``name``: the one
     broadcast of byteps, a sum in which every other rank contributes zeros (exact for
     every dtype); returns a handle for :func:`synchronize`.  The checked broadcast of
-    every plugin (:func:`byteps.core.collectives.broadcast`) first agrees on the root,
+    every plugin (:func:`byteps.core.collective.ops.broadcast`) first agrees on the root,
     dtype and shape, then calls this."""
-    from byteps.core.rules import check_root
+    from byteps.core.collective.rules import check_root
     st = _state()
     root = check_root(root_rank, f"broadcast of {name!r}", st.size)
     array = _contiguous(array)
@@ -203,8 +203,8 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: str, out: np.ndarra
 def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
               out: np.ndarray | None = None) -> np.ndarray:
     """Return rank ``root_rank``'s ``array`` on every rank (:func:`broadcast_async` under
-    ``"broadcast." + name``; without ``name``, :func:`byteps.core.rules.auto_name`)."""
-    from byteps.core.rules import auto_name
+    ``"broadcast." + name``; without ``name``, :func:`byteps.core.collective.rules.auto_name`)."""
+    from byteps.core.collective.rules import auto_name
     name = auto_name("broadcast") if name is None else name
     return synchronize(broadcast_async(array, root_rank, "broadcast." + name, out))
 

@@ -6,7 +6,7 @@ neither MPI, Gloo, DDL nor oneCCL (its own parameter servers over ZeroMQ), and i
 byteps.  It never uses NCCL either: GPU tensors are copied through host memory in every
 plugin, so ``nccl_built()`` is False everywhere.  What depends on the framework (CUDA,
 ROCm) is answered by each plugin.
-The answers come from :func:`byteps.core.collectives.build_info`; the host layout
+The answers come from :func:`byteps.core.collective.ops.build_info`; the host layout
 (``cross_rank``, ``cross_size``, ``is_homogeneous``) from the core's ranks.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "
 
 
 def _info() -> dict:
-    from byteps.core.collectives import build_info    # the one table of these facts
+    from byteps.core.collective.ops import build_info    # the one table of these facts
     return build_info()
 
 
@@ -49,9 +49,9 @@ def init(lazy: bool = False) -> None:
 def shutdown() -> None:
     """Leave the job (the core's ``shutdown``), forgetting process sets and unfinished
     collective handles, so that ``init()`` starts afresh (as byteps.torch does)."""
-    from byteps.core import collectives
-    if importlib.util.find_spec("byteps.core.process_sets") is not None:
-        from byteps.core import process_sets
+    from byteps.core.collective import ops as collectives
+    if importlib.util.find_spec("byteps.core.collective.process_sets") is not None:
+        from byteps.core.collective import process_sets
         process_sets.reset()
     if hasattr(collectives, "reset"):
         collectives.reset()
@@ -129,13 +129,13 @@ def stop_timeline() -> None:
 
 
 def process_set_kw(process_set, what: str) -> dict:
-    """The keyword arguments that carry ``process_set`` to :mod:`byteps.core.collectives`:
+    """The keyword arguments that carry ``process_set`` to :mod:`byteps.core.collective.ops`:
     ``{}`` for None or the global set (id 0), ``{"process_set": ps}`` for another set when
-    the core has process sets (``byteps/core/process_sets.py``); otherwise a ValueError
+    the core has process sets (``byteps/core/collective/process_sets.py``); otherwise a ValueError
     naming the operation."""
     if process_set is None or getattr(process_set, "process_set_id", None) == 0:
         return {}
-    if importlib.util.find_spec("byteps.core.process_sets") is None:
+    if importlib.util.find_spec("byteps.core.collective.process_sets") is None:
         raise ValueError(f"{what}: process_set={process_set!r} is not supported by this "
                          f"byteps: every worker takes part; pass process_set=None (or the "
                          f"global process set)")
@@ -144,8 +144,8 @@ def process_set_kw(process_set, what: str) -> dict:
 
 def barrier(process_set=None) -> None:
     """Wait until every worker (of ``process_set``) reaches the barrier (the one barrier,
-    :func:`byteps.core.collectives.barrier`)."""
-    from byteps.core import collectives
+    :func:`byteps.core.collective.ops.barrier`)."""
+    from byteps.core.collective import ops as collectives
     collectives.barrier(**process_set_kw(process_set, "barrier"))
 
 
@@ -159,7 +159,7 @@ def global_only(process_set, what: str) -> None:
 
 
 try:        # the core's process sets, re-exported by every plugin (Horovod's names)
-    from byteps.core.process_sets import (  # noqa: F401
+    from byteps.core.collective.process_sets import (  # noqa: F401
         ProcessSet,
         add_process_set,
         global_process_set,

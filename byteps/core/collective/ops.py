@@ -3,9 +3,9 @@
 Plugins adapt tensors (dtype, device, autograd) and call these; they decide no
 policy of their own.  What is decided here:
 
-* **arguments**: names, ops and root ranks by :mod:`byteps.core.rules` (re-exported
+* **arguments**: names, ops and root ranks by :mod:`byteps.core.collective.rules` (re-exported
   here: :func:`auto_name`, :func:`resolve_op`, :func:`check_root`);
-* **dtypes**: every operation takes any dtype of :mod:`byteps.core.carry`'s table and
+* **dtypes**: every operation takes any dtype of :mod:`byteps.core.collective.carry`'s table and
   gives the result back in the input's dtype (a bool stays a bool), and 0-d arrays where
   an operation allows them (allreduce, broadcast);
 * **scaling**: :func:`scale` applies ``prescale_factor``/``postscale_factor`` keeping
@@ -32,10 +32,10 @@ import threading
 import numpy as np
 
 from byteps.common.errors import BytePSError
-from byteps.core import carry as _carry
-from byteps.core.rules import (ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, ReduceOp,  # noqa: F401
-                               auto_name, check_name, resolve_op)
-from byteps.core.rules import check_root as _check_root
+from byteps.core.collective import carry as _carry
+from byteps.core.collective.rules import (  # noqa: F401
+    ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, ReduceOp, auto_name, check_name, resolve_op)
+from byteps.core.collective.rules import check_root as _check_root
 from byteps.transport.wire import DTYPES, REDUCE_OPS, dtype_code
 
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "ReduceOp", "allgather",
@@ -142,7 +142,7 @@ def _shape_name(name: str, shape) -> str:
 
 
 def check_root(root_rank, what: str, ps=None) -> int:
-    """:func:`byteps.core.rules.check_root` in this job (and process set ``ps``)."""
+    """:func:`byteps.core.collective.rules.check_root` in this job (and process set ``ps``)."""
     return _check_root(root_rank, what, api.size(), ps)
 
 
@@ -155,14 +155,14 @@ def _set(process_set):
     """The registered non-global process set of ``process_set`` (None: every rank)."""
     if process_set is None:
         return None
-    from byteps.core import process_sets
+    from byteps.core.collective import process_sets
     return process_sets.resolve(process_set)
 
 
 def _on_set(ps, kind: str, name: str, fn, done=None) -> int:
-    """A set operation (byteps/core/set_ops.py) under ``name``, reserved until synchronized
+    """A set operation (set_ops.py) under ``name``, reserved until synchronized
     (``done``: turns its result into the caller's)."""
-    from byteps.core import set_ops
+    from byteps.core.collective import set_ops
     wait = fn(set_ops)
     return _reserved(kind, name, lambda: _start(kind, wait if done is None else
                                                 lambda: done(wait())))
@@ -440,15 +440,15 @@ def barrier(process_set=None) -> None:
     if ps is None:
         api.barrier()
         return
-    from byteps.core import set_ops
+    from byteps.core.collective import set_ops
     set_ops.barrier(ps)()
 
 
 # ------------------------------------------------------------------ handles, api
 # imported last: byteps.core.api re-exports this module's names at its end, so whichever
 # of the two is imported first, the other finds what it needs
-from byteps.core import pushpull as api  # noqa: E402  (push_pull and the state below it)
-from byteps.core.coll_handles import OPS, release, reset, wait  # noqa: E402,F401
-from byteps.core.coll_handles import reserved as _reserved  # noqa: E402
-from byteps.core.coll_handles import start as _start  # noqa: E402
-from byteps.core.pushpull import synchronize as _sync  # noqa: E402
+from byteps.core.pipeline import pushpull as api  # noqa: E402  (push_pull and the state below it)
+from byteps.core.collective.handles import OPS, release, reset, wait  # noqa: E402,F401
+from byteps.core.collective.handles import reserved as _reserved  # noqa: E402
+from byteps.core.collective.handles import start as _start  # noqa: E402
+from byteps.core.pipeline.pushpull import synchronize as _sync  # noqa: E402

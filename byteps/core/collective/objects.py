@@ -1,9 +1,9 @@
 """Horovod's ``broadcast_object`` and ``allgather_object`` on plain Python values, for every
 plugin (framework-free).
 
-Values travel as msgpack (the core's codec, :func:`byteps.core.elastic_state.encode`:
+Values travel as msgpack (the core's codec, :func:`byteps.core.elastic.state.encode`:
 None, bools, numbers, strings, bytes, lists, dicts, numpy arrays), never pickle, over the
-checked collectives of :mod:`byteps.core.collectives`: a broadcast first agrees on the
+checked collectives of :mod:`byteps.core.collective.ops`: a broadcast first agrees on the
 root rank and the length, an allgather on every rank's length.  Tuples arrive as lists.
 A plugin whose objects hold its own tensors passes its ``codec`` (``(encode, decode)``,
 e.g. :data:`byteps.torch._objects.CODEC`); the transport and its rules stay these.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.core import api
-from byteps.core import collectives as coll
-from byteps.core.elastic_state import decode, encode
+from byteps.core.collective import ops as coll
+from byteps.core.elastic.state import decode, encode
 
 __all__ = ["allgather_object", "broadcast_object"]
 

@@ -1,4 +1,4 @@
-"""Handles of the collectives in :mod:`byteps.core.collectives` and the names they hold.
+"""Handles of the collectives in :mod:`byteps.core.collective.ops` and the names they hold.
 
 An operation of more than one exchange runs on a thread of its own (:func:`start`), so
 ranks may synchronize their handles in any order; :func:`wait` returns its result.  A

@@ -22,27 +22,28 @@ from byteps.common.summary import write_summary
 from byteps.common.torchrun import warn_if_torchrun_without_byteps
 from byteps.core import autotune as _autotune
 from byteps.core import local as _local
-from byteps.core import redeclare as _redeclare
 from byteps.core import state as _st
-from byteps.core import worker_metrics
+from byteps.core.api import worker_metrics
 from byteps.core.engine import Engine
-from byteps.core.engine_servers import colocated_config
+from byteps.core.engine.servers import colocated_config
 from byteps.core.timeline import Timeline
+from byteps.core.pipeline import redeclare as _redeclare
 # the layers below, re-exported: the API every plugin binds (state -> tensors -> push_pull
 # -> collectives -> telemetry); none of them imports this module
 from byteps.core.state import (NameInFlightError, State, Tensor, _contiguous,  # noqa: F401
                                _State, _state, get_config, is_initialized, local_rank,
                                local_size, rank, size, tensor_key)
-from byteps.core.tensors import (_check_op, _comp_change, _partition,  # noqa: F401
-                                 _spec, _tensor, declare)
-from byteps.core.pushpull import (_handle, barrier, broadcast, broadcast_async,  # noqa: F401
-                                  poll, push_pull, push_pull_async, step_done, synchronize)
-from byteps.core.collectives import (  # noqa: F401
+from byteps.core.pipeline.tensors import (_check_op, _comp_change, _partition,  # noqa: F401
+                                          _spec, _tensor, declare)
+from byteps.core.pipeline.pushpull import (  # noqa: F401
+    _handle, barrier, broadcast, broadcast_async, poll, push_pull, push_pull_async, step_done,
+    synchronize)
+from byteps.core.collective.ops import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async,
     grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_async,
     grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async)
-from byteps.core.telemetry import (get_pushpull_speed, set_compression_lr,  # noqa: F401
-                                   start_timeline, stop_timeline)
+from byteps.core.api.telemetry import (get_pushpull_speed, set_compression_lr,  # noqa: F401
+                                       start_timeline, stop_timeline)
 
 log = logging.getLogger("byteps.worker")
 
@@ -55,8 +56,8 @@ __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "
            "grouped_reducescatter", "grouped_reducescatter_async", "reducescatter",
            "reducescatter_async", "start_timeline", "stop_timeline"]
 
-_LAST_LINK: dict | None = None      # the last init()'s scheduler link (api_exit.py)
-_FAILED: list = []                  # an uncaught exception of this process (api_exit.py)
+_LAST_LINK: dict | None = None      # the last init()'s scheduler link (exit.py)
+_FAILED: list = []                  # an uncaught exception of this process (exit.py)
 _INIT_LOCK = threading.Lock()
 
 
@@ -83,7 +84,7 @@ def init(lazy: bool = False) -> None:
             ident = _identity(cfg)
             st.link = SchedulerLink(cfg, st.ctx, "worker", ident)
             try:
-                from byteps.core import peers as _peers
+                from byteps.core.algorithms import peers as _peers
                 peer_sock, peer_addr = _peers.listen(cfg, st.ctx)
                 book = st.link.register({"local_reduce": cfg.local_reduce,
                                          "tuning": _autotune.settings(cfg), "address": peer_addr},
@@ -94,7 +95,7 @@ def init(lazy: bool = False) -> None:
                 st.nservers = len(book["servers"])
                 cfg = st.cfg = colocated_config(cfg, book)      # one machine: larger cuts
                 st.engine = Engine(cfg, st.ctx, st.link, book)
-                if peer_sock is not None:       # worker-to-worker links (byteps/core/peers.py)
+                if peer_sock is not None:       # worker-to-worker links (algorithms/peers.py)
                     st.peers = _peers.PeerNet(cfg, st.ctx, peer_sock, peer_addr, st.link.secret)
                     st.peers.attach(book, st.link.node_id, st.link.epoch,
                                     lambda eng=st.engine: eng.fatal)
@@ -119,7 +120,7 @@ def init(lazy: bool = False) -> None:
                 raise
             _LAST_LINK = {"cfg": cfg, "node_id": st.link.node_id, "epoch": st.link.epoch,
                           "identity": ident}
-            from byteps.core.api_exit import install_exit_hooks
+            from byteps.core.api.exit import install_exit_hooks
             install_exit_hooks()
         _st.set_current(st)
         if st.engine is not None:

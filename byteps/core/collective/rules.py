@@ -11,10 +11,10 @@ graphs; the argument rules of a collective are the ones here, with one wording:
 * **names**: :func:`auto_name` for unnamed calls, :func:`position_name` for an
   optimizer's unnamed parameters, :func:`check_name` for given ones.
 
-The dtype rule is :mod:`byteps.core.carry`; the broadcast rule ("zeros except the root,
+The dtype rule is :mod:`byteps.core.collective.carry`; the broadcast rule ("zeros except the root,
 then a sum") is :func:`byteps.core.api.broadcast_async`; the barrier is
-:func:`byteps.core.collectives.barrier`; a name used again with another shape or dtype
-is :mod:`byteps.core.redeclare`'s rule.
+:func:`byteps.core.collective.ops.barrier`; a name used again with another shape or dtype
+is :mod:`byteps.core.pipeline.redeclare`'s rule.
 """
 from __future__ import annotations
 

@@ -22,14 +22,14 @@ import zmq
 from byteps import transport
 from byteps.common import malloc
 from byteps.common.config import Config
-from byteps.core.engine_comp import (COMP_LR, CannotCompress, Compression,  # noqa: F401
-                                    comp_flags, comp_pipeline, result_compressed)
-from byteps.core.engine_servers import ServerLinks
-from byteps.core.failover import WorkerFailover
+from byteps.core.engine.compression import (COMP_LR, CannotCompress, Compression,  # noqa: F401
+                                            comp_flags, comp_pipeline, result_compressed)
+from byteps.core.engine.servers import ServerLinks
+from byteps.core.engine.failover import WorkerFailover
 from byteps.common.metrics import RoundLatency
 from byteps.common.node import (BytePSError, SchedulerLink, describe, end_process_later,
                                 held_tensors)
-from byteps.core.tasks import Handle, Task  # noqa: F401 (re-exported: api, local, tests)
+from byteps.core.engine.tasks import Handle, Task  # noqa: F401 (re-exported: api, local, tests)
 from byteps.core.timeline import PushPullSpeed
 from byteps.transport.wire import (ACK, ASYNC, AVG, COMP, PULL, PUSH, SHM, Entry, Op,
                                    WireError, average, entry_array, payload_count)
@@ -48,9 +48,9 @@ class Engine:
     :meth:`dispatch`, :meth:`on_server` and :meth:`resend_overdue` itself (unit tests with
     stand-in connections: tests/test_engine_unit.py).
 
-    It holds the stages it drives: ``links`` (:class:`~byteps.core.engine_servers.ServerLinks`:
-    the server connections), ``comp`` (:class:`~byteps.core.engine_comp.Compression`) and
-    ``failover`` (:class:`~byteps.core.failover.WorkerFailover`)."""
+    It holds the stages it drives: ``links`` (:class:`~byteps.core.engine.servers.ServerLinks`:
+    the server connections), ``comp`` (:class:`~byteps.core.engine.compression.Compression`) and
+    ``failover`` (:class:`~byteps.core.engine.failover.WorkerFailover`)."""
 
     def __init__(self, cfg: Config, ctx: zmq.Context | None, link: SchedulerLink, book: dict,
                  servers: list | None = None, start: bool = True):
@@ -208,7 +208,7 @@ class Engine:
                 self.link.send(Op.BARRIER, {"name": arg})
             elif kind == "join":
                 self.link.send(Op.JOIN, {})
-            elif kind == "retire":     # keys autotune left behind (byteps/core/retire.py)
+            elif kind == "retire":     # keys autotune left behind (byteps/core/autotune/retire.py)
                 self.retire_keys(*arg)
             elif kind == "stop":
                 if arg:
@@ -290,7 +290,7 @@ class Engine:
                 payload.append(t.src)
             t.sent_at = now
         self.links.send(server, Op.DATA, [entries, decls], payload)
-        if self.probe is not None:        # autotune's measurements (byteps/core/autotune.py)
+        if self.probe is not None:        # autotune's measurements (byteps/core/autotune/)
             for t in tasks:
                 self.probe.sent(server, t.nbytes, now)
 
@@ -408,7 +408,7 @@ class Engine:
                     if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
                               f"{hdr.body.get('reason')}{held}")
-        elif hdr.op == Op.ELASTIC:        # membership change (byteps/core/elastic.py)
+        elif hdr.op == Op.ELASTIC:        # membership change (byteps/core/elastic/)
             from byteps.core.elastic import on_message
             on_message(self, hdr.body)
         elif hdr.op == Op.FAILOVER:
@@ -422,7 +422,7 @@ class Engine:
         self.links.resend(self.inflight.values(), now, self.send_tasks)
 
     def fail_over(self, body: dict) -> None:
-        """The scheduler's FAILOVER (byteps/core/failover.py): every partition in flight to
+        """The scheduler's FAILOVER (byteps/core/engine/failover.py): every partition in flight to
         the dead server is resent in full to its new owner; later ones are routed there."""
         moved = self.failover.on_failover(body)
         if moved is None:
@@ -437,7 +437,7 @@ class Engine:
 
     def retire_keys(self, keys: list, again) -> None:
         """Forget this worker's state of ``keys`` (keys autotune left behind,
-        byteps/core/retire.py: declarations sent, shared-memory segments) and ask every live
+        autotune/retire.py: declarations sent, shared-memory segments) and ask every live
         server to free them (``FREE``).  A key that still has a partition queued or in
         flight is handed back to ``again`` (retried at a later step boundary), never freed."""
         busy = {t.handle.tensor.key for t in self.inflight.values()} | \

@@ -22,7 +22,7 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
    tensor gets a new key (:func:`layout_key`), never a resized slot.
 4. **Choose**: the summed median step times decide; the initial setting stays unless
    another is 5 % faster; the keys of the other sizes are then freed
-   (``byteps/core/retire.py``, ``byteps/server/retire.py``).
+   (``byteps/core/autotune/retire.py``, ``byteps/server/retire.py``).
 5. **Overlap or not** (2k more steps, held and sent at once alternating step by step, so
    that both see the same machine): partitions stay held until the first wait (what a
    push_pull after backward does) unless sending them as pushed was 5 % faster.
@@ -30,7 +30,7 @@ how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
 Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` -> the rank) and
 the choice to INFO.  Under local reduction the size is the reducer's chunk size
 (``LocalReducer.layout_key``); compressed tensors' pipelines are re-cut with residual and
-momentum carried per element (``engine_comp.recut_pipelines``).  Asynchronous keys keep
+momentum carried per element (``engine.compression.recut_pipelines``).  Asynchronous keys keep
 their first partitioning (the servers hold their values); their window is tuned too.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-from byteps.core import partitions
+from byteps.core.pipeline import partitions
 
 log = logging.getLogger("byteps.autotune")
 
@@ -122,7 +122,7 @@ def predict(p: int, step_bytes: float, bw: float, nservers: int,
     the bytes at the measured rate, the per-partition CPU cost, and the pipeline's fill
     and drain (the last round of one partition per server comes back after the last
     push: about ``2 S p / B``, what the emulated cluster shows for 1 and 4 MB; with
-    :mod:`byteps.core.partitions`' finer edges, ``p`` is the edge partition's size)."""
+    :mod:`byteps.core.pipeline.partitions`' finer edges, ``p`` is the edge partition's size)."""
     if step_bytes <= 0:
         return 0.0
     cut = partitions.lengths(int(step_bytes), p, nservers)     # as one tensor, edges finer
@@ -247,7 +247,7 @@ class Tuner:
         self.applied_step: int | None = None
         self.changes: list[tuple] = []           # (step, partition bytes, credit bytes)
         self.rows: list[list] = []
-        self.retire = None               # byteps.core.retire.Retirer, after the final choice
+        self.retire = None               # retire.Retirer, after the final choice
         # deferred sending: tasks pushed while ``hold`` wait until the next wait
         # (synchronize, poll, barrier, join, step_done); chosen when measured faster
         self.hold = False
@@ -434,7 +434,7 @@ def boundary(st) -> None:
         if st.local is not None:
             st.local.cfg = st.cfg           # the reducer's chunks follow the tuned size
     if tu.choice is not None and tu.tune_partitions:
-        from byteps.core import retire        # the servers free the sizes no longer used
+        from byteps.core.autotune import retire        # the servers free the sizes no longer used
         retire.at_boundary(st)
 
 
@@ -474,7 +474,7 @@ def relayout(st, t, nbytes: int) -> None:
         t.key, t.round = key, tu.saved.pop((t.name, key), 0)
     t.parts = t.cut(p, st.nservers, key)
     if t.spec is not None and t.parts != old:   # compressor state carried per element
-        from byteps.core.engine_comp import recut_pipelines
+        from byteps.core.engine.compression import recut_pipelines
         recut_pipelines(t, old)
 
 

@@ -5,11 +5,11 @@ that disagree all get an error naming them) and returns a :class:`ProcessSet` wh
 the same on every rank.  The global set (id 0, every rank) uses the parameter servers as
 every other collective does.  A smaller set cannot: a server's round waits for every
 worker.  Its operations therefore travel over the worker-to-worker links of
-:mod:`byteps.core.peers` (``BYTEPS_ENABLE_PEERS=1``, the default), as a star around the
+:mod:`byteps.core.algorithms.peers` (``BYTEPS_ENABLE_PEERS=1``, the default), as a star around the
 set's lowest rank (its *leader*):
 
 1. every member sends the leader one metadata row (operation, dtype, shape, root rank,
-   op, splits: the rows :mod:`byteps.core.collectives` exchanges on the global path), then
+   op, splits: the rows :mod:`byteps.core.collective.ops` exchanges on the global path), then
    its data;
 2. the leader checks that the rows agree (else every member gets the same error naming
    both ranks), computes every member's result (a sum, min, max, product or average,
@@ -316,7 +316,7 @@ def _payload(net, r, tag, slot, row, what, frame_bytes=None) -> np.ndarray:
     """The data a member sent, sized from its own metadata row (checked first), or its
     compressed frame of ``frame_bytes`` (a member with other settings sent another size:
     the error names it)."""
-    from byteps.core import collectives as c
+    from byteps.core.collective import ops as c
     if frame_bytes is not None:
         return np.frombuffer(net.recv(r, tag * 4 + 1, slot, KIND, 0, frame_bytes, what),
                              np.uint8).copy()

@@ -14,7 +14,7 @@ import numpy as np
 from byteps import transport
 from byteps.common.errors import BytePSError
 from byteps.common.node import describe, held_tensors
-from byteps.core.engine_comp import comp_flags
+from byteps.core.engine.compression import comp_flags
 from byteps.transport import shm
 from byteps.transport.wire import (DTYPES, MAX_FREE_KEYS, PULL, SHM, Entry, Op, WireError,
                                    decode, encode, new_seq)
