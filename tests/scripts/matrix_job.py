@@ -190,5 +190,7 @@ def main():
     mod.shutdown()
 
 
-DATA = digits()
+X, Y, XT, YT = digits()             # 1500 / 297: re-split 1200 / 597 for a steadier test score
+X, Y = np.concatenate([X, XT]), np.concatenate([Y, YT])
+DATA = (X[:1200], Y[:1200], X[1200:], Y[1200:])
 main()
