@@ -19,7 +19,7 @@ from byteps.core.autotune import retire
 from byteps.core.api import Tensor, tensor_key
 from byteps.server.retire import KeyRetirement
 from byteps.server.store import Slot, apply
-from byteps.transport.wire import MAX_FREE_KEYS, PULL, PUSH, WireError, free_body
+from byteps.transport.wire import MAX_FREE_KEYS, PULL, PUSH, Entry, WireError, free_body
 
 MB = 1 << 20
 ENV = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "2", "DMLC_PS_ROOT_URI": "127.0.0.1",
@@ -133,7 +133,7 @@ def _round(srv, key, ranks, pull=True):
     out = {}
     for r in ranks:
         for p in range(2):
-            apply(srv.slots[(key, p)], [key, p, 0, PUSH | (PULL if pull else 0), 0, 4],
+            apply(srv.slots[(key, p)], Entry(key, p, 0, PUSH | (PULL if pull else 0), 0, 4),
                   np.ones(4, np.float32), r, b"w%d" % r, 2, out)
     return out
 
