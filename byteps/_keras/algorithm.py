@@ -27,11 +27,7 @@ def resolve(algorithm, settings):
     if algorithm is None:
         if not (core.is_initialized() and core.get_config().enable_async):
             return None
-        algorithm = _algorithms.default()
-    if not isinstance(algorithm, _algorithms.Algorithm):
-        raise TypeError(f"algorithm must be a byteps.algorithms.Algorithm (SyncPS, AsyncPS, "
-                        f"AsyncModelAverage, Decentralized or a subclass), got "
-                        f"{type(algorithm).__name__}")
+    algorithm = _algorithms.resolve(algorithm, "DistributedOptimizer")
     if algorithm.plugin_gradients:
         return None
     what = f"{algorithm.describe()} with a Keras optimizer"

@@ -56,10 +56,7 @@ class DistributedTrainer(mx.gluon.Trainer):
                                                                 optimizer_params)
         # a core algorithm other than SyncPS (BYTEPS_ENABLE_ASYNC=1: AsyncPS, every plugin's
         # rule; Decentralized, AsyncModelAverage...; docs/algorithms.md) runs after the step
-        alg = _algorithms.default() if algorithm is None else algorithm
-        if not isinstance(alg, _algorithms.Algorithm):
-            raise TypeError(f"algorithm must be a byteps.algorithms.Algorithm, got "
-                            f"{type(alg).__name__}")
+        alg = _algorithms.resolve(algorithm, "DistributedTrainer")
         if not alg.plugin_gradients and type(alg).reduce_gradients \
                 is not _algorithms.Algorithm.reduce_gradients:
             raise core.BytePSError(f"DistributedTrainer: {alg.describe()} combines gradients "

@@ -35,10 +35,7 @@ class DistributedOptimizer:
         for n, p in self.params.items():
             if not isinstance(p, np.ndarray) or not p.flags.c_contiguous:
                 raise TypeError(f"parameter {n!r}: a C-contiguous numpy array is needed")
-        self.algorithm = algorithm if algorithm is not None else _alg.default()
-        if not isinstance(self.algorithm, _alg.Algorithm):
-            raise TypeError(f"algorithm must be a byteps.algorithms.Algorithm, got "
-                            f"{type(self.algorithm).__name__}")
+        self.algorithm = _alg.resolve(algorithm, "byteps.numpy.DistributedOptimizer")
         self.algorithm.bind(compression_params, backward_passes_per_step,
                             subject="byteps.numpy.DistributedOptimizer")
         self._acc: dict | None = None       # gradients summed over the passes so far

@@ -91,11 +91,7 @@ def _algorithm(algorithm, compression):
     if algorithm is None:
         if not (core.is_initialized() and core.get_config().enable_async):
             return None
-        algorithm = _algorithms.default()
-    if not isinstance(algorithm, _algorithms.Algorithm):
-        raise TypeError(f"DistributedGradientTape: algorithm must be a "
-                        f"byteps.algorithms.Algorithm (SyncPS, AsyncPS, AsyncModelAverage, "
-                        f"Decentralized or a subclass), got {type(algorithm).__name__}")
+    algorithm = _algorithms.resolve(algorithm, "DistributedGradientTape")
     if algorithm.plugin_gradients:
         return None
     bind = getattr(algorithm, "bind", None)

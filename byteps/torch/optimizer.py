@@ -360,12 +360,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
     from byteps.core.collective import ops as _coll
     dist._bps_process_set = _coll._set(process_set)
-    if algorithm is None:            # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
-        algorithm = _algorithms.default()
-    elif not isinstance(algorithm, _algorithms.Algorithm):
-        raise TypeError(f"algorithm must be a byteps.torch.algorithms.Algorithm (SyncPS, "
-                        f"AsyncPS, AsyncModelAverage, Decentralized or a subclass), got "
-                        f"{type(algorithm).__name__}")
+    algorithm = _algorithms.resolve(algorithm)   # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
     if dist._bps_process_set is not None and not algorithm.plugin_gradients:
         from byteps.core import compat
         compat.refuse("process-set-algorithm", f"DistributedOptimizer(process_set="

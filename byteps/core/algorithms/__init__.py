@@ -12,11 +12,24 @@ from byteps.core.algorithms.decentralized import Decentralized, LowPrecisionDece
 from byteps.core.algorithms.model_average import AsyncModelAverage
 
 __all__ = ["Algorithm", "SyncPS", "AsyncPS", "AsyncModelAverage", "Decentralized",
-           "LowPrecisionDecentralized", "average_now", "default"]
+           "LowPrecisionDecentralized", "average_now", "default", "resolve"]
 
 
 def default() -> Algorithm:
     """The algorithm a plugin uses when none is given: AsyncPS with
     ``BYTEPS_ENABLE_ASYNC=1``, else SyncPS."""
-    from byteps.core import api
-    return AsyncPS() if api.get_config().enable_async else SyncPS()
+    from byteps.core import state
+    return AsyncPS() if state.get_config().enable_async else SyncPS()
+
+
+def resolve(algorithm, subject: str = "DistributedOptimizer") -> Algorithm:
+    """The algorithm a plugin runs, decided here for every plugin: ``algorithm`` itself
+    (a TypeError naming ``subject`` when it is not an :class:`Algorithm`), or
+    :func:`default` when None."""
+    if algorithm is None:
+        return default()
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"{subject}: algorithm must be a byteps.algorithms.Algorithm "
+                        f"(SyncPS, AsyncPS, AsyncModelAverage, Decentralized or a subclass), "
+                        f"got {type(algorithm).__name__}")
+    return algorithm
