@@ -185,6 +185,26 @@ def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)   # the 60 steps, once each
 
 
+def test_collectives_first_used_after_a_loss_work_with_a_newcomer(tmp_path):
+    """Checked collectives (broadcast, allgather, broadcast_object) under names the
+    survivors first use with 3 ranks, then with 4 after a newcomer joined (its first use):
+    their agreement sums' layout follows the size, so each size has a key of its own and
+    the newcomer meets the survivors there (was: the newcomer pushed (4, 42) to the key
+    the survivors had declared with (3, 41), a DATA_ERROR ending the job)."""
+    res = _elastic_job(tmp_path, "elastic_late_collectives.py", 30, 10, 15, timeout=100)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3], res.stderr[-3000:]
+    for r in (0, 1, 2):
+        assert out[r]["resets"] == [[10, r, 3], [20, r, 4]], out[r]["resets"]
+        assert [s for s, n in out[r]["late"] if n == 3] == list(range(11, 20))
+    for r in range(4):
+        assert [s for s, n in out[r]["late"] if n == 4] == list(range(20, 30)), out[r]["late"]
+    w = _numpy_reference(30)
+    for r in range(4):
+        np.testing.assert_allclose(np.array(out[r]["w"], np.float32), w, rtol=1e-4, atol=1e-5)
+
+
 def test_torch_digits_worker_killed_at_20_and_added_at_40(tmp_path):
     import subprocess
     ref_dir = tmp_path / "ref"

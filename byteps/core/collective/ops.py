@@ -15,7 +15,9 @@ policy of their own.  What is decided here:
   row per rank (dtype, shape, root rank, op, splits; a fixed-shape sum), so ranks
   that disagree all get the same error naming both ranks instead of waiting forever;
   the data then travels under a name that carries its shape, so a name may be used
-  with another shape on the next call;
+  with another shape on the next call; the metadata sum's name carries its layout too
+  (it follows the job's size), so an elastic job's newcomer and the survivors meet under
+  one key after a re-formation;
 * **async**: every operation has an ``*_async`` form returning a handle for
   :func:`byteps.core.api.synchronize` / :func:`~byteps.core.api.poll`.  Operations of
   more than one exchange run on a thread of their own, so ranks may synchronize
@@ -92,10 +94,15 @@ def _row(kind: str, arr: np.ndarray, root: int = 0, op: int = 0, bad: int = 0,
 
 
 def _meta_start(name: str, row: np.ndarray) -> int:
+    """Start the agreement sum of ``name``: one row per rank, so its layout follows the
+    job's size.  It travels under a name that carries that layout (as the data does):
+    every rank, including one that joined an elastic job later, meets under the same key
+    for the same size, whatever sizes the job had before (a name whose first layout was
+    another size would be a re-declaration on the survivors only, redeclare.py)."""
     st = api._state()
     meta = np.zeros((st.size, row.size), np.int64)
     meta[st.rank] = row
-    return api.push_pull_async(meta, name + ".meta", average=False)
+    return api.push_pull_async(meta, _shape_name(name + ".meta", meta.shape), average=False)
 
 
 def _check(kind: str, name: str, meta: np.ndarray, trailing: bool = True,

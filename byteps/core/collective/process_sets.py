@@ -166,7 +166,9 @@ def _agree(what: str, values: list) -> None:
     row = np.full(n, -1, np.int64)
     row[:len(values)] = values[:n]
     meta[r, 2:] = row
-    got = api.push_pull(meta, f"process_set.{what}", average=False)
+    # the name carries the layout (it follows the size): one key for every rank of an
+    # elastic job, newcomers included (ops._meta_start)
+    got = api.push_pull(meta, f"process_set.{what}.{n}", average=False)
     for k in range(1, n):
         if not np.array_equal(got[k], got[0]):
             show = [int(v) for v in got[k, 2:2 + int(got[k, 0])]]
