@@ -57,8 +57,8 @@ def test_server_reduces_with_the_declared_op(op, ref):
     a, b, c = (np.array(v, np.float32) for v in ([1, 5, -2], [3, 2, -4], [2, 2, 2]))
     out: dict = {}
     for rank, x in enumerate((a, b, c)):
-        store.apply(slot, [1, 0, 0, wire.PUSH | wire.PULL, 0, 3], x.copy(), rank, b"w%d" % rank,
-                    3, out)
+        store.apply(slot, wire.Entry(1, 0, 0, wire.PUSH | wire.PULL, 0, 3), x.copy(), rank,
+                    b"w%d" % rank, 3, out)
     got = out[b"w0"][0][1]
     assert np.array_equal(got, ref(ref(a, b), c))
 
