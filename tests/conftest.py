@@ -63,12 +63,32 @@ def _no_shm_leftovers():
     before = set(os.listdir(shm)) if shm.is_dir() else set()
     yield
     if shm.is_dir():
-        for name in set(os.listdir(shm)) - before:
+        busy = _mapped_shm()          # another session's job still uses them: leave them
+        for name in set(os.listdir(shm)) - before - busy:
             if name.startswith("bps-"):
                 try:
                     (shm / name).unlink()
                 except OSError:
                     pass
+
+
+def _mapped_shm() -> set:
+    """Names of /dev/shm files some live process has mapped or open (a job of another test
+    session running at the same time)."""
+    names = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names.update(line.rsplit("/", 1)[1].strip() for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    names.add(target[len("/dev/shm/"):])
+        except OSError:
+            continue
+    return names
 
 
 @pytest.fixture
