@@ -44,6 +44,8 @@ class Algorithm:
     compression_params: dict | None = None
     #: backward passes accumulated locally per optimizer step (set by :meth:`bind`)
     passes = 1
+    #: ``api.join_count()`` when :meth:`init` ran (joins after it change ``finish``)
+    joins_at_init = 0
 
     def _set_compression(self, compression_params) -> None:
         """The constructor's ``compression_params=`` (validated now, a clear error)."""
@@ -141,12 +143,21 @@ class SyncPS(Algorithm):
         """After :func:`join` (uneven data) the ranks that joined early stopped stepping:
         every rank takes the model of the rank that joined last (it took every step), as
         Horovod's ``join()`` return value is meant for.  Without a join: nothing to do."""
-        last = api.last_joined()
-        if last is not None and api.size() > 1:
-            hs = [api.broadcast_async(p, last, name=f"{self.prefix}final.{n}", out=p)
-                  for n, p in params.items()]
-            for h in hs:
-                api.synchronize(h)
+        adopt_last_joiner(params, f"{self.prefix}final.", since=0)
+
+
+def adopt_last_joiner(params: dict[str, np.ndarray], prefix: str, since: int) -> bool:
+    """Every rank takes the parameters of the rank that joined last, when a :func:`join`
+    completed after ``since`` (``api.join_count()`` at the algorithm's start): ranks that
+    joined early stopped training, the last one took every step.  Returns whether it did
+    (every rank returns the same)."""
+    last = api.last_joined() if api.join_count() > since else None
+    if last is None or api.size() == 1:
+        return False
+    hs = [api.broadcast_async(p, last, name=f"{prefix}{n}", out=p) for n, p in params.items()]
+    for h in hs:
+        api.synchronize(h)
+    return True
 
 
 def average_now(params: dict[str, np.ndarray], prefix: str) -> None:
