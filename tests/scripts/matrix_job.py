@@ -31,13 +31,13 @@ from digits_mlp import grads as mlp_grads
 OUT, PLUGIN, CELLS = sys.argv[1], sys.argv[2], sys.argv[3:]
 COMP = {"none": None, "onebit": {"compressor": "onebit", "ef": "vanilla"},
         "int8": {"compressor": "int8"}}
-STEPS, BATCH, LR = 300, 32, 0.5     # per rank, whatever the number of ranks
+STEPS, BATCH, LR = 300, 32, 0.3     # per rank, whatever the number of ranks
 
 
 def algorithm(bps, name: str):
     a = bps.algorithms
     return {"sync": lambda: a.SyncPS(), "async": lambda: a.AsyncPS(),
-            "average": lambda: a.AsyncModelAverage(sync_interval_ms=20),
+            "average": lambda: a.AsyncModelAverage(sync_interval_ms=0),
             "decentralized": lambda: a.Decentralized(peer_selection="shift_one")}[name]()
 
 
