@@ -11,10 +11,10 @@ pytest.importorskip("mxnet")
 
 @pytest.mark.parametrize("layout", list(matrix.LAYOUTS))
 def test_sampled_cells(layout, tmp_path):
-    matrix.check("mxnet", layout, tmp_path, matrix.sampled(), timeout=300)
+    matrix.check("mxnet", layout, tmp_path, matrix.sampled(), timeout=600)
 
 
-@pytest.mark.slow
+@pytest.mark.matrix_full
 @pytest.mark.parametrize("layout", list(matrix.LAYOUTS))
 def test_whole_matrix(layout, tmp_path):
-    matrix.check("mxnet", layout, tmp_path, matrix.cells())
+    matrix.check("mxnet", layout, tmp_path, matrix.cells(), timeout=1800)
