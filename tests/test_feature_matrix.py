@@ -8,8 +8,9 @@ What CI runs (``make test``, under its 30-minute budget):
   so this is where a combination breaks;
 - for torch and tensorflow (and MXNet in tests/test_mxnet_matrix.py, its own venv), the
   sampled cells (every value of every axis at least once), flat and under local reduction.
-The whole cross product of those plugins carries the ``matrix_full`` mark (about 20 more
-minutes on 2 cores): ``pytest -m matrix_full tests/test_feature_matrix.py``.
+The whole cross product of those plugins carries the ``matrix_full`` mark (5 more minutes
+for torch and tensorflow on 2 cores, 4 for MXNet): ``pytest -m matrix_full
+tests/test_feature_matrix.py``.
 """
 from __future__ import annotations
 
