@@ -6,11 +6,12 @@ What CI runs (``make test``, under its 30-minute budget):
 - the whole cross product (24 cells: 4 algorithms x 3 compressions x 2 joins) for the
   numpy plugin, flat and under local reduction (``slow``): the core decides every stage,
   so this is where a combination breaks;
-- for torch and tensorflow (and MXNet in tests/test_mxnet_matrix.py, its own venv), the
-  sampled cells (every value of every axis at least once), flat and under local reduction.
-The whole cross product of those plugins carries the ``matrix_full`` mark (5 more minutes
-for torch and tensorflow on 2 cores, 4 for MXNet): ``pytest -m matrix_full
-tests/test_feature_matrix.py``.
+- the sampled cells (every value of every axis at least once) for torch and for MXNet
+  (tests/test_mxnet_matrix.py, its own venv), flat; each plugin's own compose tests
+  (tests/test_compose_*.py) cover its adaptation under local reduction.
+The rest carries the ``matrix_full`` mark: the whole cross product and the sampled cells of
+torch, tensorflow and MXNet in both layouts (5 min for torch and tensorflow on 2 cores,
+5 for MXNet): ``pytest -m matrix_full tests/test_feature_matrix.py``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def test_whole_matrix_numpy(layout, tmp_path):
     matrix.check("numpy", layout, tmp_path, matrix.cells())
 
 
+def test_sampled_cells_torch(tmp_path):
+    _need("torch")
+    matrix.check("torch", "flat", tmp_path, matrix.sampled(), timeout=600)
+
+
+@pytest.mark.matrix_full
 @pytest.mark.parametrize("layout", list(matrix.LAYOUTS))
 @pytest.mark.parametrize("plugin", ("torch", "tensorflow"))
 def test_sampled_cells(plugin, layout, tmp_path):

@@ -9,6 +9,11 @@ import matrix
 pytest.importorskip("mxnet")
 
 
+def test_sampled_cells_flat(tmp_path):
+    matrix.check("mxnet", "flat", tmp_path, matrix.sampled(), timeout=600)
+
+
+@pytest.mark.matrix_full
 @pytest.mark.parametrize("layout", list(matrix.LAYOUTS))
 def test_sampled_cells(layout, tmp_path):
     matrix.check("mxnet", layout, tmp_path, matrix.sampled(), timeout=600)
