@@ -25,6 +25,7 @@ connection closed and did not come back, or a job failure the scheduler announce
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -221,7 +222,12 @@ class PeerNet:
             for ev, _, _ in w.poll():
                 self.down[r] = (self.down[r] or now) if ev == "down" else None
         since = self.down.get(rank)
-        if since is not None and now - since > down_grace(self.cfg):
+        grace = down_grace(self.cfg)
+        if os.environ.get("BYTEPS_MIN_WORKERS"):
+            # elastic: the scheduler notices the same closed connection and re-forms the
+            # group; its interruption (fatal()) must win the race against this error
+            grace += self.cfg.heartbeat_timeout
+        if since is not None and now - since > grace:
             raise BytePSError(
                 f"worker rank {self.rank}: {what}: peer {self.describe(rank)} is unreachable: "
                 f"its connection closed {now - since:.1f} s ago and did not come back (did "
