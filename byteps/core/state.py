@@ -81,7 +81,6 @@ class State:
         self.peers = None        # byteps.core.algorithms.peers.PeerNet (decentralized algorithms)
         self.join_hooks: list = []    # (before, after) of stages that quiesce around join()
         self.last_joined: int | None = None   # what the last join() returned
-        self.joins = 0                # join()s completed since init()
 
 
 _State = State            # the name older code uses

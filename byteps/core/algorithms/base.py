@@ -44,8 +44,6 @@ class Algorithm:
     compression_params: dict | None = None
     #: backward passes accumulated locally per optimizer step (set by :meth:`bind`)
     passes = 1
-    #: ``api.join_count()`` when :meth:`init` ran (joins after it change ``finish``)
-    joins_at_init = 0
 
     def _set_compression(self, compression_params) -> None:
         """The constructor's ``compression_params=`` (validated now, a clear error)."""
@@ -143,15 +141,14 @@ class SyncPS(Algorithm):
         """After :func:`join` (uneven data) the ranks that joined early stopped stepping:
         every rank takes the model of the rank that joined last (it took every step), as
         Horovod's ``join()`` return value is meant for.  Without a join: nothing to do."""
-        adopt_last_joiner(params, f"{self.prefix}final.", since=0)
+        adopt_last_joiner(params, f"{self.prefix}final.")
 
 
-def adopt_last_joiner(params: dict[str, np.ndarray], prefix: str, since: int) -> bool:
+def adopt_last_joiner(params: dict[str, np.ndarray], prefix: str) -> bool:
     """Every rank takes the parameters of the rank that joined last, when a :func:`join`
-    completed after ``since`` (``api.join_count()`` at the algorithm's start): ranks that
-    joined early stopped training, the last one took every step.  Returns whether it did
-    (every rank returns the same)."""
-    last = api.last_joined() if api.join_count() > since else None
+    completed since init(): ranks that joined early stopped training, the last one took
+    every step.  Returns whether it did (every rank returns the same)."""
+    last = api.last_joined()
     if last is None or api.size() == 1:
         return False
     hs = [api.broadcast_async(p, last, name=f"{prefix}{n}", out=p) for n, p in params.items()]

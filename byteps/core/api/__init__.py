@@ -193,7 +193,6 @@ def join(device: int = -1) -> int:
             st.tuner.saved.clear()            # (also those of keys autotune left behind)
         st.barrier_n = itertools.count()
         st.last_joined = last
-        st.joins += 1
     for _, after in list(st.join_hooks):
         after()
     return last
@@ -212,12 +211,6 @@ def remove_join_hook(before, after) -> None:
     st = _st.current()
     if st is not None and (before, after) in st.join_hooks:
         st.join_hooks.remove((before, after))
-
-
-def join_count() -> int:
-    """How many :func:`join` s this process completed since :func:`init` (the same on every
-    rank): an algorithm compares it with the count at its start."""
-    return _state().joins
 
 
 def last_joined() -> int | None:
