@@ -31,7 +31,7 @@ from digits_mlp import grads as mlp_grads
 OUT, PLUGIN, CELLS = sys.argv[1], sys.argv[2], sys.argv[3:]
 COMP = {"none": None, "onebit": {"compressor": "onebit", "ef": "vanilla"},
         "int8": {"compressor": "int8"}}
-STEPS, BATCH, LR = 300, 32, 0.3     # per rank, whatever the number of ranks
+STEPS, BATCH, LR = 600, 32, 0.3    # per rank, whatever the number of ranks
 
 
 def algorithm(bps, name: str):
