@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,11 +23,42 @@ K8S_VERSIONS = ("1.30.0", "1.37.0")      # schemas shipped by kubernetes-validat
 
 
 def generate(*args: str) -> list[dict]:
-    res = subprocess.run([sys.executable, "-m", "byteps.launcher", "k8s", *args],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT,
+    """The manifests bpslaunch k8s prints, after the Secret it wrote to its own file (run
+    in a fresh folder: the secret file's default place)."""
+    with tempfile.TemporaryDirectory() as here:
+        res = subprocess.run([sys.executable, "-m", "byteps.launcher", "k8s", *args],
+                             capture_output=True, text=True, timeout=60, cwd=here,
+                             env=job_env(), check=False)
+        assert res.returncode == 0, res.stderr
+        files = sorted(Path(here).glob("*-secret.yaml"))
+        secret = [d for f in files for d in yaml.safe_load_all(f.read_text()) if d]
+    return secret + [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+def test_the_generated_secret_never_reaches_stdout(tmp_path):
+    """The secret goes to a file of mode 0600 (said on stderr); stdout only refers to the
+    Secret by name; an existing file is kept, so the job's secret stays the same."""
+    args = [sys.executable, "-m", "byteps.launcher", "k8s", "--workers", "1", "--servers",
+            "1", "--image", "i", "--name", "job-s", "--", "python", "t.py"]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env=job_env(), check=False)
     assert res.returncode == 0, res.stderr
-    return [d for d in yaml.safe_load_all(res.stdout) if d]
+    path = tmp_path / "job-s-secret.yaml"
+    assert (path.stat().st_mode & 0o777) == 0o600
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    value = doc["stringData"]["BYTEPS_JOB_SECRET"]
+    assert doc["kind"] == "Secret" and len(value) == 64
+    assert value not in res.stdout and "kind: Secret" not in res.stdout
+    assert str(path) in res.stderr and "kubectl apply -f job-s-secret.yaml" in res.stderr
+    again = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                           env=job_env(), check=False)
+    assert again.returncode == 0 and "kept the existing" in again.stderr
+    assert value in path.read_text()
+    other = subprocess.run(args[:-3] + ["--secret-file", str(tmp_path / "no" / "s.yaml"),
+                                        "--", "python", "t.py"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                           env=job_env(), check=False)
+    assert other.returncode == 2 and "cannot write the job secret" in other.stderr
 
 
 def test_yaml_emitter_round_trips():

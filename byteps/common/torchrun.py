@@ -6,6 +6,13 @@ with the values BytePS itself assigns: the scheduler orders worker hosts by
 ``DMLC_WORKER_ID`` and then local rank, so with L workers per host
 ``RANK = DMLC_WORKER_ID * L + BYTEPS_LOCAL_RANK``.
 
+bpslaunch also gives every worker ``MASTER_ADDR`` and ``MASTER_PORT``: the job's first
+worker host and a port that was free there when the job started, as torchrun's
+rendezvous would, so that ``torch.distributed.init_process_group("gloo")`` (with the
+default ``env://``), a default ``DistributedSampler``, Accelerate and Lightning work
+inside a byteps job (``MASTER_ADDR``/``MASTER_PORT`` set by the user win; with one
+bpslaunch per machine, where the first worker host is not known, only those).
+
 A script started by ``torchrun`` (``WORLD_SIZE`` > 1) without any BytePS
 configuration would run as WORLD_SIZE separate single-process jobs: ``init()``
 warns about it once (``warn_if_torchrun_without_byteps``).
@@ -16,6 +23,7 @@ import warnings
 from collections.abc import Mapping
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+MASTER = ("MASTER_ADDR", "MASTER_PORT")     # torch.distributed's env:// rendezvous
 _WARNED = False
 
 
@@ -33,10 +41,14 @@ def torchrun_env(host: int | None, local_rank: int, local_size: int,
 
 
 def apply(env: dict, host: int | None, local_rank: int, local_size: int,
-          num_hosts: int | None) -> dict:
-    """``env`` with the torchrun variables of one worker (stale global ones removed)."""
+          num_hosts: int | None, master: tuple[str, int] | None = None) -> dict:
+    """``env`` with the torchrun variables of one worker (stale global ones removed), and
+    ``MASTER_ADDR``/``MASTER_PORT`` from ``master`` (address, port) unless ``env`` sets
+    both."""
     out = {k: v for k, v in env.items() if k not in NAMES}
     out.update(torchrun_env(host, local_rank, local_size, num_hosts))
+    if master is not None and not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
+        out.update(MASTER_ADDR=str(master[0]), MASTER_PORT=str(master[1]))
     return out
 
 

@@ -5,7 +5,9 @@
 
 The manifests (all labelled ``byteps.io/job: NAME``):
 
-* a Secret holding ``BYTEPS_JOB_SECRET`` (generated; ``--secret-name`` uses one you made);
+* a Secret holding ``BYTEPS_JOB_SECRET``: generated into its own file, never onto
+  standard output (``--secret-file``, default ``NAME-secret.yaml``, mode 0600; apply it
+  first), or one you made (``--secret-name``); the manifests only refer to it;
 * a headless Service ``NAME-scheduler`` (its name resolves to the scheduler pod's own
   address, so every ZeroMQ connection goes pod to pod) and the scheduler Pod;
 * an indexed Job of ``--servers`` server pods and one of ``--workers`` worker pods;
@@ -32,6 +34,7 @@ the training (exit 0) the Job starts no more pods.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import secrets
 import shlex
@@ -78,6 +81,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--secret-name", default=None,
                     help=f"use this existing Secret (key {SECRET_KEY}) instead of "
                          f"generating one")
+    ap.add_argument("--secret-file", default=None, metavar="PATH",
+                    help="where the generated Secret manifest goes (mode 0600; kept if it "
+                         "exists; default NAME-secret.yaml here): the secret is never "
+                         "printed with the other manifests")
     ap.add_argument("--workdir", default=None, help="working directory of every container")
     ap.add_argument("--env", "-x", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment variable of every pod (repeatable)")
@@ -186,12 +193,29 @@ def _elastic_job(o, spec: dict) -> dict:
                                   "spec": spec}}}
 
 
+def secret_manifest(o) -> dict:
+    """The Secret of a fresh job secret (written to ``--secret-file``, never printed)."""
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(o, o.secret_name),
+            "type": "Opaque", "stringData": {SECRET_KEY: secrets.token_hex(32)}}
+
+
+def write_secret(o) -> bool:
+    """Write the generated Secret to ``o.secret_file`` (created with mode 0600); an
+    existing file is kept (the job's secret stays the same).  Returns whether it wrote."""
+    try:
+        fd = os.open(o.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(f"# the job secret of bpslaunch k8s --name {o.name}: keep this file private\n")
+        f.write(dump_all([secret_manifest(o)]))
+    return True
+
+
 def manifests(o) -> list[dict]:
-    """The job's objects, in the order to apply them."""
+    """The job's objects, in the order to apply them, after the Secret (``write_secret``;
+    the manifests only refer to it by name)."""
     docs = []
-    if o.generate_secret:
-        docs.append({"apiVersion": "v1", "kind": "Secret", "metadata": _meta(o, o.secret_name),
-                     "type": "Opaque", "stringData": {SECRET_KEY: secrets.token_hex(32)}})
     if o.network_policy:
         sel = {"matchLabels": {JOB_LABEL: o.name}}
         docs.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -239,7 +263,11 @@ def options(argv: list[str]) -> argparse.Namespace:
     o.local_size = o.gpus_per_worker or o.procs_per_worker
     o.shm_size = o.shm_size or f"{o.local_size + 1}Gi"
     o.generate_secret = o.secret_name is None
+    if o.secret_file and not o.generate_secret:
+        ap.error("--secret-file is where a generated secret goes; --secret-name uses an "
+                 "existing Secret: give one of them")
     o.secret_name = o.secret_name or f"{o.name}-secret"
+    o.secret_file = o.secret_file or f"{o.name}-secret.yaml"
     o.network_policy = not o.no_network_policy
     o.extra_env = []
     for item in o.env:
@@ -282,7 +310,23 @@ def _check_elastic(o, ap) -> None:
 def main(argv: list[str]) -> int:
     """Print the manifests; the command line they came from goes into a comment."""
     o = options(argv)
-    sys.stdout.write(f"# bpslaunch k8s {shlex.join(argv)}\n"
+    secret = ""
+    if o.generate_secret:
+        try:
+            wrote = write_secret(o)
+        except OSError as exc:
+            print(f"bpslaunch k8s: cannot write the job secret to {o.secret_file}: "
+                  f"{exc.strerror or exc} (--secret-file PATH elsewhere, or --secret-name "
+                  f"an existing Secret)", file=sys.stderr)
+            return 2
+        where = os.path.abspath(o.secret_file)
+        print(f"bpslaunch k8s: {'wrote' if wrote else 'kept the existing'} Secret "
+              f"{o.secret_name} (the job secret) in {where}"
+              f"{' (mode 0600)' if wrote else ''}; apply it first: kubectl apply -f "
+              f"{shlex.quote(o.secret_file)}", file=sys.stderr)
+        secret = (f"# Secret {o.secret_name}: not printed here; apply it first: "
+                  f"kubectl apply -f {shlex.quote(o.secret_file)}\n")
+    sys.stdout.write(f"# bpslaunch k8s {shlex.join(argv)}\n{secret}"
                      f"# apply: kubectl apply -f FILE; remove: kubectl delete -f FILE\n")
     sys.stdout.write(dump_all(manifests(o)))
     return 0
