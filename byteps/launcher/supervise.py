@@ -17,6 +17,7 @@ import time
 
 from byteps.common import variables
 from byteps.common.node import PEER_FAILED_EXIT
+from byteps.launcher import signals
 
 # After the first process ended because of a failure elsewhere, wait this long for the
 # process that failed for its own reason (still tearing down) before ending the job.
@@ -78,11 +79,19 @@ def _child_setup(cpus: list[int] | None):
     return setup
 
 
-def _pump(pipe, out, prefix: bytes, log=None) -> None:
-    """Copy a child's output line by line to ``out``, each line behind ``prefix``; also
-    to the binary file ``log`` without the prefix (bpslaunch -H --log-dir)."""
+LINE_LIMIT = 1 << 20     # a longer line goes out in pieces of this size, each a line
+
+
+def _pump(pipe, out, prefix: bytes, log=None, take=None) -> None:
+    """Copy a child's output to ``out`` one whole line at a time, each behind ``prefix``
+    (``b""``: untagged), under the one output lock: lines of several children never
+    interleave mid-line, whatever ``out`` is (a terminal, a pipe, a file), however the
+    child writes them.  Also to the binary file ``log`` without the prefix (bpslaunch -H
+    --log-dir).  ``take(line)`` returning True keeps a line for bpslaunch itself."""
     try:
-        for line in iter(pipe.readline, b""):
+        for line in iter(lambda: pipe.readline(LINE_LIMIT), b""):
+            if take is not None and take(line):
+                continue
             if not line.endswith(b"\n"):
                 line += b"\n"
             with _OUT_LOCK:
@@ -179,28 +188,23 @@ class Job:
         self.interrupted: float | None = None      # when SIGINT was forwarded to the workers
         self.on_tick = None        # called from the supervision loop (the live view)
         self.survived: list[Proc] = []     # a dead server the job outlived (replication)
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        self.signalled: int | None = None     # the first SIGINT/SIGTERM bpslaunch received
+        self.finished = False       # the last line was said: signals end it quietly
+        # the handler only records; the escalation thread acts (launcher/signals.py)
+        signals.install(self)
 
-    def _on_signal(self, signum, _frame) -> None:
-        if signum == signal.SIGINT and self.workers is not None and self.interrupted is None:
-            # like a terminal's Ctrl-C under torchrun: the workers' `except KeyboardInterrupt`
-            # and `finally:` run; supervise() escalates after the grace period
-            self.interrupted = time.monotonic()
-            alive = [w for w in self.workers if w.p.poll() is None]
-            say(f"received SIGINT; sent SIGINT to {len(alive)} worker(s); SIGTERM in "
-                f"{GRACE_PERIOD_S:g} s (--grace-period), then SIGKILL (SIGINT again: now)")
-            for w in alive:
-                w.kill(signal.SIGINT)
-            return
-        say(f"received {signal.Signals(signum).name}; ending the job")
-        self.terminate()
-        sys.exit(128 + signum)
+    def kill_all(self, sig: int) -> None:
+        """Send ``sig`` to every process of the job still running (any thread)."""
+        for p in list(self.procs):
+            if p.p.poll() is None:
+                p.kill(sig)
 
     def start(self, what: str, argv: list[str], env: dict, critical: bool = True,
               cpus: list[int] | None = None, tag: str | None = None) -> Proc:
         p = Proc(what, argv, env, critical, cpus, tag)
         self.procs.append(p)
+        if signals.level() >= 2:        # the job is ending: a late start ends with it
+            p.kill(signal.SIGTERM if signals.level() == 2 else signal.SIGKILL)
         return p
 
     def terminate(self, grace: float = TERM_GRACE_S) -> None:
@@ -271,19 +275,23 @@ class Job:
                     f"BYTEPS_SERVER_REPLICAS=1: its backup server takes over, the job goes on")
 
     def _interrupt(self, workers: list[Proc]) -> int:
-        """After SIGINT: wait up to the grace period for the workers, then end everything."""
-        while time.monotonic() - self.interrupted < GRACE_PERIOD_S and \
-                any(w.p.poll() is None for w in workers):
-            time.sleep(0.05)
-        late = [w for w in workers if w.p.poll() is None]
-        if late:
-            say(f"{len(late)} worker(s) still running after the {GRACE_PERIOD_S:g} s grace "
-                f"period: SIGTERM, then SIGKILL after {TERM_GRACE_S:g} s")
+        """After SIGINT or SIGTERM: the escalation thread signals the workers (SIGINT, then
+        SIGTERM after the grace period, then SIGKILL); wait for them, then end the rest."""
+        _wait_until(lambda: all(w.p.poll() is not None for w in workers),
+                    GRACE_PERIOD_S + 2 * TERM_GRACE_S + 5)
         self.terminate()
-        self.last_words = (f"job interrupted (SIGINT): {len(workers) - len(late)} of "
-                           f"{len(workers)} worker(s) ended within the grace period"
-                           + (f", {len(late)} terminated" if late else ""))
-        return 128 + signal.SIGINT
+        signum = self.signalled or signal.SIGINT
+        name = signal.Signals(signum).name
+        late = signals.late_workers()
+        if signum == signal.SIGINT and signals.level() <= 2:
+            self.last_words = (f"job interrupted (SIGINT): {len(workers) - late} of "
+                               f"{len(workers)} worker(s) ended within the grace period"
+                               + (f", {late} terminated" if late else ""))
+        else:
+            self.last_words = (f"job ended by {name}: every process of the job was "
+                               + ("killed (SIGKILL)" if signals.level() >= 3 else
+                                  "terminated"))
+        return 128 + signum
 
     def _finish(self, services: list[Proc]) -> int:
         deadline = time.monotonic() + 15
@@ -326,6 +334,7 @@ class Job:
 
     def say_last(self) -> None:
         """Print the root-cause line (if the job failed) as bpslaunch's last line."""
+        self.finished = True
         if self.last_words:
             say(self.last_words)
             self.last_words = None
