@@ -38,6 +38,7 @@ log = logging.getLogger("byteps.scheduler")
 
 class Scheduler:
     """Holds ``departures`` (barriers, join(), leaving), ``elastic`` and ``failover``."""
+    view = None     # byteps.dashboard's JobView (metrics.serve_scheduler): reports, stalls
 
     def __init__(self, cfg: Config):
         require_secret(cfg, "scheduler")
@@ -184,6 +185,8 @@ class Scheduler:
             self.fds[fd] = ident
         node["last_seen"] = time.monotonic()
         node.pop("down_since", None)
+        if self.view is not None:      # the dashboard and the hang doctor (byteps/dashboard)
+            self.view.note(ident, node, hdr)
         if hdr.op == Op.HEARTBEAT:
             self.send(ident, Op.HEARTBEAT_ACK, {})
         elif hdr.op == Op.BARRIER:
@@ -367,8 +370,12 @@ class Scheduler:
     def node_exit(self, ident: bytes, node: dict, body: dict) -> None:
         self.exited.add(ident)
         if body.get("ok") is not True:
-            self.fail(f"{describe(node)} exited with an error: {body.get('reason', 'unknown')}",
-                      dead=node)
+            reason = str(body.get("reason", "unknown"))
+            if reason.startswith("KeyboardInterrupt"):      # Ctrl-C: an interruption, no error
+                self.fail(f"{describe(node)} was interrupted (KeyboardInterrupt)", dead=node,
+                          quiet=True)
+                return
+            self.fail(f"{describe(node)} exited with an error: {reason}", dead=node)
             return
         if ident in self.workers and self.formed:
             self.departures.worker_gone(ident, node, "exited (code 0)", self.workers,
@@ -378,7 +385,8 @@ class Scheduler:
             self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers finished"})
             self.exit_code = 0
 
-    def fail(self, reason: str, dead: dict | None = None, linger: bool = False) -> None:
+    def fail(self, reason: str, dead: dict | None = None, linger: bool = False,
+             quiet: bool = False) -> None:
         """End the job: tell every node.  Before formation (``linger``), stay up to
         BYTEPS_STARTUP_TIMEOUT so that nodes still starting fail fast with the reason too."""
         if self.linger_reason is not None:
@@ -387,8 +395,8 @@ class Scheduler:
             return
         if dead is not None and self.elastic is not None and self.elastic.on_lost(dead, reason):
             return                     # the group re-forms without it (membership.py)
-        log.error("ending the job: %s", reason)
-        body = {"ok": False, "reason": reason}
+        (log.info if quiet else log.error)("ending the job: %s", reason)
+        body = {"ok": False, "reason": reason, **({"interrupted": True} if quiet else {})}
         if dead:
             body.update(dead={k: dead.get(k) for k in ("role", "rank", "host", "host_id", "pid",
                                                       "node_id", "address")})
