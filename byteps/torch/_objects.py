@@ -15,12 +15,13 @@ import math
 import msgpack
 import numpy as np
 
+from byteps.core.collective import codec as _codec
+
 EXT_TUPLE, EXT_NDARRAY, EXT_TENSOR, EXT_NPSCALAR, EXT_SLOT = 1, 2, 3, 4, 5
 _NP_KINDS = "biufc"
 _TORCH_DTYPES = ("float16", "float32", "float64", "bfloat16", "int8", "int16", "int32",
                  "int64", "uint8", "bool", "complex64", "complex128")
-SUPPORTED = ("None, bool, int, float, str, bytes, list, tuple, dict, numpy arrays/scalars "
-             "of numeric dtype and torch tensors")
+SUPPORTED = _codec.SUPPORTED + " and torch tensors"
 
 
 class Slot:
@@ -38,7 +39,7 @@ def _pack(obj) -> bytes:
 def _unsupported(path: str, obj, why: str = "") -> TypeError:
     return TypeError(f"broadcast_object: cannot send {path} of type "
                      f"{type(obj).__module__}.{type(obj).__qualname__}{why}; supported: "
-                     f"{SUPPORTED} (nested freely; pickle is never used)")
+                     f"{SUPPORTED}, nested freely; {_codec.FIX}")
 
 
 def to_wire(obj, path: str = "obj", slots: list | None = None, min_slot_numel: int = 0):
@@ -87,6 +88,9 @@ def to_wire(obj, path: str = "obj", slots: list | None = None, min_slot_numel: i
         return msgpack.ExtType(EXT_NPSCALAR, _pack([obj.dtype.str, obj.tobytes()]))
     if _is_tensor(obj):
         return _tensor_to_wire(obj, path, slots, min_slot_numel)
+    ext = _codec.struct_to_wire(obj, path, lambda v, p: to_wire(v, p, slots, min_slot_numel))
+    if ext is not None:           # argparse.Namespace, dataclasses: the core's records
+        return ext
     raise _unsupported(path, obj)
 
 
@@ -172,7 +176,11 @@ def _make_hook(allow_slots: bool):
             if type(index) is not int or index < 0 or dname not in _TORCH_DTYPES:
                 raise ValueError("bad tensor slot")
             return Slot(index, dname, _shape(shape))
-        raise ValueError(f"unknown extension type {code}")
+        got = _codec.struct_from_wire(code, data, lambda d: msgpack.unpackb(
+            d, ext_hook=hook, raw=False, strict_map_key=False))
+        if got is _codec.NOT_MINE:
+            raise ValueError(f"unknown extension type {code}")
+        return got
     return hook
 
 

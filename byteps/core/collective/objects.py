@@ -1,12 +1,13 @@
 """Horovod's ``broadcast_object`` and ``allgather_object`` on plain Python values, for every
 plugin (framework-free).
 
-Values travel as msgpack (the core's codec, :func:`byteps.core.elastic.state.encode`:
-None, bools, numbers, strings, bytes, lists, dicts, numpy arrays), never pickle, over the
-checked collectives of :mod:`byteps.core.collective.ops`: a broadcast first agrees on the
-root rank and the length, an allgather on every rank's length.  Tuples arrive as lists.
-A plugin whose objects hold its own tensors passes its ``codec`` (``(encode, decode)``,
-e.g. :data:`byteps.torch._objects.CODEC`); the transport and its rules stay these.
+Values travel as msgpack (the core's codec, :mod:`byteps.core.collective.codec`: plain
+values, lists, tuples, dicts, numpy arrays and scalars, ``argparse.Namespace`` and
+dataclasses), never pickle, over the checked collectives of
+:mod:`byteps.core.collective.ops`: a broadcast first agrees on the root rank and the
+length, an allgather on every rank's length.  A plugin whose objects hold its own tensors
+passes its ``codec`` (``(encode, decode)``, e.g. :data:`byteps.torch._objects.CODEC`); the
+transport and its rules stay these.
 """
 from __future__ import annotations
 
@@ -14,20 +15,19 @@ import numpy as np
 
 from byteps.core import api
 from byteps.core.collective import ops as coll
-from byteps.core.elastic.state import decode, encode
+from byteps.core.collective.codec import CODEC as _CODEC
+from byteps.core.collective.codec import SUPPORTED
 
 __all__ = ["allgather_object", "broadcast_object"]
 
-
-_CODEC = (encode, decode)
 
 
 def _decode(raw: bytes, what: str, rank: int, codec=_CODEC):
     try:
         return codec[1](raw)
     except ValueError as exc:
-        raise api.BytePSError(f"{what} on rank {api.rank()}: the data from rank {rank} is "
-                              f"malformed: {exc}") from None
+        raise api.BytePSError(f"{what} on rank {api.rank()}: cannot decode the object from "
+                              f"rank {rank}: {exc}") from None
 
 
 def _encode(obj, codec=_CODEC):
@@ -41,9 +41,10 @@ def _encode(obj, codec=_CODEC):
 
 def _failed(what: str, rank: int, err):
     if err is not None and api.rank() == rank:
-        raise TypeError(f"{what}: cannot send the object of rank {rank}: {err}") from err
-    return api.BytePSError(f"{what}: rank {rank} could not encode its object (msgpack: "
-                           f"None, bool, numbers, str, bytes, lists, dicts, numpy arrays)")
+        text = str(err).removeprefix("broadcast_object: ")
+        raise TypeError(f"{what} on rank {rank}: {text}") from err
+    return api.BytePSError(f"{what}: rank {rank} could not encode its object (supported: "
+                           f"{SUPPORTED}, and the plugin's tensors)")
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, codec=_CODEC, **kw):

@@ -1,0 +1,238 @@
+"""The object codec of ``broadcast_object`` / ``allgather_object``: plain data as msgpack,
+never pickle, validated field by field on decode.
+
+Sent as they are: None, bool, int (64-bit), float, str, bytes, and nested ``list``,
+``tuple`` (kept a tuple) and ``dict`` of them; numpy arrays and scalars of numeric dtypes;
+``argparse.Namespace`` (Horovod scripts broadcast ``args``) and dataclass instances.  A
+plugin adds its own tensors (``byteps.torch._objects`` for torch tensors) and uses
+:func:`struct_to_wire` / :func:`struct_from_wire` for the two structured kinds.
+
+A dataclass travels as its module, qualified name and fields.  The receiver never imports
+anything: the class must already be defined in its process (the same script, or imported
+before the call); it is looked up in ``sys.modules``, must be a dataclass whose fields are
+exactly the record's, and the instance is rebuilt by setting those fields (no
+``__init__``/``__post_init__`` runs, as with a copy).  Anything else raises a
+``TypeError`` naming where it sits (``obj['opt'].lr``), its type and the fix.
+
+Extension codes 1, 2 and 4 (tuple, array, numpy scalar) are shared with the torch plugin's
+codec, which owns 3 and 5 (tensor, tensor slot); 6 and 7 are Namespace and dataclass.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+
+import msgpack
+import numpy as np
+
+__all__ = ["CODEC", "SUPPORTED", "decode", "encode", "struct_from_wire", "struct_to_wire",
+           "unsupported"]
+
+EXT_TUPLE, EXT_NDARRAY, EXT_NPSCALAR, EXT_NAMESPACE, EXT_DATACLASS = 1, 2, 4, 6, 7
+NOT_MINE = object()          # struct_from_wire: the code is not a Namespace or dataclass
+_NP_KINDS = "biufc"
+SUPPORTED = ("None, bool, int, float, str, bytes, list, tuple, dict, numpy arrays/scalars of "
+             "numeric dtype, argparse.Namespace and dataclass instances")
+FIX = ("convert it first (e.g. vars(obj), dataclasses.asdict(obj), a dict of its fields, "
+       "array.tolist()); pickle is never used")
+
+
+def unsupported(path: str, obj, why: str = "", supported: str = SUPPORTED) -> TypeError:
+    """The error for a value that cannot be sent: where it is, its type, what can be sent."""
+    return TypeError(f"cannot send {path} of type "
+                     f"{type(obj).__module__}.{type(obj).__qualname__}{why}; supported: "
+                     f"{supported}, nested freely; {FIX}")
+
+
+def pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, strict_types=True)
+
+
+# --------------------------------------------------------------------------- encoding
+def struct_to_wire(obj, path: str, recurse):
+    """The record of an ``argparse.Namespace`` or dataclass instance (its values converted by
+    ``recurse(value, path)``), or None when ``obj`` is neither."""
+    if isinstance(obj, argparse.Namespace):
+        fields = vars(obj)
+        return msgpack.ExtType(EXT_NAMESPACE, pack(
+            {str(k): recurse(v, f"{path}.{k}") for k, v in fields.items()}))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        if "<locals>" in cls.__qualname__:
+            raise unsupported(path, obj, " (a dataclass defined inside a function cannot be "
+                              "found by the other ranks: define it at module level, or send "
+                              "dataclasses.asdict(obj))")
+        fields = {f.name: recurse(getattr(obj, f.name), f"{path}.{f.name}")
+                  for f in dataclasses.fields(obj)}
+        return msgpack.ExtType(EXT_DATACLASS, pack([cls.__module__, cls.__qualname__,
+                                                    fields]))
+    return None
+
+
+def to_wire(obj, path: str = "obj"):
+    """``obj`` as msgpack-ready values (see the module docstring); TypeError naming the part
+    that cannot be sent."""
+    if obj is None or type(obj) in (bool, float, str, bytes):
+        return obj
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        if not -(1 << 63) <= obj < (1 << 64):
+            raise unsupported(path, obj, f" (value {obj} does not fit in 64 bits)")
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, (bytearray, memoryview)):
+        return bytes(obj)
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if isinstance(k, (list, dict, np.ndarray)):
+                raise unsupported(f"a key of {path}", k, " (dict keys must be scalars, "
+                                  "strings or tuples)")
+            out[to_wire(k, f"a key of {path}")] = to_wire(v, f"{path}[{k!r}]")
+        return out
+    if isinstance(obj, list):
+        return [to_wire(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(EXT_TUPLE, pack([to_wire(v, f"{path}[{i}]")
+                                                for i, v in enumerate(obj)]))
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in _NP_KINDS:
+            raise unsupported(path, obj, f" (dtype {obj.dtype}; numeric dtypes only)")
+        arr = np.ascontiguousarray(obj)
+        return msgpack.ExtType(EXT_NDARRAY, pack([arr.dtype.str, list(arr.shape),
+                                                  arr.tobytes()]))
+    if isinstance(obj, np.generic):
+        if obj.dtype.kind not in _NP_KINDS:
+            raise unsupported(path, obj, f" (dtype {obj.dtype}; numeric dtypes only)")
+        return msgpack.ExtType(EXT_NPSCALAR, pack([obj.dtype.str, obj.tobytes()]))
+    ext = struct_to_wire(obj, path, to_wire)
+    if ext is not None:
+        return ext
+    why = " (a framework tensor: use that framework's plugin, e.g. byteps.torch)" \
+        if type(obj).__module__.split(".")[0] in ("torch", "tensorflow", "mxnet") else ""
+    raise unsupported(path, obj, why)
+
+
+def encode(obj) -> bytes:
+    """msgpack bytes of ``obj``; TypeError naming the part that cannot be sent."""
+    return pack(to_wire(obj))
+
+
+# --------------------------------------------------------------------------- decoding
+def shape(v) -> tuple:
+    if not isinstance(v, list) or len(v) > 64 or \
+            not all(type(d) is int and 0 <= d < 1 << 40 for d in v):
+        raise ValueError(f"bad shape {v!r}")
+    return tuple(v)
+
+
+def np_dtype(s) -> np.dtype:
+    if not isinstance(s, str) or len(s) > 8:
+        raise ValueError(f"bad dtype {s!r}")
+    try:
+        dt = np.dtype(s)
+    except TypeError as exc:
+        raise ValueError(f"bad dtype {s!r}") from exc
+    if dt.kind not in _NP_KINDS:
+        raise ValueError(f"dtype {s!r} is not allowed")
+    return dt
+
+
+def _ident(s, what: str) -> str:
+    if not isinstance(s, str) or not 0 < len(s) <= 512 or \
+            not all(p.isidentifier() for p in s.split(".")):
+        raise ValueError(f"bad {what} {s!r}")
+    return s
+
+
+def _dataclass(module: str, qualname: str):
+    """The dataclass ``module.qualname`` already loaded in this process (nothing is imported;
+    only dictionaries are read, so no attribute hook runs)."""
+    cur = sys.modules.get(module)
+    for part in qualname.split(".") if cur is not None else ():
+        cur = vars(cur).get(part) if hasattr(cur, "__dict__") else None
+        if cur is None:
+            break
+    if cur is None or not isinstance(cur, type) or not dataclasses.is_dataclass(cur):
+        raise ValueError(f"dataclass {module}.{qualname} is not defined in this process: "
+                         f"define or import it before the call on every rank (classes are "
+                         f"never imported from what arrives), or send dataclasses.asdict(obj)")
+    return cur
+
+
+def struct_from_wire(code: int, data: bytes, unpack):
+    """The Namespace or dataclass instance of a record (``unpack(data)`` decodes its payload
+    with the caller's extension hook), or :data:`NOT_MINE` for another code."""
+    if code == EXT_NAMESPACE:
+        v = unpack(data)
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise ValueError("bad Namespace record")
+        return argparse.Namespace(**v)
+    if code == EXT_DATACLASS:
+        v = unpack(data)
+        if not isinstance(v, list) or len(v) != 3 or not isinstance(v[2], dict):
+            raise ValueError("bad dataclass record")
+        module, qualname = _ident(v[0], "module"), _ident(v[1], "class name")
+        cls = _dataclass(module, qualname)
+        names = [f.name for f in dataclasses.fields(cls)]
+        if set(v[2]) != set(names):
+            raise ValueError(f"dataclass {module}.{qualname} has fields {names} here but the "
+                             f"sender's has {sorted(map(str, v[2]))}: run the same code on "
+                             f"every rank")
+        obj = object.__new__(cls)
+        for k in names:
+            object.__setattr__(obj, k, v[2][k])
+        return obj
+    return NOT_MINE
+
+
+def _hook(code: int, data: bytes):
+    if code == EXT_TUPLE:
+        v = _unpack(data)
+        if not isinstance(v, list):
+            raise ValueError("bad tuple record")
+        return tuple(v)
+    if code == EXT_NDARRAY:
+        v = _unpack(data)
+        if not isinstance(v, list) or len(v) != 3:
+            raise ValueError("bad array record")
+        dt, shp, raw = np_dtype(v[0]), shape(v[1]), v[2]
+        if not isinstance(raw, bytes) or len(raw) != math.prod(shp) * dt.itemsize:
+            raise ValueError("array byte count does not match its shape")
+        return np.frombuffer(raw, dt).reshape(shp).copy()
+    if code == EXT_NPSCALAR:
+        v = _unpack(data)
+        if not isinstance(v, list) or len(v) != 2:
+            raise ValueError("bad scalar record")
+        dt, raw = np_dtype(v[0]), v[1]
+        if not isinstance(raw, bytes) or len(raw) != dt.itemsize:
+            raise ValueError("scalar byte count does not match its dtype")
+        return np.frombuffer(raw, dt)[0]
+    got = struct_from_wire(code, data, _unpack)
+    if got is NOT_MINE:
+        raise ValueError(f"unknown extension type {code} (a tensor: receive it with the "
+                         f"plugin that sent it)")
+    return got
+
+
+def _unpack(data: bytes):
+    return msgpack.unpackb(data, ext_hook=_hook, raw=False, strict_map_key=False)
+
+
+def decode(data: bytes):
+    """Inverse of :func:`encode`; ValueError on malformed input."""
+    try:
+        return _unpack(data)
+    except ValueError:
+        raise
+    except Exception as exc:  # msgpack raises several types for corrupt input
+        raise ValueError(f"malformed object data: {type(exc).__name__}: {exc}") from None
+
+
+CODEC = (encode, decode)
