@@ -182,6 +182,7 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
         if args.host_discovery_script else None
     order: list = []
     gone: set = set()
+    lost: list = []             # workers that died for their own reason, in order
     spare = _spare_servers(services)    # BYTEPS_SERVER_REPLICAS=1: one server's death survived
     while True:
         if job.interrupted is not None:
@@ -196,6 +197,8 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
                 if disco is not None:
                     disco.forget()      # replace it only if the hosts listed after its death say so
                 if code not in (0, PEER_FAILED_EXIT):
+                    lost.append(p)
+                    _tell_scheduler(job, p)
                     alive = sum(1 for w in workers if w.p.poll() is None)
                     say(f"{p.what} (pid {p.p.pid}) ended with {describe_code(code)}; the "
                         f"elastic job goes on with {alive} worker(s) (--min-workers "
@@ -210,9 +213,12 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
         if sched is not None and sched.p.poll() is not None:
             if sched.p.returncode == 0:
                 return _finish(job, workers, services)
-            return job._fail(sched, order)
-        bad = next((s for s in services if s is not sched and s.p.poll() not in (None, 0)
-                    and s not in job.survived), None)
+            # the root cause: a lost worker (the scheduler's reason follows), never a
+            # process told that another one failed
+            return job._fail(lost[0] if lost else sched, order)
+        bad = next((s for s in services if s is not sched and s.p.poll() is not None
+                    and (s.p.returncode != PEER_FAILED_EXIT or sched is None)
+                    and s.p.returncode != 0 and s not in job.survived), None)
         if bad is not None:
             return job._fail(bad, order)
         if disco is not None and not any(w.p.returncode == 0 for w in gone):
@@ -231,6 +237,19 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
         if job.on_tick is not None:
             job.on_tick()
         time.sleep(0.05)
+
+
+def _tell_scheduler(job, p) -> None:
+    """Standalone: the scheduler reads the pids of dead workers from the status folder
+    (byteps/scheduler/membership.py LOST_FILE), so that a worker dead before it registered
+    is not waited for at formation."""
+    if not job.status_dir or not hasattr(p.p, "pid"):
+        return
+    try:
+        with open(f"{job.status_dir}/lost-workers", "a") as f:
+            f.write(f"{p.p.pid}\n")
+    except OSError:
+        pass
 
 
 def _finish(job, workers: list, services: list) -> int:

@@ -285,7 +285,9 @@ class Scheduler:
             self.fail(f"a node was refused: {reason}", linger=True)
 
     def complete(self, workers, hosts) -> bool:
-        return (len(self.servers) == self.cfg.num_server and len(hosts) == self.cfg.num_worker
+        want = self.elastic.before_formation() if self.elastic is not None \
+            else self.cfg.num_worker      # (elastic: less the workers dead at start-up)
+        return (len(self.servers) == self.cfg.num_server and len(hosts) == want
                 and all(len(h["slots"]) == h["local_size"] for h in hosts.values()))
 
     def maybe_form(self) -> None:
@@ -419,6 +421,9 @@ class Scheduler:
                 self.exit_code = 1
             return
         if not self.formed:
+            self.maybe_form()           # elastic: a worker may have died before registering
+            if self.formed:
+                return
             if now - self.started > self.cfg.startup_timeout:
                 self.fail(self.missing(now - self.started))
             return

@@ -21,6 +21,7 @@ and to the workers.  Fewer live workers than ``BYTEPS_MIN_WORKERS`` for
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Mapping
 
@@ -31,6 +32,10 @@ from byteps.transport.wire import Op
 log = logging.getLogger("byteps.scheduler")
 
 ENV_MIN, ENV_MAX, ENV_TIMEOUT = "BYTEPS_MIN_WORKERS", "BYTEPS_MAX_WORKERS", "BYTEPS_ELASTIC_TIMEOUT"
+# bpslaunch --standalone writes the pid of every worker it saw die into this file of
+# $BPSLAUNCH_STATUS_DIR (byteps/launcher/elastic.py): a worker dead before the job formed
+# is not waited for
+LOST_FILE = "lost-workers"
 
 
 def settings(env: Mapping[str, str], startup_timeout: float = 60.0) -> tuple | None:
@@ -61,7 +66,6 @@ def settings(env: Mapping[str, str], startup_timeout: float = 60.0) -> tuple | N
 
 def from_config(sched) -> "Elastic | None":
     """The scheduler's elastic membership, or None when BYTEPS_MIN_WORKERS is not set."""
-    import os
     got = settings(os.environ, sched.cfg.startup_timeout)
     return None if got is None else Elastic(sched, *got)
 
@@ -82,6 +86,9 @@ class Elastic:
         # replacement may register before the loss is noticed) or the heartbeat timeout
         self.parked: dict[bytes, tuple[dict, float]] = {}   # ident -> (info, refuse at)
         self.changes = 0            # groups re-formed
+        self._dead: set[int] = set()        # workers dead before formation (dead_at_start)
+        self._dead_read = float("-inf")
+        self._told_dead = False
         log.info("elastic membership: %d to %d worker(s), %g s to get back above the minimum",
                  min_workers, max_workers, timeout)
 
@@ -196,6 +203,42 @@ class Elastic:
             self.waiting[ident] = info
             log.info("elastic: worker at host %s (pid %s) takes a freed place",
                      info["host_id"], info["pid"])
+
+    def dead_at_start(self) -> set[int]:
+        """Pids of workers bpslaunch saw die (read at most every 0.2 s, before formation)."""
+        now = time.monotonic()
+        if now < self._dead_read + 0.2:
+            return self._dead
+        self._dead_read = now
+        folder = os.environ.get("BPSLAUNCH_STATUS_DIR")
+        try:
+            with open(os.path.join(folder or "", LOST_FILE)) as f:
+                self._dead = {int(t) for t in f.read().split() if t.isdigit()}
+        except (OSError, ValueError):
+            pass
+        return self._dead
+
+    def before_formation(self) -> int:
+        """Workers expected at formation: DMLC_NUM_WORKER less those that died before it
+        (forgotten if they had registered), but never fewer than --min-workers."""
+        dead = self.dead_at_start()
+        s = self.s
+        for ident, w in list(s.workers.items()):
+            if w["pid"] in dead:
+                del s.workers[ident]
+                h = s.hosts.get(w["host_id"])
+                if h is not None:
+                    h["slots"].pop(w["local_rank"], None)
+                    if not h["slots"]:
+                        del s.hosts[w["host_id"]]
+                log.warning("elastic: %s died before the job formed; forming without it",
+                            describe(dict(w, role="worker")))
+        if dead and not self._told_dead:
+            self._told_dead = True
+            log.warning("elastic: %d worker(s) died during start-up; the job forms with the "
+                        "%d others once they registered (--min-workers %d)", len(dead),
+                        s.cfg.num_worker - len(dead), self.min)
+        return max(self.min, s.cfg.num_worker - len(dead))
 
     def tick(self, now: float) -> None:
         """Refuse newcomers held past their time; end the job when too few workers stay
