@@ -15,6 +15,7 @@ import socket
 import warnings
 from typing import Mapping
 
+from byteps.common import horovod_env
 from byteps.common.errors import ConfigError
 from byteps.common.variables import BY_NAME, VARIABLES, Var
 from byteps.common.variables import default as _D
@@ -263,7 +264,8 @@ class Config:
     def from_env(cls, environ: Mapping[str, str] | None = None,
                  role: str | None = None, warn_unknown: bool = True) -> "Config":
         """Build and validate the configuration from ``environ`` (default os.environ)."""
-        env = dict(os.environ if environ is None else environ)
+        # Horovod's variables with an equivalent set it, unless that one is set (horovod_env)
+        env = horovod_env.apply(os.environ if environ is None else environ)
         e = _Env(env)
         _check_transport(env)
         if warn_unknown:

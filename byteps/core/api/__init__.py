@@ -15,6 +15,7 @@ import threading
 
 import zmq
 
+from byteps.common import horovod_env
 from byteps.common.config import Config
 from byteps.common.logs import setup_logging
 from byteps.common.node import BytePSError, SchedulerLink
@@ -123,6 +124,8 @@ def init(lazy: bool = False) -> None:
             from byteps.core.api.exit import install_exit_hooks
             install_exit_hooks()
         _st.set_current(st)
+        if st.rank == 0:       # once per job: what became of Horovod's variables
+            horovod_env.log_notes_once(os.environ, log)
         if st.engine is not None:
             # BYTEPS_METRICS_PORT, bpslaunch's live view: they read the current state
             worker_metrics.start(cfg, st.rank, _st.current)
