@@ -82,3 +82,11 @@ def test_rank0_logs_the_notes_once_at_init(monkeypatch, capfd):
     assert err.count("HOROVOD_* variables") == 1, err
     assert "HOROVOD_CYCLE_TIME=3.5 has no equivalent" in err
     assert "HOROVOD_FUSION_THRESHOLD=1048576 -> BYTEPS_FUSION_BYTES=1048576" in err
+
+
+def test_docs_table_names_every_mapped_variable():
+    from conftest import ROOT
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    table = text[text.index("| Horovod variable | here |"):]
+    missing = [n for n in [*horovod_env.HONOURED, *horovod_env.NAMED] if f"`{n}" not in table]
+    assert not missing, f"docs/configuration.md's HOROVOD_* table lacks {missing}"
