@@ -26,7 +26,7 @@ def tensor_key(name: str) -> int:
 
 class Tensor:
     __slots__ = ("name", "key", "dtype_code", "shape", "dtype", "parts", "round", "busy",
-                 "spec", "asked", "pipes", "comp_wire", "op", "wire_flags", "layout")
+                 "spec", "asked", "pipes", "comp_wire", "op", "wire_flags", "layout", "outer")
 
     def __init__(self, name: str, arr: np.ndarray, partition_bytes: int, nservers: int,
                  spec=None, min_compress_bytes: int = 0, op: int = 0):
@@ -47,6 +47,7 @@ class Tensor:
         self.pipes: dict = {}                 # part -> compression pipeline (engine thread)
         self.comp_wire = spec.to_wire() if on else []
         self.wire_flags = 0       # wire.ASYNC: an asynchronous key (docs/algorithms.md)
+        self.outer = None         # [lr, momentum, nesterov]: DiLoCo's key (wire.outer_field)
 
     def cut(self, partition_bytes: int, nservers: int, key: int | None = None) -> list:
         """(part, start, length, server) of each partition; part i on server (key+i) mod S."""

@@ -10,8 +10,9 @@ import logging
 import os
 
 from byteps.compression import CompressionError, Spec, server_pipeline
+from byteps.server.outer import Outer
 from byteps.server.store import Slot
-from byteps.transport.wire import ASYNC, COMP, DTYPES, REDUCE_OPS, Entry, Op
+from byteps.transport.wire import ASYNC, COMP, DTYPES, REDUCE_OPS, Entry, Op, outer_field
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024     # partitions up to this size are summed on the I/O thread
@@ -41,6 +42,7 @@ class TensorChecks:
     def declare(self, d: list, w: dict) -> None:
         key, name, shape, dt, _, comp = d[:6]
         op = d[6] if len(d) > 6 else 0          # wire.REDUCE_OPS: sum, min, max, product
+        outer = outer_field(d[7]) if len(d) > 7 else None   # DiLoCo (server/outer.py)
         try:
             spec = Spec.from_wire(comp) if comp else None
             if spec is not None and DTYPES[dt].kind != "f":
@@ -51,7 +53,8 @@ class TensorChecks:
         old = self.decls.get(key)
         if old is None:
             self.decls[key] = {"name": name, "shape": shape, "dtype": dt, "rank": w["rank"],
-                               "host": w.get("host_id"), "comp": spec, "op": op}
+                               "host": w.get("host_id"), "comp": spec, "op": op,
+                               "outer": outer}
         elif old.get("error"):
             return
         elif old.get("comp") != spec and old["name"] == name:
@@ -61,6 +64,12 @@ class TensorChecks:
                 f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) pushed it with "
                 f"{d(spec)} but rank {old['rank']} (host {old['host']}) declared {d(old['comp'])}"
                 f" first; every rank must use the same compression_params for a tensor"))
+        elif old.get("outer") != outer and old["name"] == name:
+            self.key_error(key, (
+                f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) declared the "
+                f"outer optimizer (lr, momentum, nesterov) {outer} but rank {old['rank']} "
+                f"(host {old['host']}) declared {old.get('outer')} first; every rank must "
+                f"create DiLoCo with the same outer_lr, outer_momentum and nesterov"))
         elif old.get("op", 0) != op and old["name"] == name:
             self.key_error(key, (
                 f"tensor {name!r}: rank {w['rank']} (host {w.get('host_id')}) reduces it with "
@@ -84,6 +93,9 @@ class TensorChecks:
         pipe = server_pipeline(spec, e.length, e.key, e.part) if spec is not None else None
         slot = Slot(e.key, e.part, e.dtype, e.length, engine, pipe,
                     self.decls.get(e.key, {}).get("op", 0))
+        outer = self.decls.get(e.key, {}).get("outer")
+        if outer is not None:               # DiLoCo: this server runs the outer optimizer
+            slot.outer = Outer(*outer)
         self.slots[(e.key, e.part)] = slot
         return slot
 

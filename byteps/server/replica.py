@@ -203,7 +203,8 @@ class Replicator:
                 spec = d.get("comp")
                 decls.append([entry.key, d["name"], list(d["shape"]), d["dtype"], d["rank"],
                               spec.to_wire() if spec is not None else []]
-                             + ([d["op"]] if d.get("op") else []))
+                             + ([d["op"]] if d.get("op") or d.get("outer") else [])
+                             + ([list(d["outer"])] if d.get("outer") else []))
         self.stats["bytes"] += arr.nbytes
         item = ([entry], decls, [rank], [arr])
         if not self.ready:

@@ -19,6 +19,9 @@ the server decompresses into float32 and adds at once; a raw push of the same ke
 (``ASYNC`` alone: AsyncPS's exact seed and its pulls' zeros) is added as it is; the pull
 always answers the full-precision value, uncompressed (parameters, never deltas).
 
+Keys with an outer optimizer (DiLoCo, :mod:`byteps.server.outer`) are asynchronous keys
+with a bound of 0 whose pushes are summed per round and applied as one outer step.
+
 ``stats`` counts what happened (``max_lag``: the largest ``r - slowest`` ever answered),
 written by the server to ``<BYTEPS_TEST_RECORD>.staleness.<pid>.json`` for the tests.
 """
@@ -65,9 +68,12 @@ class AsyncStore:
         rnd, flags = entry.round, entry.flags
         if flags & PUSH and slot.applied.get(rank, -1) < rnd:     # a resend is not re-added
             slot.applied[rank] = rnd
-            if slot.value is None:
-                slot.value = np.zeros(entry.length, dtype=DTYPES[entry.dtype])
-            np.add(slot.value, arr, out=slot.value)
+            if slot.outer is not None:          # DiLoCo: summed, stepped when complete
+                slot.outer.add(slot, arr, entry.length, entry.dtype)
+            else:
+                if slot.value is None:
+                    slot.value = np.zeros(entry.length, dtype=DTYPES[entry.dtype])
+                np.add(slot.value, arr, out=slot.value)
             slot.pushes += 1
             slot.bytes_in += arr.nbytes
             self.stats["pushes"] += 1
@@ -81,14 +87,22 @@ class AsyncStore:
     def release(self, slot, ranks, out: dict) -> None:
         """Answer the held pulls of ``slot`` that the bound allows now."""
         held = self.held.get((slot.key, slot.part))
+        if slot.outer is not None:           # DiLoCo (server/outer.py): bound 0, step first
+            low, _ = self.slowest(slot, ranks)
+            slot.outer.advance(slot, low)
+            bound = 0
+        elif not held:
+            return
+        else:
+            low, _ = self.slowest(slot, ranks)
+            bound = self.staleness
         if not held:
             return
-        low, _ = self.slowest(slot, ranks)
         keep = []
         now = time.monotonic()
         for h in held:
             ident, rank, rnd, reply, t0 = h
-            if self.staleness is not None and rnd - self.staleness > low:
+            if bound is not None and rnd - bound > low:
                 keep.append(h)
                 continue
             val = slot.value if slot.value is not None else np.zeros(reply.length,

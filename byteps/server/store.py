@@ -45,7 +45,7 @@ class Round:
 class Slot:
     """One partition (key, part) stored on this server."""
     __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
-                 "bytes_in", "bufs", "segs", "applied", "pipe", "scratch", "reduce")
+                 "bytes_in", "bufs", "segs", "applied", "pipe", "scratch", "reduce", "outer")
 
     def __init__(self, key: int, part: int, dtype: int, length: int, engine: int, pipe=None,
                  op: int = 0):
@@ -61,6 +61,7 @@ class Slot:
         self.pipe = pipe      # server-side compression pipeline (None: raw payloads)
         self.scratch = None
         self.reduce = REDUCE[op]    # element-wise reduction of a round (declared op)
+        self.outer = None     # DiLoCo's outer optimizer (byteps.server.outer.Outer)
 
     def unpack(self, buf, rnd: int, into: np.ndarray | None = None) -> np.ndarray:
         """Decompress a push into ``into`` or this slot's float32 scratch array (raises
@@ -76,6 +77,8 @@ class Slot:
     def reset_rounds(self) -> None:
         self.rounds.clear()
         self.applied.clear()
+        if self.outer is not None:
+            self.outer.reset()
 
 
 def full(rs: Round, nworkers: int, joined: frozenset) -> bool:

@@ -17,7 +17,9 @@ Header (a msgpack array, validated field by field on receipt)::
 
 A declaration is ``[key, name, shape, dtype, rank, compression]`` or, for a reduction
 other than a sum, ``[key, name, shape, dtype, rank, compression, op]`` (``op`` an index
-into :data:`REDUCE_OPS`): sent with a
+into :data:`REDUCE_OPS`), or, for a key whose server runs an outer optimizer (DiLoCo,
+version 5), ``[..., compression, op, outer]`` with ``outer = [lr, momentum, nesterov]``
+(checked by :func:`outer_field`): sent with a
 tensor's first push to a server so that the server can fix and check its layout;
 ``compression`` is ``[]`` or the compressor settings as ``[[name, value], ...]``
 (validated by :meth:`byteps.compression.Spec.from_wire`).
@@ -39,7 +41,7 @@ from typing import NamedTuple
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAX_HEADER_BYTES = 1 << 20
 MAX_ENTRIES = 65536
 
@@ -265,15 +267,16 @@ def _check_entries(body) -> None:
     if not isinstance(decls, list) or len(decls) > MAX_ENTRIES:
         raise WireError("data decls must be an array")
     for d in decls:
-        if not (isinstance(d, list) and len(d) in (6, 7) and _comp_shape(d[5])
+        if not (isinstance(d, list) and len(d) in (6, 7, 8) and _comp_shape(d[5])
                 and (len(d) == 6 or (_is_int(d[6]) and 0 <= d[6] < len(REDUCE_OPS)))
+                and (len(d) < 8 or _outer_ok(d[7]))
                 and _is_int(d[0]) and 0 <= d[0] < 1 << 63
                 and isinstance(d[1], str) and len(d[1]) < 4096 and isinstance(d[2], list)
                 and len(d[2]) <= 32 and all(_is_int(x) and 0 <= x < 1 << 40 for x in d[2])
                 and _is_int(d[3]) and 0 <= d[3] < len(DTYPES)
                 and _is_int(d[4]) and 0 <= d[4] < 1 << 31):
             raise WireError("bad declaration (want [key, name, shape, dtype, rank, "
-                            "compression] or [..., compression, op])")
+                            "compression], [..., compression, op] or [..., op, outer])")
     ndt = len(DTYPES)
     for e in entries:                  # unrolled: this runs for every partition received
         if type(e) is not list or len(e) != 6:
@@ -302,6 +305,32 @@ def _check_replica(body) -> None:
         if e[3] & (ACK | SHM):
             raise WireError(f"replica entry {e} has flag ACK or SHM (its payload travels "
                             f"in a frame)")
+
+
+def _outer_ok(o) -> bool:
+    """A declaration's outer-optimizer field (DiLoCo): ``[lr, momentum, nesterov]``."""
+    try:
+        outer_field(o)
+    except WireError:
+        return False
+    return True
+
+
+def outer_field(o) -> tuple[float, float, bool]:
+    """Validate a declaration's outer-optimizer field ``[lr, momentum, nesterov]`` (the
+    servers hold the key's parameters and apply this Nesterov/heavy-ball SGD step to the
+    averaged outer gradient of every round, byteps/server/outer.py): ``lr`` a finite float
+    in (0, 1000], ``momentum`` a float in [0, 1), ``nesterov`` a bool.  Raises WireError."""
+    if not (isinstance(o, list) and len(o) == 3):
+        raise WireError("outer field must be [lr, momentum, nesterov]")
+    lr, mu, nesterov = o
+    if not (type(lr) in (int, float) and 0 < lr <= 1000):
+        raise WireError(f"outer lr {lr!r} must be a number in (0, 1000]")
+    if not (type(mu) in (int, float) and 0 <= mu < 1):
+        raise WireError(f"outer momentum {mu!r} must be a number in [0, 1)")
+    if type(nesterov) is not bool:
+        raise WireError(f"outer nesterov {nesterov!r} must be a bool")
+    return float(lr), float(mu), nesterov
 
 
 def _comp_shape(c) -> bool:

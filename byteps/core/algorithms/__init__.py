@@ -2,16 +2,18 @@
 
 ``SyncPS`` (default: gradients averaged every step), ``AsyncPS`` (the original's
 asynchronous mode: parameter deltas, servers hold the parameters),
-``AsyncModelAverage`` (local training, background model averaging), ``Decentralized`` and
+``AsyncModelAverage`` (local training, background model averaging), ``DiLoCo`` (local
+inner steps, an outer Nesterov step on the servers every H steps), ``Decentralized`` and
 ``LowPrecisionDecentralized`` (peer-to-peer model averaging).  Write your own by
 subclassing :class:`Algorithm`.
 """
 from byteps.core.algorithms.async_ps import AsyncPS
 from byteps.core.algorithms.base import Algorithm, SyncPS, average_now
+from byteps.core.algorithms.diloco import DiLoCo
 from byteps.core.algorithms.decentralized import Decentralized, LowPrecisionDecentralized
 from byteps.core.algorithms.model_average import AsyncModelAverage
 
-__all__ = ["Algorithm", "SyncPS", "AsyncPS", "AsyncModelAverage", "Decentralized",
+__all__ = ["Algorithm", "SyncPS", "AsyncPS", "AsyncModelAverage", "DiLoCo", "Decentralized",
            "LowPrecisionDecentralized", "average_now", "default", "resolve"]
 
 
@@ -30,6 +32,7 @@ def resolve(algorithm, subject: str = "DistributedOptimizer") -> Algorithm:
         return default()
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"{subject}: algorithm must be a byteps.algorithms.Algorithm "
-                        f"(SyncPS, AsyncPS, AsyncModelAverage, Decentralized or a subclass), "
+                        f"(SyncPS, AsyncPS, AsyncModelAverage, DiLoCo, Decentralized or a "
+                        f"subclass), "
                         f"got {type(algorithm).__name__}")
     return algorithm

@@ -259,8 +259,11 @@ class Engine:
                 sent.add(tn.key)
                 decl = [tn.key, tn.name, list(tn.shape), tn.dtype_code, self.rank,
                         getattr(tn, "comp_wire", [])]
-                if getattr(tn, "op", 0):             # min/max/product (wire.REDUCE_OPS)
-                    decl.append(tn.op)
+                outer = getattr(tn, "outer", None)   # DiLoCo's outer optimizer (wire v5)
+                if getattr(tn, "op", 0) or outer:    # min/max/product (wire.REDUCE_OPS)
+                    decl.append(getattr(tn, "op", 0))
+                if outer:
+                    decl.append(list(outer))
                 decls.append(decl)
                 self.links.held[server][tn.key] = tn.name
             if t.comp is not None:         # compressed: over the socket even when colocated

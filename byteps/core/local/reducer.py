@@ -202,7 +202,8 @@ class LocalReducer(ReduceStages, Cuts):
                 key = self.layout_key(tensor_key(name), nbytes, tensor.name, cut)
                 sl.append(SliceTensor(name, key, length, tensor.dtype_code,
                                       getattr(tensor, "spec", None),
-                                      getattr(tensor, "wire_flags", 0)))
+                                      getattr(tensor, "wire_flags", 0),
+                                      getattr(tensor, "outer", None)))
             self.slice_cache[lkey] = sl
         return sl
 

@@ -1,0 +1,256 @@
+"""DiLoCo on the parameter servers (docs/algorithms.md): the outer optimizer on the
+servers, the wire's outer field, and one real 2-worker job (tests/scripts/diloco_job.py)
+whose phases are checked against a one-process numpy replay of the same algorithm.
+
+The numbers of the benchmark (bytes, time to a loss over an emulated wide-area network)
+come from ``benchmarks/diloco.py``, which is not a test.
+"""
+import json
+
+import msgpack
+import numpy as np
+import pytest
+
+from conftest import assert_ok, read_results, run_script
+
+LR = np.float32(0.05)
+
+
+# ------------------------------------------------------------------ the replay
+def _ls_data(rank):
+    rng = np.random.default_rng(100 + rank)
+    X = rng.standard_normal((32, 6)).astype(np.float32)
+    y = (X @ np.arange(1, 7, dtype=np.float32) + rank).astype(np.float32)
+    return X, y
+
+
+def _ls_grad(p, rank):
+    X, y = _ls_data(rank)
+    return {"w": (X.T @ (X @ p["w"] - y) / np.float32(32)).astype(np.float32),
+            "b": np.array([np.mean(X @ p["w"] - y)], np.float32)}
+
+
+def _outer(x, m, g, lr, mu, nesterov):
+    """The outer SGD step written out again (torch.optim.SGD's order), float32."""
+    f = np.float32
+    m *= f(mu)
+    m += g
+    d = (m * f(mu) + g) if nesterov else m.copy()
+    d *= f(lr)
+    x -= d
+
+
+def _replay(steps, H, lr, mu, nesterov=True, frags=(("w", "b"),), ranks=2):
+    """DiLoCo in one process: every rank's inner SGD, the staggered rounds, the servers'
+    weighted sum and outer step, the final round of finish().  Returns (params, syncs)."""
+    F = len(frags)
+    G = {"w": np.full(6, 0.5, np.float32), "b": np.zeros(1, np.float32)}   # rank 0's
+    M = {k: np.zeros_like(v) for k, v in G.items()}
+    local = [{k: v.copy() for k, v in G.items()} for _ in range(ranks)]
+    ref = [{k: v.copy() for k, v in G.items()} for _ in range(ranks)]
+    since = [0] * F
+    syncs = []
+
+    def round_(f, t):
+        w = since[f]
+        since[f] = 0
+        syncs.append(["sync", f, t])
+        total = float(w * ranks)
+        if total <= 0:
+            return
+        for k in frags[f]:
+            acc = np.zeros_like(G[k])
+            for r in range(ranks):
+                d = ref[r][k] - local[r][k]
+                if w != total:
+                    d *= d.dtype.type(w / total)
+                acc += d
+            _outer(G[k], M[k], acc, lr, mu, nesterov)
+            for r in range(ranks):
+                local[r][k] = G[k].copy()
+                ref[r][k] = G[k].copy()
+
+    for t in range(1, steps + 1):
+        for r in range(ranks):
+            g = _ls_grad(local[r], r)
+            for k in local[r]:
+                local[r][k] -= LR * g[k]
+        since = [s + 1 for s in since]
+        for f in range(F):
+            off = H * (f + 1) // F
+            if t >= off and (t - off) % H == 0:
+                round_(f, t)
+    for f in range(F):
+        round_(f, steps)
+    return G, syncs
+
+
+# ------------------------------------------------------------------ in-process units
+def test_outer_field_on_the_wire():
+    from byteps.transport import wire
+    assert wire.outer_field([0.7, 0.9, True]) == (0.7, 0.9, True)
+    for bad in ([0, 0.9, True], [0.7, 1.0, True], [0.7, 0.9, 1], [float("nan"), 0, True],
+                [0.7, 0.9], "x", [0.7, -0.1, False], [1e9, 0, False]):
+        with pytest.raises(wire.WireError):
+            wire.outer_field(bad)
+    key = 5
+    ok = [key, "DiLoCo.w", [4], 0, 0, [], 0, [0.7, 0.9, True]]
+    old6 = [key, "g", [4], 0, 0, []]
+    old7 = [key, "g", [4], 0, 0, [], 2]
+    for decls in ([ok], [old6], [old7]):
+        frames = wire.encode("job", 1, wire.Op.DATA, 0, 1, [[], decls])
+        wire.decode(frames, "job", None)              # older declarations still decode
+    for bad in ([*ok[:7], [0.7, 2.0, True]], [*ok, 1], [*ok[:7], "outer"]):
+        frames = wire.encode("job", 1, wire.Op.DATA, 0, 1, [[], [bad]])
+        with pytest.raises(wire.WireError, match="declaration"):
+            wire.decode(frames, "job", None)
+    assert wire.PROTOCOL_VERSION == 5
+    hdr = msgpack.packb([4, "job", 1, int(wire.Op.HELLO), 0, 1, {}])
+    with pytest.raises(wire.VersionMismatch):         # the scheduler names the version
+        wire.decode([hdr, b""], "job", None)
+
+
+def test_server_outer_store_seed_step_join_and_reset():
+    """The server's side without sockets: seed round, one outer step per complete round
+    (pulls held until then), a joined rank not waited for, a reset seeds again without
+    losing the parameters or the momentum."""
+    from byteps.server.outer import Outer
+    from byteps.server.staleness import AsyncStore
+    from byteps.server.store import Slot
+    from byteps.transport.wire import ASYNC, PULL, PUSH, Entry
+    st = AsyncStore(None)                     # unbounded for other keys: 0 for outer ones
+    slot = Slot(1, 0, 0, 2, -1)
+    slot.outer = Outer(0.5, 0.9, True)
+    out = {}
+    e = lambda rnd: Entry(1, 0, rnd, PUSH | PULL | ASYNC, 0, 2)   # noqa: E731
+    x0 = np.array([1.0, 2.0], np.float32)
+    st.apply(slot, e(0), x0, 0, b"a", {0, 1}, out)
+    assert not out                                    # the seed waits for rank 1
+    st.apply(slot, e(0), np.zeros(2, np.float32), 1, b"b", {0, 1}, out)
+    assert out[b"a"][0][1].tolist() == [1.0, 2.0] == out[b"b"][0][1].tolist()
+    out.clear()
+    g0, g1 = np.array([0.2, 0.4], np.float32), np.array([0.0, 0.2], np.float32)
+    st.apply(slot, e(1), g0, 0, b"a", {0, 1}, out)
+    assert not out                                    # held: rank 1 has not pushed round 1
+    st.apply(slot, e(1), g1, 1, b"b", {0, 1}, out)
+    x, m = x0.copy(), np.zeros(2, np.float32)
+    _outer(x, m, g0 + g1, 0.5, 0.9, True)
+    assert out[b"a"][0][1].tolist() == x.tolist() and slot.outer.steps == 1
+    out.clear()
+    st.apply(slot, e(2), g0, 0, b"a", {0}, out)       # rank 1 joined: not waited for
+    _outer(x, m, g0, 0.5, 0.9, True)
+    assert out[b"a"][0][1].tolist() == x.tolist()
+    assert slot.outer.m.tolist() == m.tolist()
+    out.clear()
+    slot.reset_rounds()                               # every rank joined / a new epoch
+    st.apply(slot, e(0), np.full(2, 9.0, np.float32), 0, b"a", {0, 1}, out)
+    st.apply(slot, e(0), np.zeros(2, np.float32), 1, b"b", {0, 1}, out)
+    assert out[b"b"][0][1].tolist() == x.tolist()     # the held parameters, not the seed
+    assert slot.outer.m.tolist() == m.tolist() and slot.outer.steps == 2
+
+
+def test_single_process_diloco_is_the_replay_of_one_rank():
+    """Without servers the worker applies the same outer step itself."""
+    import byteps.numpy as bps
+    from byteps.core import api
+    bps.init()
+    try:
+        p = {"w": np.full(6, 0.5, np.float32), "b": np.zeros(1, np.float32)}
+        opt = bps.DistributedOptimizer(
+            lambda ps, gs: [ps[k].__isub__(LR * gs[k]) for k in ps], p,
+            algorithm=bps.algorithms.DiLoCo(inner_steps=3, outer_lr=0.7, prefix="one."))
+        for _ in range(7):
+            opt.step(_ls_grad(p, 0))
+        opt.finish()
+    finally:
+        api.shutdown()
+    want, _ = _replay(7, 3, 0.7, 0.9, ranks=1)
+    for k in p:
+        np.testing.assert_array_equal(p[k], want[k])
+
+
+def test_bad_arguments_name_the_parameter():
+    from byteps.core.algorithms import DiLoCo
+    for kw, word in (({"inner_steps": 0}, "inner_steps"), ({"outer_lr": -1}, "outer_lr"),
+                     ({"outer_momentum": 1.0}, "outer_momentum"),
+                     ({"fragments": 0}, "fragments"), ({"inner_seconds": 0}, "inner_seconds"),
+                     ({"compression_params": {"compressor": "nope"}}, "nope")):
+        with pytest.raises((ValueError, TypeError), match=word):
+            DiLoCo(**kw)
+
+
+# ------------------------------------------------------------------ one real job
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("diloco")
+    rec = out / "rec"
+    assert_ok(run_script("diloco_job.py", out, "replay,frag,h1,digits,overlap,join",
+                         workers=2, servers=1, timeout=150, launcher_args=("--hosts", "2"),
+                         BYTEPS_ENABLE_IPC=0, BYTEPS_MIN_COMPRESS_BYTES=0,
+                         BYTEPS_TEST_RECORD=rec))
+    res = read_results(out)
+    assert sorted(res) == [0, 1]
+    byte_files = list(out.glob("rec.bytes.*.json"))
+    return res, [json.loads(p.read_text()) for p in byte_files]
+
+
+@pytest.mark.timeout(160)
+def test_h_greater_than_one_equals_the_numpy_replay(job):
+    res, _ = job
+    want, syncs = _replay(10, 3, 0.7, 0.9)
+    for r in (0, 1):
+        got = res[r]["replay"]
+        assert got["log"] == syncs
+        for k in want:
+            np.testing.assert_array_equal(np.array(got["p"][k], np.float32), want[k])
+
+
+@pytest.mark.timeout(160)
+def test_fragments_stagger_and_equal_their_replay(job):
+    res, _ = job
+    want, syncs = _replay(9, 4, 0.5, 0.8, nesterov=False, frags=(("w",), ("b",)))
+    assert syncs[:4] == [["sync", 0, 2], ["sync", 1, 4], ["sync", 0, 6], ["sync", 1, 8]]
+    for r in (0, 1):
+        got = res[r]["frag"]
+        assert got["log"] == syncs
+        for k in want:
+            np.testing.assert_array_equal(np.array(got["p"][k], np.float32), want[k])
+
+
+@pytest.mark.timeout(160)
+def test_h1_no_momentum_equals_parameter_averaging(job):
+    """H = 1, outer_lr = 1, no momentum: every step the global model becomes the average
+    of the ranks' models after one SGD step (SyncPS with parameter averaging)."""
+    res, _ = job
+    p = {"w": np.full(6, 0.5, np.float32), "b": np.zeros(1, np.float32)}
+    for _ in range(6):
+        new = []
+        for r in (0, 1):
+            g = _ls_grad(p, r)
+            new.append({k: p[k] - LR * g[k] for k in p})
+        p = {k: (new[0][k] + new[1][k]) / np.float32(2) for k in p}
+    for r in (0, 1):
+        for k in p:
+            np.testing.assert_allclose(np.array(res[r]["h1"]["p"][k], np.float32), p[k],
+                                       rtol=0, atol=1e-6)
+
+
+@pytest.mark.timeout(160)
+def test_int8_learns_digits_and_overlap_trains_identically(job):
+    res, records = job
+    for phase in ("digits", "overlap"):
+        assert res[0][phase]["digest"] == res[1][phase]["digest"], phase
+        assert res[0][phase]["acc"] > 0.85, (phase, res[0][phase]["acc"])
+    assert any(e[0] == "merge" for e in res[0]["overlap"]["log"])
+
+
+@pytest.mark.timeout(160)
+def test_join_with_uneven_steps_ends_identical(job):
+    """Rank 1 takes 5 steps, rank 0 11 (H = 3): rank 0's later rounds go on without it,
+    then finish() pushes what each rank has left and both end with the servers' model."""
+    res, _ = job
+    a, b = res[0]["join"], res[1]["join"]
+    assert a["last"] == b["last"] == 0
+    assert a["p"] == b["p"] and all(np.isfinite(v).all() for v in a["p"].values())
+    assert [e[2] for e in a["log"] if e[0] == "sync"][:3] == [3, 6, 9]
+    assert [e[2] for e in b["log"] if e[0] == "sync"][:1] == [3]
