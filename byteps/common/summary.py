@@ -12,15 +12,16 @@ import os
 log = logging.getLogger("byteps.timeline")
 
 
-def write_summary(speed, rank: int, host: str) -> str | None:
+def write_summary(speed, rank: int, host: str, traffic: dict | None = None) -> str | None:
     """Write this worker's one-line summary for ``bpslaunch`` (if it asked for one);
     ``speed`` is the worker's :class:`byteps.core.timeline.PushPullSpeed` (its
-    ``summary()`` dict)."""
+    ``summary()`` dict); ``traffic``: bytes ``pushed``/``pulled`` raw and ``pushed_wire``/
+    ``pulled_wire`` as sent and received, after compression (``Compression.totals()``)."""
     d = os.environ.get("BPSLAUNCH_SUMMARY_DIR")
     if not d or not os.path.isdir(d):
         return None
     path = os.path.join(d, f"worker{rank}.json")
-    doc = dict(speed.summary(), rank=rank, host=host, pid=os.getpid())
+    doc = dict(speed.summary(), **(traffic or {}), rank=rank, host=host, pid=os.getpid())
     try:
         with open(path + ".tmp", "w") as f:
             json.dump(doc, f)
@@ -32,8 +33,23 @@ def write_summary(speed, rank: int, host: str) -> str | None:
 
 
 def format_summary(doc: dict) -> str:
-    """One line for a worker summary written by :func:`write_summary`."""
-    return (f"bpslaunch: worker rank {doc.get('rank')} (host {doc.get('host')}): "
+    """One line for a worker summary written by :func:`write_summary`; with compression,
+    the bytes on the wire next to the raw bytes."""
+    line = (f"bpslaunch: worker rank {doc.get('rank')} (host {doc.get('host')}): "
             f"{doc.get('push_pulls', 0)} push_pull(s), {doc.get('bytes', 0) / 1e6:.1f} MB pushed "
             f"and pulled, first to last result {doc.get('active_s', 0.0):.2f} s, "
             f"{doc.get('avg_MBps', 0.0):.1f} MB/s")
+    return line + wire_text(doc)
+
+
+def wire_text(doc: dict) -> str:
+    """``; compressed: ... on the wire`` when compression changed this worker's traffic
+    (``doc``: the byte counts of :func:`write_summary`), else ""."""
+    raw = doc.get("pushed", 0) + doc.get("pulled", 0)
+    wire = doc.get("pushed_wire", raw) + doc.get("pulled_wire", raw)
+    if not raw or wire == raw:
+        return ""
+    return (f"; compressed: {doc.get('pushed_wire', 0) / 1e6:.2f} MB on the wire for "
+            f"{doc.get('pushed', 0) / 1e6:.2f} MB pushed, {doc.get('pulled_wire', 0) / 1e6:.2f}"
+            f" MB for {doc.get('pulled', 0) / 1e6:.2f} MB pulled ({raw / max(wire, 1):.1f}x "
+            f"less)")

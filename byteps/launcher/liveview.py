@@ -74,6 +74,9 @@ def line(doc: dict | None, rank: int, now: float, stale_after: float) -> str:
         return f"worker {rank}: starting"
     text = (f"worker {rank} ({doc.get('host', '?')}): step {doc.get('step', 0)}, push_pull "
             f"{doc.get('MBps', 0.0):.1f} MB/s")
+    raw, wire = doc.get("pushed", 0), doc.get("pushed_wire", 0)
+    if isinstance(raw, int) and isinstance(wire, int) and 0 < wire < raw:
+        text += f" (compressed: {wire / 1e6:.1f} MB on the wire for {raw / 1e6:.1f} MB pushed)"
     rnd = doc.get("round_ms")
     text += f", round {rnd:.1f} ms" if isinstance(rnd, (int, float)) else ", round -"
     slow = doc.get("slowest_server")

@@ -157,7 +157,9 @@ def _finish(st: State) -> None:
     try:
         if st.engine.timeline is not None:
             st.engine.timeline.write()
-        write_summary(st.engine.speed, st.rank, st.cfg.host_id)
+        if st.engine.comp.skips is not None:     # a job that never ended a step
+            st.engine.comp.skips.flush()
+        write_summary(st.engine.speed, st.rank, st.cfg.host_id, st.engine.comp.totals())
     except Exception as exc:
         log.warning("cannot write the timeline/summary: %s", exc)
 

@@ -141,7 +141,8 @@ class StatusWriter:
                 "last_round_ms": round(eng.rounds.last * 1e3, 3),
                 "slowest_server": slow,
                 "slowest_ms": None if slow is None else round(means[slow] * 1e3, 3),
-                "inflight": len(eng.inflight), "queued": len(eng.heap) + len(eng.pending)}
+                "inflight": len(eng.inflight), "queued": len(eng.heap) + len(eng.pending),
+                **eng.comp.totals()}     # raw and wire (after compression) bytes
 
     def write(self, st) -> None:
         path = os.path.join(self.folder, f"worker{st.rank}.live")

@@ -7,6 +7,7 @@ runs on the engine thread.  The compressors themselves are in :mod:`byteps.compr
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -15,6 +16,82 @@ from byteps.common.errors import BytePSError
 from byteps.transport.wire import ASYNC, COMP, Entry, frame_bytes
 
 COMP_LR: list = [None]    # the learning rate last given to api.set_compression_lr()
+log = logging.getLogger("byteps.worker")
+_SKIP_SHOWN = 12          # tensors named in the skip notice (then "and N more")
+
+
+class SkipNotice:
+    """Tensors that asked for compression but travel uncompressed (smaller than
+    ``BYTEPS_MIN_COMPRESS_BYTES``, or not floating-point).  Rank 0 logs them in one line,
+    once per process: at the end of the first step (every tensor of a step is declared by
+    then), or at shutdown for a job that never ended a step."""
+
+    def __init__(self, min_bytes: int, one_host: bool = False):
+        self.min_bytes = min_bytes
+        self.one_host = one_host     # local reduction, one host: nothing crosses a network
+        self.asked = 0
+        self.small: list[tuple[str, int]] = []
+        self.other: list[tuple[str, str]] = []
+        self.shown = False
+
+    def note(self, name: str, arr, compressed: bool) -> None:
+        if self.shown:
+            return
+        self.asked += 1
+        if compressed:
+            return
+        if arr.dtype.kind != "f":
+            self.other.append((name, str(arr.dtype)))
+        else:
+            self.small.append((name, int(arr.nbytes)))
+
+    def line(self) -> str | None:
+        """The notice, or None when every tensor asked to be compressed is."""
+        if self.one_host and self.asked:
+            return (f"compression: nothing is compressed: every worker of this job is on one "
+                    f"host and local reduction sums in shared memory, so no tensor crosses "
+                    f"the network ({self.asked} tensor(s) asked for compression); "
+                    f"BYTEPS_LOCAL_REDUCE=0 sends them through the servers, compressed")
+        n = len(self.small) + len(self.other)
+        if not n:
+            return None
+        parts = []
+        if self.small:
+            names = ", ".join(f"{k!r} ({b} B)" for k, b in self.small[:_SKIP_SHOWN])
+            more = len(self.small) - _SKIP_SHOWN
+            parts.append(f"{names}{f' and {more} more' if more > 0 else ''} smaller than "
+                         f"BYTEPS_MIN_COMPRESS_BYTES={self.min_bytes} (set it lower to "
+                         f"compress them; compressing small tensors rarely pays)")
+        if self.other:
+            names = ", ".join(f"{k!r} ({d})" for k, d in self.other[:_SKIP_SHOWN])
+            more = len(self.other) - _SKIP_SHOWN
+            parts.append(f"{names}{f' and {more} more' if more > 0 else ''} not "
+                         f"floating-point (only float tensors are compressed)")
+        return f"compression: {n} tensor(s) travel uncompressed: " + "; ".join(parts)
+
+    def flush(self, _step: int = 0) -> None:
+        """Log the notice (once)."""
+        if self.shown:
+            return
+        self.shown = True
+        text = self.line()
+        if text:
+            log.warning("%s", text)
+
+
+def note_compression(st, tensor, arr) -> None:
+    """``tensor`` asked for compression (``tensor.spec`` None: it travels uncompressed):
+    remembered for rank 0's notice (:class:`SkipNotice`, ``engine.comp.skips``), logged when
+    the first step ends."""
+    if st.engine is None or st.rank != 0:
+        return                      # a local job compresses nothing; rank 0 speaks
+    comp = st.engine.comp
+    notice = comp.skips
+    if notice is None:
+        one_host = st.local is not None and not getattr(st.local, "network", True)
+        notice = comp.skips = SkipNotice(st.cfg.min_compress_bytes, one_host)
+        st.steps.listeners.append(notice.flush)
+    notice.note(tensor.name, arr, tensor.spec is not None)
 
 
 def comp_pipeline(tensor, part: int, length: int):
@@ -74,6 +151,7 @@ class Compression:
     def __init__(self, rank: int):
         self.rank = rank
         self.bytes: dict[str, list] = {}
+        self.skips: SkipNotice | None = None   # tensors left uncompressed (rank 0)
 
     def compress(self, t, timeline=None) -> np.ndarray:
         """Partition ``t``'s compressed frame (momentum -> error feedback -> compressor);
@@ -113,6 +191,16 @@ class Compression:
         b[1] += wire_out
         b[2] += raw_in
         b[3] += raw_in if wire_in is None else wire_in
+
+    def totals(self) -> dict:
+        """This worker's bytes pushed and pulled, raw and on the wire (after compression),
+        for the end-of-job summary and the live view."""
+        tot = [0, 0, 0, 0]
+        for b in list(self.bytes.values()):
+            for i in range(4):
+                tot[i] += b[i]
+        return {"pushed": tot[0], "pushed_wire": tot[1], "pulled": tot[2],
+                "pulled_wire": tot[3]}
 
 
 def _span(tl, what: str, t, t0: float) -> None:

@@ -58,6 +58,9 @@ def _tensor(st: _api._State, name: str, arr: np.ndarray, params=None, op: int = 
         spec = _spec(name, params) if params else st.declared.get(name)
         t = st.tensors[name] = _api.Tensor(name, arr, _partition(st, arr, name),
                                            st.nservers, spec, st.cfg.min_compress_bytes, op)
+        if spec is not None:    # rank 0 names those too small or not float, once
+            from byteps.core.engine.compression import note_compression
+            note_compression(st, t, arr)
     elif t.op != op:
         raise BytePSError(f"tensor {name!r} on rank {st.rank}: reduction "
                           f"{REDUCE_OPS[op]} differs from its first use ({REDUCE_OPS[t.op]}); "
