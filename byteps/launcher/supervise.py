@@ -87,11 +87,14 @@ def _pump(pipe, out, prefix: bytes, log=None, take=None) -> None:
     (``b""``: untagged), under the one output lock: lines of several children never
     interleave mid-line, whatever ``out`` is (a terminal, a pipe, a file), however the
     child writes them.  Also to the binary file ``log`` without the prefix (bpslaunch -H
-    --log-dir).  ``take(line)`` returning True keeps a line for bpslaunch itself."""
+    --log-dir).  ``take(line)`` returns the part of a line that is output (it keeps the
+    rest for bpslaunch itself: a remote worker's summary)."""
     try:
         for line in iter(lambda: pipe.readline(LINE_LIMIT), b""):
-            if take is not None and take(line):
-                continue
+            if take is not None:
+                line = take(line)
+                if not line:
+                    continue
             if not line.endswith(b"\n"):
                 line += b"\n"
             with _OUT_LOCK:
@@ -359,7 +362,13 @@ class Job:
             text = f"{root.what} (pid {root.p.pid}) failed with {describe_code(root.p.returncode)}"
             if root is self.scheduler and said:
                 return f"the scheduler (pid {root.p.pid}) ended the job: {said}"
-            return f"{text}; the scheduler: {said}" if said else text
+            own = reasons.get(root.p.pid)       # the error it left (byteps/core/api/exit.py)
+            if said and root.p.returncode == 1 and " exited with an error: " in said:
+                # several ranks failed with an error: the first one the scheduler heard of
+                return said.replace(" exited with an error: ", " failed with exit code 1: ", 1)
+            if own and root.p.returncode != PEER_FAILED_EXIT:
+                text = f"{text}: {own}"
+            return f"{text}; the scheduler: {said}" if said and said not in text else text
         if said:
             return f"the scheduler ended the job: {said}"
         told = next((r for pid, r in reasons.items()), None)

@@ -196,8 +196,8 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             (log.info if ok else log.error)("job ended: %s", hdr.body.get("reason"))
             self.exit_code = 0 if ok else PEER_FAILED_EXIT
         elif hdr.op == Op.NODE_DEAD:
-            (log.info if hdr.body.get("interrupted") else log.error)(
-                "job failed: %s", hdr.body.get("reason"))
+            # (the scheduler said it at ERROR; a second copy here is noise)
+            log.info("job failed: %s", hdr.body.get("reason"))
             self.exit_code = PEER_FAILED_EXIT
         elif hdr.op == Op.MEMBERS:
             self.on_members(hdr.body)

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import re
 import sys
+import types
 
 import zmq
 
 from byteps.core import api
+from byteps.common.errors import BytePSError
+from byteps.common.node import leave_reason
 from byteps.core import state as _st
 from byteps.transport.wire import Op, encode, new_seq
 
@@ -26,15 +31,50 @@ def install_exit_hooks() -> None:
 
     def hook(tp, val, tb):
         api._FAILED.append(f"{tp.__name__}: {val}")
+        tb = _short(val, tb)
+        if isinstance(val, BaseException):
+            val.with_traceback(tb)      # (Python prints the exception's own traceback)
         prev(tp, val, tb)
     sys.excepthook = hook
     atexit.register(at_exit)
+
+
+_PKG = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _short(val, tb):
+    """One block per cause: a BytePSError's traceback ends at the user's own frame (the
+    byteps frames below it say nothing the message does not); a job-wide data error
+    (every rank got the server's refusal) is printed with its traceback by the rank it
+    names only, as one line by the others."""
+    if not isinstance(val, BytePSError) or tb is None:
+        return tb
+    st = _st.current()
+    errors = getattr(getattr(st, "engine", None), "key_errors", None) or {}
+    named = re.search(r"\brank (\d+) \(host", str(val))
+    if str(val) in errors.values() and named and st.rank is not None and \
+            int(named.group(1)) != st.rank:
+        return None
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    first = next((i for i, f in enumerate(frames)
+                  if f.tb_frame.f_code.co_filename.startswith(_PKG + os.sep)), 0)
+    if first == 0:
+        return frames[0]
+    out = None
+    for f in reversed(frames[:first]):
+        out = types.TracebackType(out, f.tb_frame, f.tb_lasti, f.tb_lineno)
+    return out
 
 
 def at_exit() -> None:
     """Tell the scheduler this worker process ends (ok, or with its error)."""
     st = _st.current()
     body = {"ok": not api._FAILED, "reason": api._FAILED[0] if api._FAILED else ""}
+    if api._FAILED and not api._FAILED[0].startswith("KeyboardInterrupt"):
+        leave_reason(api._FAILED[0])      # bpslaunch's last line names it
     try:
         if st is not None and st.engine is not None:
             api._finish(st)
