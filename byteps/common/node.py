@@ -80,6 +80,7 @@ class SchedulerLink:
         self.last_heard = time.monotonic()
         self.last_beat = 0.0
         self.drops = transport.RateLimitedLog(log)
+        self.beat = None     # () -> dict: a heartbeat's body (a worker's report, api/reporter.py)
 
     def send(self, op: int, body: dict) -> None:
         self.seq += 1
@@ -164,7 +165,7 @@ class SchedulerLink:
         """Send a heartbeat when due; raise BytePSError if the scheduler went silent."""
         if now - self.last_beat >= self.cfg.heartbeat_interval:
             self.last_beat = now
-            self.send(Op.HEARTBEAT, {})
+            self.send(Op.HEARTBEAT, _beat_body(self.beat))
         self.check_connection(now)
         if now - self.last_heard > self.cfg.heartbeat_timeout:
             raise BytePSError(f"{self.role}: scheduler unreachable at {self.address}: no "
@@ -176,6 +177,16 @@ class SchedulerLink:
         """Close; with ``linger_ms`` queued messages (LEAVE, EXIT) still go out."""
         self.watch.close()
         self.sock.close(linger_ms)
+
+
+def _beat_body(beat) -> dict:
+    if beat is None:
+        return {}
+    try:
+        return {"report": beat()}
+    except Exception as exc:   # noqa: BLE001 - a report must never stop the heartbeats
+        log.debug("no report with this heartbeat: %r", exc)
+        return {}
 
 
 def _int(body: dict, name: str) -> int:

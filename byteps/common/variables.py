@@ -146,6 +146,10 @@ VARIABLES: tuple[Var, ...] = (
       field="trace_start_step", example="10"),
     V("BYTEPS_TRACE_END_STEP", "1073741824", int, "last step recorded", lo=0,
       field="trace_end_step", example="20"),
+    V("BYTEPS_TRACE_SAMPLE", "1", int, "trace one step in N (a bounded timeline for long "
+      "jobs)", lo=1, example="100"),
+    V("BYTEPS_DASHBOARD_PORT", None, int, "scheduler: serve the live dashboard on this port "
+      "(0: any free port, logged)", lo=0, hi=65535, example="8265"),
     V("BYTEPS_METRICS_PORT", None, int, "Prometheus metrics port base", lo=0, hi=65534,
       example="9400"),
     V("BYTEPS_METRICS_HOST", None, str, "address of the metrics endpoint",

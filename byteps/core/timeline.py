@@ -6,7 +6,8 @@ Chrome trace that Perfetto (ui.perfetto.dev) or chrome://tracing opens.
 Steps come from :class:`StepCounter` (the training steps the plugins'
 optimizers report through ``byteps.core.api.step_done``).  Operations that
 begin in steps ``BYTEPS_TRACE_START_STEP`` .. ``BYTEPS_TRACE_END_STEP``
-(inclusive) are recorded.
+(inclusive) are recorded; with ``BYTEPS_TRACE_SAMPLE=N`` only one step in N of them
+(start, start + N, ...), so a long job writes a bounded file.
 
 Spans (``ph: "X"``, microseconds since the Unix epoch, so traces of several
 workers on one machine line up):
@@ -40,6 +41,8 @@ import time
 
 import numpy as np
 
+from byteps.common import variables
+
 log = logging.getLogger("byteps.timeline")
 SPEED_WINDOW_S = 10.0
 
@@ -67,6 +70,15 @@ class StepCounter:
         self.seen: set[str] = set()
         self.listeners: list = []         # f(new step number), e.g. Timeline.on_step
         self.lock = threading.Lock()
+        self.wait_s = 0.0                 # main thread blocked in synchronize (api/reporter.py)
+        self.last = ""                    # the last push_pull synchronized
+        self.waiting: tuple | None = None    # (name, since) while synchronize blocks
+
+    def waited(self, name: str, seconds: float) -> None:
+        """``synchronize`` of ``name`` returned after blocking ``seconds``."""
+        self.wait_s += seconds
+        self.last = name
+        self.waiting = None
 
     def pushed(self, name: str) -> None:
         """A push_pull of ``name`` starts (only matters while no step was ever marked)."""
@@ -168,12 +180,15 @@ class Timeline:
     """Collects spans of one worker and writes them as a Chrome trace."""
 
     def __init__(self, trace_dir: str, rank: int, size: int, start_step: int, end_step: int,
-                 steps: StepCounter | None = None):
+                 steps: StepCounter | None = None, sample: int | None = None):
         self.steps = StepCounter() if steps is None else steps
         self.steps.listeners.append(self.on_step)
         self.path = os.path.join(trace_dir, str(rank), "comm.json")
         self.rank, self.size = rank, size
         self.start_step, self.end_step = start_step, end_step
+        if sample is None:
+            sample = variables.value("BYTEPS_TRACE_SAMPLE")   # raises ConfigError if bad
+        self.sample = max(1, int(sample))      # one step in N
         self.offset = time.time() - time.monotonic()
         self.lock = threading.Lock()
         self.ops: dict[int, tuple] = {}        # handle id -> (name, step, t0)
@@ -199,7 +214,8 @@ class Timeline:
     def begin(self, hid: int, name: str, t0: float) -> None:
         """A push_pull starts; returns nothing, records it if its step is traced."""
         step = self.steps.n
-        if self.start_step <= step <= self.end_step:
+        if self.start_step <= step <= self.end_step and \
+                not (step - self.start_step) % self.sample:
             with self.lock:
                 self.ops[hid] = (name, step, t0)
 
@@ -290,6 +306,7 @@ class Timeline:
         doc = {"traceEvents": self.events(), "displayTimeUnit": "ms",
                "otherData": {"rank": self.rank, "workers": self.size,
                              "start_step": self.start_step, "end_step": self.end_step,
+                             "sample": self.sample,
                              "np_add_bytes_per_s": round(self.add_rate),
                              "note": "server_sum (est.) spans are estimates"}}
         os.makedirs(os.path.dirname(self.path), exist_ok=True)

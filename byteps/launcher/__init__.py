@@ -26,7 +26,7 @@ from byteps import DIST
 from byteps.common import torchrun
 from byteps.common import variables
 from byteps.common.config import NAMES_CHECKED, Config, ConfigError, name_report
-from byteps.launcher import liveview
+from byteps.launcher import dashboard, liveview
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
 
 
@@ -124,6 +124,7 @@ def standalone(args, cmd: list[str]) -> int:
         say(str(exc))
         return exc.code
     tag = _tagging(args.tag_output, hosts * local)
+    dashboard.standalone_env(args, base, free_port)    # --dashboard: the port, the URL
     restarts = getattr(args, "max_restarts", 0)
     for attempt in range(restarts + 1):
         if attempt:
@@ -335,6 +336,7 @@ def parser() -> argparse.ArgumentParser:
                          "from its own checkpoint, see docs/fault_tolerance.md)")
     from byteps.launcher import elastic, ssh
     ssh.add_arguments(ap)
+    dashboard.add_argument(ap)              # --dashboard [PORT] (launcher/dashboard.py)
     elastic.add_arguments(ap)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return ap
@@ -346,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         from byteps.launcher import k8s
         return k8s.main(argv[1:])
     ap = parser()
-    args = ap.parse_args(argv)
+    args = ap.parse_args(dashboard.fix_argv(argv))
+    dashboard.check(args, ap)
     cmd = args.command
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -368,11 +371,13 @@ def main(argv: list[str] | None = None) -> int:
                      "--max-restarts do not apply to it")
         elastic.check(args, ap)             # --min-workers: an elastic job over ssh
         args.num_servers_given = servers_given
+        dashboard.cluster_env(args)
         return ssh.run(args, cmd)
     if args.slurm:                          # one Slurm task's share of the job
         from byteps.launcher import elastic, slurm
         elastic.check(args, ap)             # --min-workers: an elastic job of Slurm tasks
         args.num_servers_given = servers_given
+        dashboard.cluster_env(args)
         return slurm.run(args, cmd)
     whole_job = bool(args.num_workers or args.hosts or servers_given)
     role = os.environ.get("DMLC_ROLE")

@@ -46,15 +46,16 @@ class StallReports:
                 # one report per tensor and round, not one per partition
                 k = (fatal, name, rnd, tuple(sorted(rs.ranks)),
                      ", ".join(describe(m) for m in missing))
-                parts = reports.setdefault(k, [0, age])
+                parts = reports.setdefault(k, [0, age, sorted(m["rank"] for m in missing)])
                 parts[0] += 1
                 parts[1] = max(parts[1], age)
-        for (fatal, name, rnd, ranks, missing), (nparts, age) in reports.items():
+        for (fatal, name, rnd, ranks, missing), (nparts, age, owe) in reports.items():
             text = (f"tensor {name!r} ({nparts} partition(s), round {rnd}) waited {age:.0f} s: "
                     f"pushed by rank(s) {list(ranks)}, missing {missing}")
             if not fatal:
                 log.warning("stall: %s", text)
-            self.link.send(Op.STALL, {"text": text, "fatal": fatal})
+            self.link.send(Op.STALL, {"text": text, "fatal": fatal, "tensor": str(name)[:400],
+                                      "round": rnd, "age": round(age, 1), "missing": owe})
             self.stall_reports += 1
 
     def scan_held(self, now: float) -> None:

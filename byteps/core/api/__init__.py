@@ -129,6 +129,8 @@ def init(lazy: bool = False) -> None:
         if st.engine is not None:
             # BYTEPS_METRICS_PORT, bpslaunch's live view: they read the current state
             worker_metrics.start(cfg, st.rank, _st.current)
+            from byteps.core.api import reporter    # heartbeats carry this worker's report
+            reporter.attach(st)
 
 
 def shutdown() -> None:

@@ -4,6 +4,8 @@ its handles (poll, synchronize), broadcast and barrier.  Reads the process state
 (:mod:`byteps.core.state`); the collectives and the algorithms build on this module."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from byteps.common.errors import BytePSError
@@ -148,9 +150,12 @@ def synchronize(handle: int) -> np.ndarray:
     h = _handle(handle)
     if st.tuner is not None:
         st.tuner.release()            # partitions autotune held go out at the first wait
+    t0 = time.monotonic()
+    st.steps.waiting = (getattr(h.tensor, "name", ""), t0)     # the hang doctor's "owes"
     while not h.event.wait(0.5):
         if st.engine is not None and st.engine.fatal:
             st.engine.fail_handle(h, st.engine.fatal)
+    st.steps.waited(getattr(h.tensor, "name", ""), time.monotonic() - t0)   # compute/wait split (reporter)
     st.handles.pop(handle, None)
     _coll.release(handle)         # a name reserved by collectives.allreduce_async
     if h.error is not None:

@@ -1,0 +1,165 @@
+"""What a worker tells the scheduler with each heartbeat: its step, the step time split into
+compute and communication wait, throughput, bytes per step, per-server round latency, the
+last operation it completed and, while its step does not advance, the Python stack of every
+thread (the hang doctor: byteps/dashboard/doctor.py names the stuck line of code).
+
+The body is built on the engine thread when the heartbeat is due (``SchedulerLink.beat``),
+from counters the main thread updates; stacks are read with ``sys._current_frames()`` there,
+never from a signal handler.  ``SIGUSR1`` (when the process has no handler of its own) only
+records the request; the next heartbeat prints this process's stacks to stderr.  Everything
+sent is plain numbers and strings (msgpack), which the scheduler validates field by field.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+MAX_FRAMES = 12          # frames per thread, innermost last
+MAX_THREADS = 16
+STEP_WINDOW = 20         # steps averaged for the step time split
+
+_SIGUSR1 = threading.Event()
+
+
+class Reporter:
+    """One per engine (``attach``); ``body()`` is the heartbeat body."""
+
+    def __init__(self, st):
+        self.st = st
+        self.eng = st.engine
+        self.main = threading.main_thread().ident
+        self.steps = st.steps
+        self.t_step = time.monotonic()           # when the current step began
+        self.wait_mark = 0.0
+        self.bytes_mark = (0, 0)                 # (step, raw bytes pushed) at the last beat
+        self.bytes_step = 0
+        self.window: collections.deque = collections.deque(maxlen=STEP_WINDOW)
+        self.prev_rounds: tuple | None = None
+        self.last_srv: list = []
+        self.quiet_s = max(1.0, min(st.cfg.stall_warning_s / 2, 10.0))
+        self.steps.listeners.append(self.on_step)
+
+    def on_step(self, n: int) -> None:
+        """Step ``n`` began (main thread): one (step time, wait) sample."""
+        now = time.monotonic()
+        wait = self.steps.wait_s
+        self.window.append((now - self.t_step, wait - self.wait_mark))
+        self.t_step, self.wait_mark = now, wait
+
+    def rounds(self) -> list:
+        """Mean round latency (ms) per server since the last heartbeat (the previous value
+        when none completed since; -1: never)."""
+        n, sums = self.eng.rounds.snapshot()
+        prev = self.prev_rounds or ([0] * len(n), [0.0] * len(n))
+        self.prev_rounds = (n, sums)
+        last = self.last_srv if len(self.last_srv) == len(n) else [-1.0] * len(n)
+        self.last_srv = [round((s - ps) / (k - pk) * 1e3, 3) if k > pk else old
+                         for k, s, pk, ps, old in zip(n, sums, prev[0], prev[1], last)]
+        return self.last_srv
+
+    def body(self) -> dict:
+        now = time.monotonic()
+        win = list(self.window)
+        k = len(win) or 1
+        step_ms = sum(w[0] for w in win) / k * 1e3
+        wait_ms = sum(w[1] for w in win) / k * 1e3
+        last = self.steps.last
+        comp = _compression(self.st, self.eng)
+        raw, step = comp.pop("raw"), self.steps.n
+        if step > self.bytes_mark[0]:           # raw bytes pushed per step since the last beat
+            self.bytes_step = (raw - self.bytes_mark[1]) // (step - self.bytes_mark[0])
+            self.bytes_mark = (step, raw)
+        rep = {"step": step, "step_ms": round(step_ms, 3),
+               "wait_ms": round(min(wait_ms, step_ms), 3),
+               "MBps": round(self.eng.speed.get(now)[1], 3), "bytes": int(raw),
+               "bytes_step": int(max(0, self.bytes_step)),
+               "srv_ms": self.rounds(), "pid": os.getpid(),
+               "in_step_s": round(now - self.t_step, 3), "last": str(last)[:200],
+               "inflight": len(self.eng.inflight),
+               "mode": "async" if self.st.cfg.enable_async else "sync", **comp}
+        waiting = self.steps.waiting
+        if waiting is not None:
+            rep["waiting"], rep["waiting_s"] = str(waiting[0])[:200], round(now - waiting[1], 3)
+        tuner = getattr(self.st, "tuner", None)
+        if tuner is not None:
+            rep["tune"] = _tuning(tuner, self.st.cfg)
+        if now - self.t_step >= self.quiet_s or _SIGUSR1.is_set():
+            rep["stacks"] = stacks(self.main)
+            if _SIGUSR1.is_set():
+                _SIGUSR1.clear()
+                _print_stacks(rep["stacks"])
+        return rep
+
+
+def _tuning(tuner, cfg) -> dict:
+    """Autotune's state and current setting: partition bytes and credit window."""
+    out = {"state": str(getattr(tuner, "state", ""))[:40],
+           "partition_bytes": int(getattr(tuner, "partition", cfg.partition_bytes) or 0),
+           "credit_bytes": int(cfg.credit_bytes or 0)}
+    if getattr(tuner, "choice", None):
+        out["chosen"] = [int(v) for v in tuner.choice[:2]]
+    return out
+
+
+def _compression(st, eng) -> dict:
+    """The compressors in use (from the declarations) and pushed raw / wire bytes."""
+    names = sorted({getattr(s, "compressor", "") for s in list(st.declared.values())
+                    if s is not None} - {""})
+    raw = wire = 0
+    for b in list(eng.bytes.values()):
+        raw, wire = raw + b[0], wire + b[1]
+    return {"comp": ",".join(names)[:200] or "none", "raw": raw,
+            "ratio": round(raw / wire, 3) if wire else 1.0}
+
+
+def stacks(main_ident: int | None = None) -> list:
+    """``[[thread name, [[file, line, function], ...]], ...]``, the main thread first,
+    innermost frame last; our own threads (byteps-*) are left out."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sys._current_frames()
+    order = sorted(frames, key=lambda i: (i != main_ident, names.get(i, "")))
+    out = []
+    for ident in order:
+        name = names.get(ident, f"thread {ident}")
+        if name.startswith("byteps-") or ident == threading.get_ident():
+            continue
+        summary = traceback.extract_stack(frames[ident], limit=MAX_FRAMES)
+        out.append([("MainThread" if ident == main_ident else name)[:80],
+                    [[f.filename[-160:], int(f.lineno or 0), f.name[:80]] for f in summary]])
+        if len(out) >= MAX_THREADS:
+            break
+    return out
+
+
+def _print_stacks(threads: list) -> None:
+    lines = [f"byteps: stacks of pid {os.getpid()} (SIGUSR1):"]
+    for name, frames in threads:
+        lines.append(f"  thread {name}:")
+        lines.extend(f"    {f}:{ln} in {fn}()" for f, ln, fn in frames)
+    try:
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _on_usr1(signum, frame) -> None:
+    _SIGUSR1.set()           # only record; the engine thread prints at its next heartbeat
+
+
+def attach(st) -> None:
+    """After ``init()``: the scheduler link's heartbeats carry this worker's report."""
+    if st.link is None or st.engine is None:
+        return
+    st.link.beat = Reporter(st).body
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGUSR1, _on_usr1)
+        except (ValueError, OSError):
+            pass

@@ -1,0 +1,198 @@
+"""The job as the scheduler sees it, for the dashboard and the hang doctor.
+
+:meth:`JobView.note` runs on the scheduler's thread for every authenticated message (it
+only stores a validated report or stall); a daemon thread (:meth:`JobView.run`) reads the
+scheduler's membership every ``PERIOD_S``, runs the hang doctor and the straggler
+attribution, and publishes one immutable JSON snapshot that the HTTP threads serve.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+
+from byteps.dashboard import reports
+from byteps.dashboard.doctor import Doctor
+from byteps.transport.wire import Op
+
+log = logging.getLogger("byteps.scheduler")
+
+PERIOD_S = 0.5
+SERIES_POINTS = 600         # time-series points kept (halved when full: the whole job)
+STRAGGLER_EVERY_S = 5.0     # how often the slowest rank is named in the log
+
+
+class JobView:
+    def __init__(self, sched, log_stragglers: bool = True):
+        self.sched = sched
+        self.lock = threading.Lock()
+        self.reports: dict[bytes, tuple] = {}       # ident -> (monotonic, clean report)
+        self.stalls: collections.deque = collections.deque(maxlen=50)
+        self.events: collections.deque = collections.deque(maxlen=200)
+        self.series: list = []                      # [t, {rank: [step_ms, MBps]}]
+        self.every = 1.0                            # seconds between series points
+        self.doctor = Doctor(sched.cfg.stall_warning_s)
+        self.known: dict = {}                       # rank -> state last seen (events)
+        self.epoch = None
+        self.straggler = None
+        self.said_straggler = 0.0
+        self.log_stragglers = log_stragglers
+        self.snapshot = b"{}"
+        self.version = 0
+        self.changed = threading.Condition(self.lock)
+        self.started = time.time()
+        self.stop = threading.Event()
+        self.bad = 0
+        self.http = None                            # the page's HTTP server (web.py)
+
+    # ------------------------------------------------------------ scheduler thread
+    def note(self, ident: bytes, node: dict, hdr) -> None:
+        """A message from a registered node (validated by the scheduler)."""
+        try:
+            if hdr.op == Op.HEARTBEAT and "report" in hdr.body:
+                rep = reports.clean(hdr.body["report"])
+                with self.lock:
+                    self.reports[ident] = (time.monotonic(), rep)
+            elif hdr.op == Op.STALL:
+                with self.lock:
+                    self.stalls.append((time.time(), str(hdr.body.get("text"))[:1000]))
+                    self.doctor.stall(hdr.body, time.monotonic())
+        except ValueError as exc:
+            self.bad += 1
+            if self.bad <= 3:
+                log.warning("dashboard: ignored a malformed report from node %s: %s",
+                            node.get("node_id"), exc)
+
+    # ------------------------------------------------------------ view thread
+    def run(self) -> None:
+        next_point = 0.0
+        while not self.stop.wait(PERIOD_S):
+            try:
+                now = time.monotonic()
+                self.refresh(now, now >= next_point)
+                if now >= next_point:
+                    next_point = now + self.every
+            except Exception:         # noqa: BLE001 - the dashboard must not end the job
+                log.exception("dashboard: refresh failed")
+
+    def ranks(self, now: float) -> dict[int, dict]:
+        s = self.sched
+        out = {}
+        for ident, w in list(s.workers.items()):
+            rank = w.get("rank", -1)
+            if not isinstance(rank, int) or rank < 0:
+                continue
+            state = ("exited" if ident in s.exited else "left" if ident in s.left else
+                     "unreachable" if w.get("down_since") is not None else "running")
+            t, rep = self.reports.get(ident, (0.0, None))
+            out[rank] = {"rank": rank, "host": w.get("host_id") or w.get("host"),
+                         "pid": w.get("pid"), "node_id": w.get("node_id"), "state": state,
+                         "report": rep, "report_t": t,
+                         "age_s": round(now - t, 1) if rep else None}
+        return out
+
+    def refresh(self, now: float, point: bool) -> None:
+        s = self.sched
+        with self.lock:
+            ranks = self.ranks(now)
+            made = self.doctor.tick(now, ranks)
+        wall = time.time()
+        for doc in made:
+            self.events.append((wall, "hang doctor: " + doc["text"]))
+        self.membership_events(ranks, wall)
+        rows, split = [], {}
+        named = {d["rank"] for d in self.doctor.reports if wall - d["t"] < 120}
+        for r in sorted(ranks):
+            info = ranks[r]
+            rep = info.pop("report") or {}
+            info.pop("report_t")
+            step_ms, wait_ms = rep.get("step_ms"), rep.get("wait_ms")
+            compute = None if step_ms is None else max(0.0, step_ms - (wait_ms or 0.0))
+            rnd = reports.round_ms(rep)
+            if info["state"] == "running" and step_ms:
+                split[r] = {"compute_ms": compute, "wait_ms": wait_ms, "round_ms": rnd}
+            rows.append(dict(info, **{k: v for k, v in rep.items() if k != "stacks"},
+                             compute_ms=None if compute is None else round(compute, 3),
+                             round_ms=None if rnd is None else round(rnd, 3),
+                             stalled=bool(rep.get("stacks")),
+                             stuck=r in named and bool(rep.get("stacks"))))
+        self.straggler = reports.stragglers(split)
+        if self.straggler and self.log_stragglers and now - self.said_straggler > \
+                STRAGGLER_EVERY_S:
+            self.said_straggler = now
+            log.warning("straggler: %s", self.straggler["text"])
+        if point and rows:
+            self.series.append([round(wall - self.started, 1),
+                                {r["rank"]: [r.get("step_ms"), r.get("MBps")] for r in rows}])
+            if len(self.series) > SERIES_POINTS:
+                self.series = self.series[::2]
+                self.every *= 2
+        doc = {"job": s.cfg.job_id, "epoch": s.epoch, "formed": s.formed, "t": wall,
+               "uptime_s": round(wall - self.started, 1), "workers": rows,
+               "servers": self.servers(rows), "config": self.config(rows),
+               "straggler": self.straggler, "warnings": self.warnings(rows, wall),
+               "doctor": self.doctor.reports[-5:], "events": [
+                   [round(t, 3), text] for t, text in list(self.events)[-50:]],
+               "series": self.series}
+        data = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        with self.changed:
+            self.snapshot = data
+            self.version += 1
+            self.changed.notify_all()
+
+    def membership_events(self, ranks: dict, wall: float) -> None:
+        s = self.sched
+        if s.epoch != self.epoch and s.formed:
+            self.events.append((wall, f"membership epoch {s.epoch}: {len(s.workers)} "
+                                      f"worker(s), {len(s.servers)} server(s)"))
+            self.epoch = s.epoch
+        for r, info in ranks.items():
+            before = self.known.get(r)
+            if before != info["state"]:
+                if before is not None or info["state"] != "running":
+                    self.events.append((wall, f"rank {r} (host {info['host']}): "
+                                              f"{info['state']}"))
+                self.known[r] = info["state"]
+        for r in list(self.known):
+            if r not in ranks:
+                self.events.append((wall, f"rank {r}: gone from the job"))
+                del self.known[r]
+
+    def servers(self, rows: list) -> list:
+        out = []
+        s = self.sched
+        for i, (ident, n) in enumerate(list(s.servers.items())):
+            lat = [r["srv_ms"][i] for r in rows if len(r.get("srv_ms") or []) > i
+                   and r["srv_ms"][i] >= 0]
+            state = ("lost (its backup serves its keys)" if n.get("lost") else
+                     "exited" if ident in s.exited else
+                     "unreachable" if n.get("down_since") is not None else "running")
+            out.append({"index": i, "node_id": n.get("node_id"), "host": n.get("host"),
+                        "address": n.get("address"), "state": state,
+                        "replicas": s.cfg.server_replicas,
+                        "round_ms": round(sum(lat) / len(lat), 3) if lat else None})
+        return out
+
+    def config(self, rows: list) -> dict:
+        first = next((r for r in rows if r.get("mode")), {})
+        return {"mode": first.get("mode"), "compression": first.get("comp"),
+                "ratio": first.get("ratio"), "autotune": first.get("tune"),
+                "num_worker_hosts": self.sched.cfg.num_worker,
+                "num_server": self.sched.cfg.num_server}
+
+    def warnings(self, rows: list, wall: float) -> list:
+        out = [f"stall: {text}" for t, text in self.stalls if wall - t < 120]
+        out += [f"rank {r['rank']} (host {r['host']}) {r['state']}" for r in rows
+                if r["state"] != "running"]
+        if self.straggler:
+            out.append(f"straggler ({self.straggler['kind']}): {self.straggler['text']}")
+        return out
+
+    def wait_change(self, version: int, timeout: float) -> tuple[int, bytes]:
+        """The next snapshot after ``version`` (or the current one after ``timeout``)."""
+        with self.changed:
+            if self.version == version:
+                self.changed.wait(timeout)
+            return self.version, self.snapshot

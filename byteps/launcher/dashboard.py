@@ -1,0 +1,60 @@
+"""``bpslaunch --dashboard [PORT]``: the scheduler serves the live dashboard
+(byteps/dashboard, docs/dashboard.md) through ``BYTEPS_DASHBOARD_PORT``.
+
+Standalone: the port (a free one when PORT is left out) goes into the scheduler's
+environment and bpslaunch prints the ready URL (with the token derived from the job
+secret).  ``-H`` and ``--slurm``: the variable is passed to every process like any
+``BYTEPS_*`` variable; the scheduler logs the URL on its host.
+"""
+from __future__ import annotations
+
+import os
+
+HELP = ("serve the live dashboard from the scheduler on PORT (default: a free port): every "
+        "rank's step, compute/communication split and throughput, servers, stalls with the "
+        "stuck line of code, stragglers; bpslaunch prints the URL (docs/dashboard.md)")
+SAID = "BPSLAUNCH_DASHBOARD_SAID"        # bpslaunch printed the URL: the scheduler need not
+
+
+def add_argument(ap) -> None:
+    ap.add_argument("--dashboard", nargs="?", const=0, type=int, default=None, metavar="PORT",
+                    help=HELP)
+
+
+def fix_argv(argv: list[str]) -> list[str]:
+    """``--dashboard python train.py``: the option's PORT is optional, so a non-number after
+    it is the command, not the port."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == "--":
+            break
+        if a == "--dashboard" and (i + 1 >= len(out) or not out[i + 1].isdigit()):
+            out[i] = "--dashboard=0"
+            break
+    return out
+
+
+def check(args, ap) -> None:
+    port = getattr(args, "dashboard", None)
+    if port is not None and not 0 <= port <= 65535:
+        ap.error(f"--dashboard {port}: a port is 0..65535")
+
+
+def standalone_env(args, base: dict, free_port) -> None:
+    """Put the dashboard's port into a standalone job's environment and print its URL."""
+    port = getattr(args, "dashboard", None)
+    if port is None:
+        return
+    from byteps.dashboard import url
+    from byteps.launcher.supervise import say
+    port = port or free_port()
+    base.update(BYTEPS_DASHBOARD_PORT=str(port), **{SAID: "1"})
+    host = base.get("DMLC_PS_ROOT_URI") or "127.0.0.1"
+    say(f"dashboard at {url(host, port, base.get('BYTEPS_JOB_SECRET'))}")
+
+
+def cluster_env(args) -> None:
+    """-H/--slurm: every process gets BYTEPS_DASHBOARD_PORT (the scheduler uses it)."""
+    port = getattr(args, "dashboard", None)
+    if port is not None:
+        os.environ["BYTEPS_DASHBOARD_PORT"] = str(port)
