@@ -40,7 +40,7 @@ def test_elastic_job_forms_without_a_worker_killed_before_it_registered(tmp_path
 
 
 def test_an_elastic_job_that_cannot_form_names_the_killed_worker(tmp_path):
-    res = _job(tmp_path, 3, BYTEPS_STARTUP_TIMEOUT=4)
+    res = _job(tmp_path, 3, BYTEPS_STARTUP_TIMEOUT=2)
     assert res.returncode != 0
     last = res.stderr.strip().splitlines()[-1]
     assert "root cause: worker rank 2" in last and "signal SIGKILL" in last, res.stderr[-3000:]
