@@ -37,7 +37,7 @@ import numpy as np
 
 from byteps.core import api
 from byteps.core import state as _st
-from byteps.core.algorithms.base import Algorithm
+from byteps.core.algorithms.base import Algorithm, adopt_last_joiner
 from byteps.common.errors import BytePSError
 from byteps.common.outer import outer_step
 from byteps.transport.wire import ASYNC
@@ -99,7 +99,9 @@ class DiLoCo(Algorithm):
         self.frags = _fragments(params, self.F)
         self.latest = params
         self.inflight: dict[int, tuple] = {}     # f -> (thread, box, snapshot)
-        self.m: dict = {}                        # momentum without servers (one process)
+        # without servers every rank keeps the servers' state alike (_serverless)
+        self.sx: dict = {}                       # the global parameters
+        self.m: dict = {}                        # the outer momentum
         self._start(params)
         api.add_join_hook(self._before_join, self._after_join)
 
@@ -111,6 +113,9 @@ class DiLoCo(Algorithm):
         self.steps = [0] * self.F              # inner steps since each fragment's sync
         got = self._seed(params)
         self.global_ = got
+        if self._serverless():
+            self.sx = {n: np.array(v, copy=True) for n, v in got.items()}
+            self.m = {}
         for n, p in params.items():
             np.copyto(p, got[n])
         self._start_timer()
@@ -175,7 +180,7 @@ class DiLoCo(Algorithm):
             self._restart(params)
             return
         if self.need_seed:                        # every rank joined: rounds restart
-            self._seed(params)
+            self._reseed(params)
             self.need_seed = False
         self.step += 1
         for f in range(self.F):
@@ -240,10 +245,24 @@ class DiLoCo(Algorithm):
         got = {n: api.synchronize(h) for n, h in hs}
         if serverless:                 # the servers' step, on every rank alike
             for n, g in got.items():
-                x = got[n] = np.array(self.global_[n], copy=True)
+                x = self.sx[n]
                 outer_step(x, self.m.setdefault(n, np.zeros_like(x)), g, self.lr, self.mu,
                            self.nesterov)
+                got[n] = x.copy()
         return got
+
+    def _reseed(self, params: dict) -> dict:
+        """Every rank joined: the rounds restart.  The servers keep the global parameters
+        (a seed round re-arms them); without servers every rank takes the replica of the
+        rank that joined last (it took part in every round).  Returns the global
+        parameters, identical on every rank."""
+        if not self._serverless():
+            return self._seed(params)
+        for n, x in self.sx.items():
+            self.m.setdefault(n, np.zeros_like(x))
+        adopt_last_joiner(self.sx, f"{self.prefix}sx.")
+        adopt_last_joiner(self.m, f"{self.prefix}m.")
+        return {n: x.copy() for n, x in self.sx.items()}
 
     def _apply(self, f: int, got: dict | None, params: dict, snap: dict) -> None:
         """Take the new global parameters of fragment ``f`` (plus, with ``overlap``, the
@@ -317,7 +336,7 @@ class DiLoCo(Algorithm):
             self._wait_all(params)
         # after an uneven join the ranks' last pulls differ: the seed round's answer (the
         # servers' parameters, identical everywhere) stands in where no rank has steps left
-        seeded = self._seed(params) if self.need_seed else {}
+        seeded = self._reseed(params) if self.need_seed else {}
         self.need_seed = False
         overlap, self.overlap = self.overlap, False
         try:
