@@ -184,7 +184,7 @@ def test_bad_arguments_name_the_parameter():
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("diloco")
     rec = out / "rec"
-    assert_ok(run_script("diloco_job.py", out, "replay,frag,h1,digits,overlap,join",
+    assert_ok(run_script("diloco_job.py", out, "replay,frag,h1,digits,overlap,seconds,join",
                          workers=2, servers=1, timeout=150, launcher_args=("--hosts", "2"),
                          BYTEPS_ENABLE_IPC=0, BYTEPS_MIN_COMPRESS_BYTES=0,
                          BYTEPS_TEST_RECORD=rec))
@@ -272,3 +272,15 @@ def test_one_host_without_servers_equals_the_replay_and_joins(tmp_path):
             np.testing.assert_array_equal(np.array(res[r]["replay"]["p"][k], np.float32),
                                           want[k])
     assert res[0]["join"]["p"] == res[1]["join"]["p"]
+
+
+@pytest.mark.timeout(160)
+def test_inner_seconds_agrees_on_rounds_for_unequal_workers(job):
+    """inner_seconds: rank 1 is ten times slower; both take the same rounds (agreed by the
+    timer's control exchange), rank 0 takes more inner steps, both end identical."""
+    res, _ = job
+    a, b = res[0]["seconds"], res[1]["seconds"]
+    assert a["rounds"] == b["rounds"] >= 4
+    assert [e[1] for e in a["log"]] == [e[1] for e in b["log"]]      # the same fragments
+    assert a["log"][-1][2] > 2 * b["log"][-1][2], (a["log"], b["log"])
+    assert a["p"] == b["p"]

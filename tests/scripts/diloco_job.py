@@ -9,6 +9,7 @@ key prefix, results in OUT/rank<r>.json.
   test's one-process numpy replay.
 * ``digits``: the digits MLP, int8-compressed outer gradients, H = 20.
 * ``overlap``: Streaming DiLoCo, 2 fragments, overlapped exchanges.
+* ``seconds``: ``inner_seconds``, 2 fragments, rank 1 ten times slower.
 * ``join``: uneven steps (rank 1 takes fewer), ``bps.join()``, then ``finish()``.
 """
 import json
@@ -87,6 +88,18 @@ for phase in phases:
         opt.finish()
         res[phase] = {"acc": accuracy(p, xt, yt), "rounds": alg.rounds, "log": alg.log,
                       "digest": float(sum(np.abs(v).sum() for v in p.values()))}
+    elif phase == "seconds":
+        import time
+        p = ls_params()
+        alg = bps.algorithms.DiLoCo(inner_seconds=0.15, fragments=2, prefix="seconds.")
+        opt = bps.DistributedOptimizer(sgd, p, algorithm=alg)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:
+            opt.step(ls_grad(p, r))
+            time.sleep(0.002 if r == 0 else 0.02)     # rank 1 takes ~10x fewer steps
+        opt.finish()
+        res["seconds"] = {"p": {k: v.tolist() for k, v in p.items()}, "log": alg.log,
+                          "rounds": alg.rounds}
     elif phase == "join":
         p = ls_params()
         alg = bps.algorithms.DiLoCo(inner_steps=3, prefix="join.")
