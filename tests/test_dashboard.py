@@ -155,6 +155,18 @@ def test_http_token_status_and_events(monkeypatch):
         sched.view.note(b"w0", w, Header(4, "j", 2, Op.HEARTBEAT, 1, 1, body))
         bad = {"report": _report(step=-1)}
         sched.view.note(b"w0", w, Header(4, "j", 2, Op.HEARTBEAT, 1, 2, bad))  # dropped
+        w1 = {"role": "worker", "rank": 1, "node_id": 3, "host_id": "h1", "pid": 8}
+        sched.workers[b"w1"] = w1
+        srv = {"role": "server", "rank": -1, "node_id": 1, "host": "127.0.0.1",
+               "address": "tcp://127.0.0.1:1"}
+        sched.servers[b"s0"] = srv
+        rep = {"keys": 3, "bytes": 10 ** 6, "rounds": 40, "open": 1, "queue": 0,
+               "replica": "off"}
+        sched.view.note(b"s0", srv, Header(4, "j", 1, Op.HEARTBEAT, 1, 1, {"report": rep}))
+        sched.view.note(b"s0", srv, Header(4, "j", 1, Op.HEARTBEAT, 1, 2,
+                                           {"report": dict(rep, keys="3")}))     # dropped
+        sched.view.refresh(time.monotonic(), True)
+        sched.exited.add(b"w1")                       # rank 1 ends: shown as gone
         sched.view.refresh(time.monotonic(), True)
         base = f"http://127.0.0.1:{port}"
         tok = dashboard.token(secret)
@@ -176,6 +188,12 @@ def test_http_token_status_and_events(monkeypatch):
         assert (row["rank"], row["host"], row["state"], row["step"]) == (0, "h0", "running", 12)
         assert row["compute_ms"] == 20.0 and row["round_ms"] == 4.0 and row["stuck"] is False
         assert doc["config"]["autotune"]["chosen"] == [4096000, 16384000]
+        assert doc["workers"][1]["state"] == "exited"
+        assert "rank 1 (host h1) exited" in doc["warnings"]
+        assert any("rank 1 (host h1): exited" in text for _, text in doc["events"])
+        server = doc["servers"][0]
+        assert (server["keys"], server["rounds"], server["open"], server["replica"],
+                server["state"]) == (3, 40, 1, "off", "running")
         with urllib.request.urlopen(f"{base}/api/events?token={tok}", timeout=10) as r:
             assert r.headers["Content-Type"] == "text/event-stream"
             line = r.readline()
@@ -251,6 +269,9 @@ def test_dashboard_in_headless_chromium(tmp_path):
         after = _until("the steps to move", lambda: (lambda s: s if s and all(
             s[r] > before[r] for r in range(4)) else None)(steps()), 20)
         assert all(float(cells(r)[8]) > 0 for r in range(4))       # MB/s
+        assert _until("the server's keys", lambda: driver.execute_script(
+            "return document.querySelector('#servers tr[data-index=\"0\"] td:nth-child(5)')"
+            ".textContent;") not in (None, "-", "0"), 10)
         assert text("conn") == "live"
         _until("rank 3 named a compute straggler", lambda: "rank 3 is slow to compute" in
                text("straggler"), 30)

@@ -37,8 +37,10 @@ tr.stalled td{background:#fff8e0}
 <th>comm wait ms</th><th>MB/s</th><th>bytes/step</th><th>round ms</th>
 <th class="l">last completed</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Servers</h2><table id="servers"><thead><tr><th>server</th>
-<th class="l">host</th><th class="l">address</th><th class="l">state</th><th>replicas</th>
-<th>round ms (workers' view)</th></tr></thead><tbody></tbody></table></section>
+<th class="l">host</th><th class="l">address</th><th class="l">state</th><th>keys</th>
+<th>MB/s in</th><th>rounds</th><th>open rounds</th><th>queue</th>
+<th>round ms (workers' view)</th><th class="l">replica</th></tr></thead><tbody></tbody>
+</table></section>
 <div class="plots"><section><h2>Step time (ms) per rank</h2><svg id="plot_step"></svg></section>
 <section><h2>push_pull throughput (MB/s) per rank</h2><svg id="plot_mbps"></svg></section></div>
 <section><h2>Hang doctor</h2><div id="doctor">no stall reported</div></section>
@@ -123,8 +125,10 @@ function render(s) {
        [num(w.round_ms, 2)], [w.last || "-", "l"]],
        w => w.state !== "running" ? "gone" : (w.stuck ? "stuck" : (w.stalled ? "stalled" : "")),
        "rank");
+  const dash = v => (v === undefined || v === null) ? "-" : v;
   rows("servers", s.servers, v => [[v.index], [v.host, "l"], [v.address, "l"],
-       [v.state, "l"], [v.replicas], [num(v.round_ms, 2)]],
+       [v.state, "l"], [dash(v.keys)], [num(v.MBps, 2)], [dash(v.rounds)], [dash(v.open)],
+       [dash(v.queue)], [num(v.round_ms, 2)], [dash(v.replica), "l"]],
        v => v.state.startsWith("running") ? "" : "gone", "index");
   plot("plot_step", s.series, 0); plot("plot_mbps", s.series, 1);
   const doc = document.getElementById("doctor"); doc.replaceChildren();

@@ -96,6 +96,21 @@ def _stacks(threads) -> list:
     return out
 
 
+_SERVER = {"keys": (int, 0, 1 << 40), "bytes": (int, 0, 1 << 62),
+           "rounds": (int, 0, 1 << 62), "open": (int, 0, 1 << 40), "queue": (int, 0, 1 << 40)}
+
+
+def clean_server(rep) -> dict:
+    """A server's heartbeat report (byteps/server/report.py), validated; raises ValueError."""
+    if not isinstance(rep, dict):
+        raise ValueError("a report must be a map")
+    out = {name: _number(name, rep[name], kind, lo, hi)
+           for name, (kind, lo, hi) in _SERVER.items() if name in rep}
+    if "replica" in rep:
+        out["replica"] = _text("replica", rep["replica"], 80)
+    return out
+
+
 def round_ms(rep: dict) -> float | None:
     """Mean round latency of a report over the servers that completed rounds."""
     vals = [v for v in rep.get("srv_ms", []) if v >= 0]

@@ -46,13 +46,16 @@ class JobView:
         self.stop = threading.Event()
         self.bad = 0
         self.http = None                            # the page's HTTP server (web.py)
+        self.server_bytes: dict = {}                # ident -> (t, bytes) of the load window
+        self.server_load: dict = {}                 # ident -> MB/s received
 
     # ------------------------------------------------------------ scheduler thread
     def note(self, ident: bytes, node: dict, hdr) -> None:
         """A message from a registered node (validated by the scheduler)."""
         try:
             if hdr.op == Op.HEARTBEAT and "report" in hdr.body:
-                rep = reports.clean(hdr.body["report"])
+                server = ident in self.sched.servers
+                rep = (reports.clean_server if server else reports.clean)(hdr.body["report"])
                 with self.lock:
                     self.reports[ident] = (time.monotonic(), rep)
             elif hdr.op == Op.STALL:
@@ -169,9 +172,17 @@ class JobView:
             state = ("lost (its backup serves its keys)" if n.get("lost") else
                      "exited" if ident in s.exited else
                      "unreachable" if n.get("down_since") is not None else "running")
+            t, rep = self.reports.get(ident, (0.0, {}))
+            t0, b0 = self.server_bytes.get(ident, (t, rep.get("bytes", 0)))
+            if t - t0 >= 2.0 or ident not in self.server_bytes:   # received MB/s: its load
+                self.server_load[ident] = (rep.get("bytes", 0) - b0) / 1e6 / (t - t0) \
+                    if t > t0 else None
+                self.server_bytes[ident] = (t, rep.get("bytes", 0))
+            load = self.server_load.get(ident)
             out.append({"index": i, "node_id": n.get("node_id"), "host": n.get("host"),
                         "address": n.get("address"), "state": state,
-                        "replicas": s.cfg.server_replicas,
+                        "replicas": s.cfg.server_replicas, **rep,
+                        "MBps": None if load is None else round(load, 3),
                         "round_ms": round(sum(lat) / len(lat), 3) if lat else None})
         return out
 

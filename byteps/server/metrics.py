@@ -6,12 +6,14 @@ import time
 
 from byteps.common import metrics
 from byteps.server import store
+from byteps.server.report import report
 
 
 def serve_server(srv, index: int) -> int | None:
     """Register server ``index``'s metrics (``srv``: :class:`byteps.server.Server`) and serve
     them when BYTEPS_METRICS_PORT is set."""
     metrics.register("server", lambda core: server_families(core, srv))
+    srv.link.beat = lambda: report(srv)     # heartbeats carry it (byteps/dashboard)
     return metrics.serve(f"server {index}", srv.cfg, "server", index)
 
 
