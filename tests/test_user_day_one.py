@@ -47,6 +47,7 @@ def test_one_worker_job_runs_without_scheduler_or_server(tmp_path):
     assert_ok(res)
     got = read_results(tmp_path)
     assert got[0]["size"] == 1 and got[0]["last_joined"] == 0
+    assert got[0]["communicates"] is False       # no engine: no sockets, no server
     out = res.stdout + res.stderr
     assert "server" not in out.lower() and "scheduler" not in out.lower(), out
 

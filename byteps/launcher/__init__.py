@@ -84,6 +84,10 @@ def _tagging(flag: bool | None, workers: int) -> bool:
     return workers > 1 and (sys.stdout.isatty() or sys.stderr.isatty())
 
 
+SOLO_UNSET = ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
+              "BYTEPS_FORCE_DISTRIBUTED")
+
+
 def standalone(args, cmd: list[str]) -> int:
     if args.hosts:
         hosts, local = args.hosts, args.local_size or 1
@@ -104,6 +108,13 @@ def standalone(args, cmd: list[str]) -> int:
                 BYTEPS_JOB_SECRET=base.get("BYTEPS_JOB_SECRET") or secrets.token_hex(16),
                 BYTEPS_FORCE_DISTRIBUTED="1")
     base.pop("DMLC_NODE_HOST", None)
+    # -np 1 (no -s, --dashboard, elastic or BYTEPS_FORCE_DISTRIBUTED=1): the worker runs
+    # alone, as with Horovod: no scheduler, server or sockets (docs/configuration.md)
+    solo = hosts * local == 1 and not getattr(args, "num_servers_given", True) and not (
+        getattr(args, "elastic", False) or getattr(args, "dashboard", None) is not None
+        or os.environ.get("BYTEPS_FORCE_DISTRIBUTED", "0").strip() not in ("", "0"))
+    for k in SOLO_UNSET if solo else ():
+        base.pop(k)
     if getattr(args, "elastic", False):
         from byteps.launcher import elastic
         base.update(elastic.env(args))
@@ -113,8 +124,9 @@ def standalone(args, cmd: list[str]) -> int:
                     DMLC_WORKER_ID=str(h), BYTEPS_LOCAL_RANK=str(lr),
                     BYTEPS_LOCAL_SIZE=str(local), BYTEPS_EMULATED_HOST=f"host{h}")
     try:
-        check_config({"scheduler": dict(base, DMLC_ROLE="scheduler"),
-                      "server": dict(base, DMLC_ROLE="server"), "worker": worker_env(0, 0)})
+        check_config({"worker": worker_env(0, 0)} if solo else {
+            "scheduler": dict(base, DMLC_ROLE="scheduler"),
+            "server": dict(base, DMLC_ROLE="server"), "worker": worker_env(0, 0)})
         check_command(cmd, base)
         args.live = (liveview.mode(getattr(args, "live", None), base), liveview.interval(base))
     except ConfigError as exc:
@@ -130,7 +142,8 @@ def standalone(args, cmd: list[str]) -> int:
         if attempt:
             # the same job id and secret; a new scheduler port and a new range of membership
             # epochs (BYTEPS_RESTART_COUNT), so nothing of the failed incarnation is current
-            base.update(DMLC_PS_ROOT_PORT=str(free_port()), BYTEPS_RESTART_COUNT=str(attempt))
+            base.update(BYTEPS_RESTART_COUNT=str(attempt),
+                        **({} if solo else {"DMLC_PS_ROOT_PORT": str(free_port())}))
             say(f"restart {attempt} of {restarts} (--max-restarts): starting the job again "
                 f"with the same job secret, membership epoch {attempt << 16}+")
         rc, job = _standalone_once(args, cmd, base, hosts, local, worker_env, tag)
@@ -160,10 +173,12 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
     job = Job(status_dir=summaries)
     live = None
     try:
-        job.scheduler = job.start("scheduler", [py, "-m", "byteps.launcher._scheduler"],
-                                  dict(base, DMLC_ROLE="scheduler"), tag=pipe)
-        services = [job.scheduler]
-        for i in range(args.num_servers):
+        services = []
+        if "DMLC_PS_ROOT_URI" in base:      # (none for one worker alone: SOLO_UNSET)
+            job.scheduler = job.start("scheduler", [py, "-m", "byteps.launcher._scheduler"],
+                                      dict(base, DMLC_ROLE="scheduler"), tag=pipe)
+            services = [job.scheduler]
+        for i in range(args.num_servers if services else 0):
             services.append(job.start(f"server {i}", [py, "-m", "byteps.server"],
                                       dict(base, DMLC_ROLE="server"), tag=pipe))
         workers = []
@@ -399,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--standalone needs a command to run")
         if args.num_servers < 1:
             ap.error("--num-servers must be >= 1")
+        args.num_servers_given = servers_given     # -np 1 without -s: no server
         return standalone(args, cmd)
     if not role and not cmd:
         ap.print_usage(sys.stderr)
