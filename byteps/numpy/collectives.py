@@ -175,8 +175,8 @@ def alltoall(array, splits=None, name=None, process_set=None):
 
 
 def broadcast_object(obj, root_rank: int = 0, name=None, process_set=None):
-    """Rank ``root_rank``'s ``obj`` on every rank (msgpack, never pickle: None, bools,
-    numbers, str, bytes, lists, dicts, numpy arrays; tuples arrive as lists)."""
+    """Rank ``root_rank``'s ``obj`` on every rank (msgpack, never pickle: plain values,
+    lists, tuples, dicts, numpy arrays, argparse.Namespace, dataclasses; core codec)."""
     return _objects.broadcast_object(obj, root_rank, name,
                                      **process_set_kw(process_set, "broadcast_object"))
 

@@ -10,8 +10,8 @@ __all__ = ["allgather_object", "broadcast_object", "broadcast_object_fn"]
 
 
 def broadcast_object(obj, root_rank: int = 0, session=None, name=None, process_set=None):
-    """Rank ``root_rank``'s ``obj`` on every rank (None, bools, numbers, str, bytes, lists,
-    dicts, numpy arrays; tuples arrive as lists)."""
+    """Rank ``root_rank``'s ``obj`` on every rank (plain values, lists, tuples, dicts,
+    numpy arrays, argparse.Namespace, dataclasses; msgpack, never pickle)."""
     return objects.broadcast_object(obj, root_rank, name,
                                     **process_set_kw(process_set, "broadcast_object"))
 
