@@ -110,9 +110,13 @@ def standalone(args, cmd: list[str]) -> int:
     base.pop("DMLC_NODE_HOST", None)
     # -np 1 (no -s, --dashboard, elastic or BYTEPS_FORCE_DISTRIBUTED=1): the worker runs
     # alone, as with Horovod: no scheduler, server or sockets (docs/configuration.md)
+    try:
+        force = variables.value("BYTEPS_FORCE_DISTRIBUTED")
+    except ConfigError:
+        force = True                     # (check_config below reports it)
     solo = hosts * local == 1 and not getattr(args, "num_servers_given", True) and not (
         getattr(args, "elastic", False) or getattr(args, "dashboard", None) is not None
-        or os.environ.get("BYTEPS_FORCE_DISTRIBUTED", "0").strip() not in ("", "0"))
+        or force)
     for k in SOLO_UNSET if solo else ():
         base.pop(k)
     if getattr(args, "elastic", False):
