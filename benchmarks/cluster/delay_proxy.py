@@ -1,6 +1,6 @@
 """User-space added latency for the emulated cluster (the kernel here has no ``netem``).
 
-    python -m benchmarks.cluster.delay_proxy LINKS.json DELAY_MS
+    python -m benchmarks.cluster.delay_proxy LINKS.json DELAY_MS [RATE_MBIT]
 
 ``LINKS.json`` is a list of links ``{"listen_ns", "ip", "port", "target_ns"}``: in
 network namespace ``listen_ns`` a TCP listener on ``ip:port`` (an address made local there
@@ -8,7 +8,10 @@ by an AnyIP route, see :func:`anyip_commands`) accepts the client's connection, 
 proxy connects to the same ``ip:port`` inside ``target_ns`` (where the service listens).
 Every chunk read from either side is held ``DELAY_MS`` milliseconds before it is written to
 the other side (FIFO, per direction), so each link gets DELAY_MS one way (the round trip
-grows by twice that).  Sockets are made in the right namespace with ``setns(2)`` (per
+grows by twice that).  With RATE_MBIT each direction of each connection also carries at
+most that many Mbit/s (the chunks are serialised at that rate before the delay), so a
+proxied link is both slow and far (tc's tbf cannot shape it: the proxy hop replaces the
+bridge).  Sockets are made in the right namespace with ``setns(2)`` (per
 thread); root is needed.  One thread per listener and two per connection.
 """
 from __future__ import annotations
@@ -54,8 +57,13 @@ def anyip_commands(ns: str, ips) -> list[list[str]]:
     return [["ip", "-n", ns, "route", "add", "local", f"{ip}/32", "dev", "lo"] for ip in ips]
 
 
-def _pump(src: socket.socket, dst: socket.socket, delay: float, stop: threading.Event) -> None:
+def _pump(src: socket.socket, dst: socket.socket, delay: float, stop: threading.Event,
+          rate: float | None = None) -> None:
+    """Copy ``src`` to ``dst``, each chunk ``delay`` seconds late; with ``rate`` (bytes/s)
+    the chunks also leave one after the other at that rate, as over a link of that speed
+    (a chunk starts when the link is free, arrives ``delay`` after its last byte)."""
     held: collections.deque = collections.deque()
+    free = 0.0                     # when the emulated link has sent what it holds
     open_ = True
     try:
         while open_ or held:
@@ -68,7 +76,12 @@ def _pump(src: socket.socket, dst: socket.socket, delay: float, stop: threading.
                     if not data:
                         open_ = False
                     else:
-                        held.append((time.monotonic() + delay, data))
+                        now = time.monotonic()
+                        if rate:
+                            free = max(now, free) + len(data) / rate
+                            held.append((free + delay, data))
+                        else:
+                            held.append((now + delay, data))
             elif wait:
                 time.sleep(wait)
             now = time.monotonic()
@@ -86,7 +99,7 @@ def _pump(src: socket.socket, dst: socket.socket, delay: float, stop: threading.
                 pass
 
 
-def _serve(link: dict, delay: float, stop: threading.Event) -> None:
+def _serve(link: dict, delay: float, stop: threading.Event, rate: float | None = None) -> None:
     def make():
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -109,15 +122,16 @@ def _serve(link: dict, delay: float, stop: threading.Event) -> None:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.settimeout(None)
         for a, b in ((client, up), (up, client)):
-            threading.Thread(target=_pump, args=(a, b, delay, stop), daemon=True).start()
+            threading.Thread(target=_pump, args=(a, b, delay, stop, rate), daemon=True).start()
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     links = json.loads(open(argv[0]).read())
     delay = float(argv[1]) / 1000.0
+    rate = float(argv[2]) * 1e6 / 8 if len(argv) > 2 else None     # RATE_MBIT, optional
     stop = threading.Event()
-    threads = [threading.Thread(target=_serve, args=(lk, delay, stop), daemon=True)
+    threads = [threading.Thread(target=_serve, args=(lk, delay, stop, rate), daemon=True)
                for lk in links]
     for t in threads:
         t.start()

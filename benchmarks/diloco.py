@@ -1,0 +1,225 @@
+"""DiLoCo against synchronous training over an emulated wide-area network (not a test).
+
+    sudo .venv/bin/python -m benchmarks.diloco                      # the full run
+    sudo .venv/bin/python -m benchmarks.diloco --steps 40 --inner-steps 10 --dim 32 \\
+        --algos sync,diloco_int8,streaming,ddp                       # a short smoke run
+    sudo .venv/bin/python -m benchmarks.diloco --cleanup            # remove leftovers
+
+W worker hosts (default 4) and one server host (which also runs the scheduler) are
+network namespaces on one bridge (benchmarks/cluster/netns.py).  Every worker trains the
+same character-level transformer (benchmarks/diloco_worker.py) on the Python standard
+library's source for the same number of tokens, with one method:
+
+* ``ddp``: torch.distributed gloo allreduce of the gradients every step;
+* ``sync`` / ``sync_onebit``: SyncPS, float32 / onebit with error feedback;
+* ``diloco`` / ``diloco_int8``: DiLoCo (``--inner-steps``), float32 / int8 outer gradients;
+* ``streaming``: Streaming DiLoCo, ``--fragments`` fragments, int8, overlapped.
+
+The network: every worker's connections to the server go through the user-space proxy
+(benchmarks/cluster/delay_proxy.py; this kernel has no ``netem``) that holds each chunk
+``--delay-ms`` one way and serialises each direction at ``--rate-mbit``, i.e. a link of
+that speed and latency to the server's region.  DDP's gloo connects worker to worker on
+ephemeral ports, which the proxy cannot carry: DDP runs over the bridge shaped with tc
+tbf at the same rate and **without the added delay**, so its times are a lower bound and
+the speed-up reported against it is conservative.
+
+Reported, per method: training seconds, bytes sent per worker (training only: the
+initial broadcast and seed excluded) and the ratio against SyncPS float32, the peak send
+rate over 0.5 s windows against the link's rate (the physical limit), the time rank 0
+first reached the final validation loss of SyncPS (its own model), that ratio against
+DDP, and the final validation loss after ``finish()`` against SyncPS's.  A table on
+stdout, results.json, table.txt and diloco.png in a new folder
+(benchmarks/results/diloco-<steps>steps-<workers>w-<UTC time>/ unless --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.algorithms import PORTS as PROXIED      # the ports proxy_links forwards
+from benchmarks.algorithms import latency_setup, proxy_links, vip
+from benchmarks.cluster import jobs
+from benchmarks.cluster.netns import Cluster, NetnsError, Plan, cleanup, run_cmds
+
+HERE = Path(__file__).resolve().parent
+ALGOS = ("ddp", "sync", "sync_onebit", "diloco", "diloco_int8", "streaming")
+PORTS = {"scheduler": 9700, "gloo": 9650, "server": PROXIED["server"],
+         "peer": PROXIED["peer"]}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="benchmarks.diloco", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--algos", default=",".join(ALGOS))
+    ap.add_argument("--rate-mbit", type=float, default=100.0)
+    ap.add_argument("--delay-ms", type=float, default=50.0, help="one way")
+    ap.add_argument("--steps", type=int, default=1000, help="per worker (same tokens)")
+    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cleanup", action="store_true")
+    return ap.parse_args(argv)
+
+
+def worker_argv(a, algo: str) -> list[str]:
+    return [sys.executable, str(HERE / "diloco_worker.py"), "--algo", algo, "--steps",
+            str(a.steps), "--inner-steps", str(a.inner_steps), "--fragments",
+            str(a.fragments), "--dim", str(a.dim), "--eval-every", str(a.eval_every)]
+
+
+def specs_for(plan: Plan, a, algo: str, run: int) -> list:
+    hosts = plan.hosts
+    workers, server = hosts[:a.workers], hosts[a.workers]
+    if algo == "ddp":
+        return jobs.gloo_job(workers, worker_argv(a, algo), PORTS["gloo"] + run)
+    env = {"BYTEPS_ENABLE_IPC": 0, "BYTEPS_SERVER_PORT": PORTS["server"] + run,
+           "BYTEPS_PEER_PORT": PORTS["peer"] + run, "BYTEPS_HEARTBEAT_TIMEOUT": 60,
+           "BYTEPS_MIN_COMPRESS_BYTES": 0}
+    specs = jobs.byteps_job(workers, [server], server, worker_argv(a, algo),
+                            PORTS["scheduler"] + run, env)
+    for s in specs:                # services on the per-host addresses the proxy serves
+        if s.env.get("DMLC_ROLE") in ("server", "worker"):
+            s.env["DMLC_NODE_HOST"] = vip(s.host.index)
+    return specs
+
+
+def run_all(a) -> dict:
+    algos = [x for x in a.algos.split(",") if x]
+    bad = [x for x in algos if x not in ALGOS]
+    if bad:
+        raise SystemExit(f"unknown method(s) {bad}; choose from {ALGOS}")
+    plan = Plan.new(a.workers + 1)
+    out: dict = {"config": {k: (str(v) if isinstance(v, Path) else v)
+                            for k, v in vars(a).items()}, "results": {}}
+    with Cluster(plan) as cluster:
+        run_cmds(latency_setup(plan, a.workers))
+        for run, algo in enumerate(algos, 1):
+            proxy = None
+            try:
+                if algo == "ddp":
+                    cluster.shape(f"{a.rate_mbit:g}mbit")
+                else:
+                    cluster.shape(None)
+                    links = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+                    json.dump(proxy_links(plan, a.workers, run), links)
+                    links.close()
+                    proxy = subprocess.Popen(
+                        [sys.executable, "-m", "benchmarks.cluster.delay_proxy", links.name,
+                         str(a.delay_ms), str(a.rate_mbit)],
+                        cwd=jobs.ROOT, stdout=subprocess.DEVNULL)
+                    time.sleep(1.0)
+                t0 = time.monotonic()
+                recs = jobs.collect(jobs.run_specs(plan, specs_for(plan, a, algo, run),
+                                                   a.timeout))
+            finally:
+                if proxy is not None:
+                    proxy.kill()
+                    proxy.wait(10)
+            r0 = next(r for r in recs if r["rank"] == 0)
+            res = {"train_s": max(r["train_s"] for r in recs), "wall_s": time.monotonic() - t0,
+                   "sent_bytes": max(r["sent_bytes"] for r in recs),
+                   "peak_send_Bps": max(r["peak_send_Bps"] for r in recs),
+                   "final_loss": r0["final_loss"], "curve": r0["curve"],
+                   "tokens": r0["tokens"], "params": r0["params"]}
+            out["results"][algo] = res
+            print(f"{algo:12s} {res['train_s']:8.1f} s  {res['sent_bytes'] / 1e6:9.2f} MB sent  "
+                  f"final loss {res['final_loss']:.3f}", flush=True)
+    summarize(out)
+    return out
+
+
+def summarize(doc: dict) -> None:
+    """Ratios against SyncPS float32 (bytes, loss) and DDP (time to SyncPS's final loss)."""
+    res = doc["results"]
+    sync = res.get("sync")
+    target = sync["final_loss"] if sync else None
+    doc["target_loss"] = target
+    for r in res.values():
+        r["time_to_target_s"] = (next((t for t, v in r["curve"] if v <= target), None)
+                                 if target is not None else None)
+    ddp_t = res.get("ddp", {}).get("time_to_target_s")
+    rate = doc["config"]["rate_mbit"] * 1e6 / 8
+    for r in res.values():
+        r["bytes_vs_sync"] = (sync["sent_bytes"] / r["sent_bytes"]
+                              if sync and r["sent_bytes"] else None)
+        r["loss_vs_sync"] = r["final_loss"] / sync["final_loss"] - 1 if sync else None
+        r["speedup_vs_ddp"] = (ddp_t / r["time_to_target_s"]
+                               if ddp_t and r["time_to_target_s"] else None)
+        r["peak_vs_link"] = r["peak_send_Bps"] / rate
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table(doc: dict) -> str:
+    c = doc["config"]
+    lines = [f"{c['workers']} workers, {c['rate_mbit']:g} Mbit/s + {c['delay_ms']:g} ms one "
+             f"way to the server (DDP: rate only), {c['steps']} steps per worker, "
+             f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}",
+             f"{'method':12s} {'train s':>8s} {'MB/worker':>10s} {'sync/this':>9s} "
+             f"{'peak/link':>9s} {'to target':>10s} {'vs DDP':>7s} {'final loss':>10s} "
+             f"{'vs sync':>8s}"]
+    for algo, r in doc["results"].items():
+        lines.append(f"{algo:12s} {r['train_s']:8.1f} {r['sent_bytes'] / 1e6:10.2f} "
+                     f"{_f(r['bytes_vs_sync'], '9.1f')} {r['peak_vs_link']:9.2f} "
+                     f"{_f(r['time_to_target_s'], '10.1f')} {_f(r['speedup_vs_ddp'], '7.2f')} "
+                     f"{r['final_loss']:10.3f} {_f(r['loss_vs_sync'], '+8.1%')}")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 2, figsize=(13, 5))
+    for algo, r in doc["results"].items():
+        if r["curve"]:
+            t, v = zip(*r["curve"])
+            ax[0].plot(t, v, label=algo)
+    if doc.get("target_loss") is not None:
+        ax[0].axhline(doc["target_loss"], color="grey", linestyle=":")
+    ax[0].set_xlabel("seconds (rank 0, evaluation excluded)")
+    ax[0].set_ylabel("validation loss (rank 0's model)")
+    ax[0].legend()
+    names = list(doc["results"])
+    ax[1].bar(names, [doc["results"][n]["sent_bytes"] / 1e6 for n in names])
+    ax[1].set_yscale("log")
+    ax[1].set_ylabel("MB sent per worker (training)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.cleanup:
+        print("removed:", cleanup(include_live=False))
+        return 0
+    out_dir = a.out or HERE / "results" / time.strftime(
+        f"diloco-{a.steps}steps-{a.workers}w-%Y%m%dT%H%M%SZ", time.gmtime())
+    try:
+        doc = run_all(a)
+    except (NetnsError, jobs.JobError) as exc:
+        print(f"benchmarks.diloco: {exc}", file=sys.stderr)
+        return 1
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = table(doc)
+    print(text)
+    (out_dir / "table.txt").write_text(text + "\n")
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
+    plot(doc, out_dir / "diloco.png")
+    print(f"wrote {out_dir}/results.json, table.txt, diloco.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

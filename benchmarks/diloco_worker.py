@@ -1,0 +1,170 @@
+"""One worker of benchmarks/diloco.py: a small character-level transformer language model
+(PyTorch, CPU) on the Python standard library's own source, trained by one method.
+
+    python -m byteps.launcher python benchmarks/diloco_worker.py --algo ALGO [--steps 600]
+    # ALGO: sync | sync_onebit | diloco | diloco_int8 | streaming  (byteps, through the servers)
+    python benchmarks/diloco_worker.py --algo ddp ...    # torch.distributed gloo allreduce
+
+Every worker trains ``--steps`` steps of ``--batch`` x ``--ctx`` characters (the same
+tokens for every method), each rank its own random windows of the training text (the
+files of the running interpreter's ``Lib/``, sorted; the last 5 % is validation).  The
+inner (or only) optimizer is AdamW.  Rank 0 measures the validation loss of its model every
+``--eval-every`` steps (excluded from the timing).  Prints ``CLUSTER_RESULT {json}``: the
+curve [[seconds, val loss], ...], the final validation loss after ``finish()``, the bytes
+this worker sent (byteps: every push on the wire, compressed or not; DDP: a ring
+allreduce's 2 (n - 1) / n of the gradients per step) and its peak send rate over 0.5 s
+windows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+def text(max_bytes: int) -> bytes:
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    out, n = [], 0
+    for p in sorted(lib.glob("*.py")):
+        b = p.read_bytes()
+        out.append(b)
+        n += len(b)
+        if n >= max_bytes:
+            break
+    return b"".join(out)[:max_bytes]
+
+
+class CharLM(nn.Module):
+    def __init__(self, d: int, layers: int, ctx: int):
+        super().__init__()
+        self.emb = nn.Embedding(256, d)
+        self.pos = nn.Parameter(torch.zeros(ctx, d))
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.body = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(d, 256)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(ctx))
+
+    def forward(self, x):
+        h = self.emb(x) + self.pos[: x.shape[1]]
+        return self.head(self.body(h, mask=self.mask[: x.shape[1], : x.shape[1]],
+                                   is_causal=True))
+
+
+def batch(data: np.ndarray, rng, n: int, ctx: int):
+    idx = rng.integers(0, len(data) - ctx - 1, n)
+    x = np.stack([data[i:i + ctx] for i in idx]).astype(np.int64)
+    y = np.stack([data[i + 1:i + ctx + 1] for i in idx]).astype(np.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--algo", required=True)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--text-mb", type=float, default=4.0)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    data = np.frombuffer(text(int(a.text_mb * 1e6)), np.uint8)
+    cut = int(len(data) * 0.95)
+    train, val = data[:cut], data[cut:]
+    torch.manual_seed(0)
+    model = CharLM(a.dim, a.layers, a.ctx)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+    bps = dist = None
+    if a.algo == "ddp":
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, size = dist.get_rank(), dist.get_world_size()
+        for p in model.parameters():
+            dist.broadcast(p.data, 0)
+    else:
+        import byteps.torch as bps
+        bps.init()
+        rank, size = bps.rank(), bps.size()
+        A = bps.algorithms
+        int8 = {"compressor": "int8", "ef": "vanilla"}
+        alg, comp = {
+            "sync": (A.SyncPS(), None),
+            "sync_onebit": (A.SyncPS(), {"compressor": "onebit", "ef": "vanilla"}),
+            "diloco": (A.DiLoCo(inner_steps=a.inner_steps), None),
+            "diloco_int8": (A.DiLoCo(inner_steps=a.inner_steps, compression_params=int8), None),
+            "streaming": (A.DiLoCo(inner_steps=a.inner_steps, compression_params=int8,
+                                   fragments=a.fragments, overlap=True), None),
+        }[a.algo]
+        bps.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       algorithm=alg, compression_params=comp)
+    nparams = sum(p.numel() for p in model.parameters())
+    rng = np.random.default_rng(1 + rank)
+    vrng = np.random.default_rng(12345)
+    vx, vy = batch(val, vrng, 64, a.ctx)
+    lossf = nn.CrossEntropyLoss()
+
+    def val_loss() -> float:
+        with torch.no_grad():
+            return float(lossf(model(vx).reshape(-1, 256), vy.reshape(-1)))
+
+    def sent() -> int:
+        if dist is not None:
+            return int(2 * (size - 1) / size * nparams * 4 * steps_done)
+        from byteps.core import state
+        st = state.current()
+        return int(sum(b[1] for b in st.engine.comp.bytes.values())) if st.engine else 0
+
+    curve, samples, eval_s = [], [], 0.0
+    steps_done = 0
+    base = sent()               # the initial broadcast and seed are not training traffic
+    t0 = time.monotonic()
+    for s in range(a.steps):
+        x, y = batch(train, rng, a.batch, a.ctx)
+        opt.zero_grad()
+        loss = lossf(model(x).reshape(-1, 256), y.reshape(-1))
+        loss.backward()
+        if dist is not None:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad.div_(size)
+        opt.step()
+        steps_done += 1
+        samples.append((time.monotonic() - t0 - eval_s, sent() - base))
+        if rank == 0 and (s + 1) % a.eval_every == 0:
+            e0 = time.monotonic()
+            curve.append([e0 - t0 - eval_s, val_loss()])
+            eval_s += time.monotonic() - e0
+    if bps is not None:
+        opt.finish()
+    train_s = time.monotonic() - t0 - eval_s
+    final = val_loss()
+    peak, j = 0.0, 0
+    for i, (t, b) in enumerate(samples):          # peak over 0.5 s windows
+        while samples[j][0] < t - 0.5:
+            j += 1
+        if t - samples[j][0] > 0:
+            peak = max(peak, (b - samples[j][1]) / max(0.5, t - samples[j][0]))
+    print("CLUSTER_RESULT " + json.dumps({
+        "algo": a.algo, "rank": rank, "size": size, "steps": a.steps, "params": nparams,
+        "tokens": a.steps * a.batch * a.ctx, "train_s": train_s, "curve": curve,
+        "final_loss": final, "sent_bytes": sent() - base, "peak_send_Bps": peak,
+        "pid": os.getpid()}), flush=True)
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
