@@ -71,3 +71,28 @@ def test_process_set_rules_without_a_job():
         assert torch.allclose(y, ref, atol=1e-6)
     finally:
         hvd.shutdown()
+
+
+FAILURES = ["allgather shape", "broadcast dtype", "broadcast root", "bad root",
+            "reducescatter op", "duplicate name"]
+
+
+def test_a_failed_collective_leaves_the_job_usable(tmp_path):
+    """tests/scripts/hvd_failures.py: shape, dtype, root and op mismatches, a duplicate name,
+    an allgather while a rank is in join(), and one rank's own timeout inside a collective
+    the other never makes; after each, 20 collectives of every kind succeed on every rank,
+    and the ranks are back from shutdown()/init() within seconds."""
+    res = run_script("hvd_failures.py", tmp_path, workers=2, servers=1, timeout=120)
+    assert_ok(res)
+    done = read_results(tmp_path)
+    assert sorted(done) == [0, 1]
+    for r, out in done.items():
+        checks = out["checks"]
+        want = FAILURES + [c for c in ("allgather while joined", "own timeout") if r == 1] + \
+            (["peer's timeout fails the barrier"] if r == 0 else [])
+        want += [f"20 collectives after {t}" for t in (
+            "start", "shape mismatch", "dtype mismatch", "root mismatch", "op mismatch",
+            "duplicate name", "allgather while joined", "a rank's timeout and shutdown()/init()")]
+        missing = [c for c in want if c not in checks]
+        assert not missing, f"rank {r}: {missing}\n{json.dumps(checks)}"
+        assert out["reinit_s"] < 15, out

@@ -72,6 +72,10 @@ def __getattr__(name: str):
 def init(lazy: bool = False) -> None:
     """Join the job described by the environment (see docs/configuration.md)."""
     global _LAST_LINK
+    cur = _st.current()
+    if cur is not None and getattr(cur.engine, "peer_gone", None):
+        from byteps.core.collective.handles import leave   # a membership nothing completes in
+        leave(f"another worker left this membership ({cur.engine.peer_gone})")
     with _INIT_LOCK:
         if _st.current() is not None:
             return
@@ -200,6 +204,8 @@ def join(device: int = -1) -> int:
             st.tuner.saved.clear()            # (also those of keys autotune left behind)
         st.barrier_n = itertools.count()
         st.last_joined = last
+    from byteps.core.collective.rules import reset_names
+    reset_names()             # unnamed calls one rank skipped while another was joined
     for _, after in list(st.join_hooks):
         after()
     return last

@@ -8,9 +8,13 @@ rank raises at the same call).
 """
 from __future__ import annotations
 
+import logging
 import threading
 
+from byteps.common.errors import BytePSError
 from byteps.core import state as _st
+
+log = logging.getLogger("byteps.worker")
 
 
 class _Op:
@@ -63,11 +67,13 @@ def release(handle: int) -> None:
 
 
 def reset() -> None:
-    """Forget reserved names and unfinished handles (shutdown)."""
+    """Forget reserved names, unfinished handles and the unnamed-call counters (shutdown)."""
+    from byteps.core.collective.rules import reset_names
     with _busy_lock:
         _BUSY.clear()
         _BUSY_BY_HANDLE.clear()
     OPS.clear()
+    reset_names()
 
 
 def reserved(kind: str, name: str, begin) -> int:
@@ -101,10 +107,46 @@ def start(kind: str, fn) -> int:
     return op.id
 
 
+def leave(why: str) -> None:
+    """Leave the current membership (shutdown: process sets, handles and unnamed-call
+    counters forgotten) because nothing global can complete in it any more; the next
+    ``init()`` forms the group anew with the other ranks.  Work still waiting on this
+    rank's old engine fails instead of waiting forever."""
+    st = _st.current()
+    if st is None or st.engine is None:
+        return
+    log.warning("worker rank %d leaves the job's current membership: %s; the next init() "
+                "joins the group again", st.rank, why)
+    from byteps.core.api import basics
+    try:
+        basics.shutdown()
+    finally:
+        if st.engine.fatal is None:
+            st.engine.fatal = BytePSError(f"worker rank {st.rank} left the membership: {why}")
+
+
+def interrupted(exc: BaseException, what: str) -> None:
+    """A wait for ``what`` was interrupted by ``exc`` (raised inside the wait: a test's
+    timeout, a signal handler's exception): the other ranks would wait for this rank's
+    part forever, so this rank leaves the membership at once (they fail naming it, and
+    every rank's next init() forms the group again).  Ctrl-C and sys.exit keep their own
+    path (the launcher ends the job)."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        return
+    try:
+        leave(f"its wait for {what} was interrupted by {type(exc).__name__}: {exc}"[:500])
+    except Exception as err:          # the interruption is what the caller must see
+        log.warning("leaving the membership failed: %s", err)
+
+
 def wait(handle: int):
     """Wait for a collective's handle and return its result (or raise its error)."""
     op = OPS[handle]
-    op.event.wait()
+    try:
+        op.event.wait()
+    except BaseException as exc:
+        interrupted(exc, f"collective handle {handle}")
+        raise
     OPS.pop(handle, None)
     release(handle)
     if op.error is not None:

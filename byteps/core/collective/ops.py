@@ -117,6 +117,12 @@ def _check(kind: str, name: str, meta: np.ndarray, trailing: bool = True,
                 raise BytePSError(f"{kind} of {name!r}: rank {rk[r]} has {what} "
                                   f"{show(values[r])} but rank {rk[0]} has {show(values[0])}; "
                                   f"every rank must agree")
+    joined = [rk[r] for r in range(meta.shape[0]) if not meta[r, _KIND]]
+    if joined:                       # a joined rank adds zeros: an all-zero row
+        raise JoinedRankError(
+            f"{kind} of {name!r}: rank(s) {joined} called join() and contribute nothing "
+            f"to it; only allreduce may run while a rank has joined (as in Horovod): "
+            f"call {kind} before join(), or have every rank call it")
     bad = [r for r in range(meta.shape[0]) if meta[r, _BAD]]
     if bad:
         r = bad[0]
@@ -137,6 +143,11 @@ def _check(kind: str, name: str, meta: np.ndarray, trailing: bool = True,
     lo = 1 if trailing else 0
     first_diff([tuple(meta[r, _DIMS + lo:_DIMS + nd].tolist()) for r in range(len(meta))],
                "trailing dimensions" if trailing else "shape")
+
+
+class JoinedRankError(BytePSError):
+    """A collective other than allreduce while a rank is inside join(): raised on every
+    rank that called it (a RuntimeError, as Horovod's)."""
 
 
 class BadArgumentError(BytePSError, ValueError):
@@ -186,14 +197,20 @@ def allreduce_async(array: np.ndarray, name: str | None = None, average=None, op
     name = check_name(name, "allreduce", process_set)
     given = np.asarray(array)
     a, wire, avg, back = _carry.reduction(api._contiguous(_flat(given)), wire, avg)
+    n = api.size() if ps is None else len(ps.ranks)
+    idiv = avg and a.dtype.kind in "iu" and n > 1     # Horovod: an integer average truncates
+    if idiv:
+        avg = False
 
     def done(r):
+        if idiv:
+            r = (r // n + ((r % n != 0) & (r < 0))).astype(r.dtype)    # toward zero
         return back(scale(r, postscale_factor)).reshape(given.shape)
     if ps is not None:
         return _on_set(ps, "allreduce", name, lambda so: so.allreduce(
             ps, name, a, wire, avg, prescale_factor, 1.0), done)
     if prescale_factor == 1.0 and postscale_factor == 1.0 and back is _carry._identity \
-            and given.ndim:
+            and given.ndim and not idiv:
         return _reserved("allreduce", name, lambda: api.push_pull_async(
             a, name, average=avg, priority=priority, op=wire))
     src = scale(a, prescale_factor)

@@ -22,7 +22,8 @@ import itertools
 import threading
 
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "SUM_OR_AVERAGE", "ReduceOp",
-           "auto_name", "check_name", "check_root", "position_name", "resolve_op", "sum_or_average"]
+           "auto_name", "check_name", "check_root", "position_name", "reset_names", "resolve_op",
+           "sum_or_average"]
 
 
 class ReduceOp:
@@ -98,18 +99,28 @@ def check_root(root_rank, what: str, size: int, ps=None) -> int:
     return int(root_rank)
 
 
-_names: dict[int, itertools.count] = {}
+_names: dict[tuple, itertools.count] = {}
 _names_lock = threading.Lock()
 
 
 def auto_name(kind: str, process_set=None) -> str:
     """A name for an unnamed call: ``<kind>.noname.<n>`` from one per-process counter per
-    process set (``.ps<id>`` added for a set other than the global one), so every rank of
-    a set must make its unnamed calls on that set in the same order."""
+    process set and kind of operation (``.ps<id>`` added for a set other than the global
+    one), so every rank of a set must make its unnamed calls of a kind on that set in the
+    same order.  A call one rank skips (an allgather refused while another rank is in
+    join()) shifts only that kind's counter, and :func:`reset_names` (every shutdown) puts
+    every rank back in step for the next init()."""
     pid = getattr(process_set, "process_set_id", None) or 0
     with _names_lock:
-        n = next(_names.setdefault(pid, itertools.count()))
+        n = next(_names.setdefault((pid, kind), itertools.count()))
     return f"{kind}.noname.{n}" if not pid else f"{kind}.noname.ps{pid}.{n}"
+
+
+def reset_names() -> None:
+    """Start the counters of :func:`auto_name` again (shutdown: the next init() is a new
+    membership, every rank counts from 0)."""
+    with _names_lock:
+        _names.clear()
 
 
 def position_name(i: int, kind: str = "push_pull") -> str:

@@ -83,6 +83,9 @@ class Engine:
         self.key_errors: dict[int, str] = {}
         self.barriers: dict[str, threading.Event] = {}
         self.barrier_errors: dict[str, str] = {}
+        # a worker left this membership (a barrier or join() failed naming it): nothing
+        # global can complete in it any more, so the next init() leaves it and forms anew
+        self.peer_gone: str | None = None
         self.join_event: threading.Event | None = None
         self.join_result: dict = {}
         self.wake_r, self.wake_w = os.pipe()
@@ -396,10 +399,13 @@ class Engine:
             if ev:
                 if hdr.body.get("error") is not None:
                     self.barrier_errors[name] = str(hdr.body["error"])[:2000]
+                    self.peer_gone = self.barrier_errors[name]   # api.init() forms anew
                 ev.set()
         elif hdr.op == Op.JOIN_DONE:
             ev = self.join_event
             if ev is not None and not ev.is_set():
+                if hdr.body.get("error") is not None:
+                    self.peer_gone = str(hdr.body["error"])[:2000]
                 self.join_result = hdr.body
                 ev.set()
         elif hdr.op == Op.NODE_DEAD:

@@ -152,9 +152,13 @@ def synchronize(handle: int) -> np.ndarray:
         st.tuner.release()            # partitions autotune held go out at the first wait
     t0 = time.monotonic()
     st.steps.waiting = (getattr(h.tensor, "name", ""), t0)     # the hang doctor's "owes"
-    while not h.event.wait(0.5):
-        if st.engine is not None and st.engine.fatal:
-            st.engine.fail_handle(h, st.engine.fatal)
+    try:
+        while not h.event.wait(0.5):
+            if st.engine is not None and st.engine.fatal:
+                st.engine.fail_handle(h, st.engine.fatal)
+    except BaseException as exc:      # interrupted: this rank leaves (collective/handles)
+        _coll.interrupted(exc, f"push_pull of {getattr(h.tensor, 'name', '')!r}")
+        raise
     st.steps.waited(getattr(h.tensor, "name", ""), time.monotonic() - t0)   # compute/wait split (reporter)
     st.handles.pop(handle, None)
     _coll.release(handle)         # a name reserved by collectives.allreduce_async
@@ -220,4 +224,10 @@ def barrier() -> None:
     if st.tuner is not None:
         st.tuner.release()
     if st.engine is not None:
-        st.engine.barrier(f"barrier.{next(st.barrier_n)}")
+        try:
+            st.engine.barrier(f"barrier.{next(st.barrier_n)}")
+        except BytePSError:
+            raise
+        except BaseException as exc:  # interrupted: this rank leaves (collective/handles)
+            _coll.interrupted(exc, "a barrier")
+            raise
