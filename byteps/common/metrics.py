@@ -47,6 +47,8 @@ class RoundLatency:
         self.sums = [0.0] * nservers
         self.n = [0] * nservers
         self.last = 0.0
+        self.push_n = [0] * nservers         # pushes acknowledged (the upload alone)
+        self.push_sums = [0.0] * nservers
 
     def observe(self, server: int, seconds: float) -> None:
         """One partition's round with ``server`` took ``seconds``."""
@@ -54,6 +56,13 @@ class RoundLatency:
         self.sums[server] += seconds
         self.n[server] += 1
         self.last = seconds
+
+    def pushed(self, server: int, seconds: float) -> None:
+        """A push reached ``server`` (its ACK came back) ``seconds`` after it was handed to
+        the socket: the upload, without waiting for the other ranks (the dashboard's
+        network straggler)."""
+        self.push_sums[server] += seconds
+        self.push_n[server] += 1
 
     def snapshot(self) -> tuple[list[int], list[float]]:
         """(rounds per server, total seconds per server) right now."""

@@ -18,7 +18,8 @@ _NUM = {"step": (int, 0, 1 << 62), "step_ms": (float, 0.0, 1e9), "wait_ms": (flo
         "MBps": (float, 0.0, 1e9), "bytes": (int, 0, 1 << 62),
         "bytes_step": (int, 0, 1 << 62), "pid": (int, 0, 1 << 31),
         "in_step_s": (float, 0.0, 1e9), "inflight": (int, 0, 1 << 31),
-        "ratio": (float, 0.0, 1e6), "waiting_s": (float, 0.0, 1e9)}
+        "ratio": (float, 0.0, 1e6), "waiting_s": (float, 0.0, 1e9),
+        "push_ms": (float, -1.0, 1e9)}
 _STR = {"last": 200, "comp": 200, "mode": 10, "waiting": 200}
 
 
@@ -123,32 +124,30 @@ def _median(vals: list[float]) -> float:
     return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
 
-def stragglers(ranks: dict[int, dict], factor: float = 1.25, min_ms: float = 5.0) -> dict | None:
-    """The slowest rank and why, from ``{rank: {"compute_ms", "wait_ms", "round_ms"}}``.
+def stragglers(ranks: dict[int, dict], factor: float = 1.5,
+               min_ms: float = 10.0) -> dict | None:
+    """The slowest rank and why, from ``{rank: {"compute_ms", "push_ms", ...}}``.
 
     Compute straggler: its own compute time per step (step minus the time blocked waiting
     for communication) exceeds the median of the other ranks by ``factor`` and ``min_ms``
     (in a synchronous job the others then *wait* for it: their wait grows, its does not).
-    Network straggler: compute times agree, but its round latency to the servers (partition
-    sent -> result back) exceeds the others' median likewise: its link is slow.  None when
-    no rank stands out (or fewer than two ranks report)."""
-    comp = {r: v["compute_ms"] for r, v in ranks.items() if v.get("compute_ms") is not None}
-    if len(comp) >= 2:
-        r = max(comp, key=comp.get)
-        med = _median([v for k, v in comp.items() if k != r])
-        if comp[r] > factor * med and comp[r] - med > min_ms:
-            return {"rank": r, "kind": "compute", "ms": round(comp[r], 1),
-                    "median_ms": round(med, 1),
-                    "text": f"rank {r} is slow to compute: {comp[r]:.1f} ms of compute per "
-                            f"step against a median of {med:.1f} ms on the other ranks"}
-    rnd = {r: v["round_ms"] for r, v in ranks.items() if v.get("round_ms") is not None}
-    if len(rnd) >= 2:
-        r = max(rnd, key=rnd.get)
-        med = _median([v for k, v in rnd.items() if k != r])
-        if rnd[r] > factor * med and rnd[r] - med > min_ms / 2:
-            return {"rank": r, "kind": "network", "ms": round(rnd[r], 1),
-                    "median_ms": round(med, 1),
-                    "text": f"rank {r} is slow to communicate: round latency {rnd[r]:.1f} ms "
-                            f"to the servers against a median of {med:.1f} ms on the other "
-                            f"ranks (compute times agree)"}
+    Network straggler: compute times agree, but its pushes take longer to reach the
+    servers (push handed to the socket -> the server's acknowledgement: the upload alone;
+    a round's latency would not tell, since in a synchronous job every rank's rounds wait
+    for the slowest) by the same margins: its link is slow.  None when no rank stands out
+    (or fewer than two ranks report)."""
+    for kind, field, what in (("compute", "compute_ms", "of compute per step"),
+                              ("network", "push_ms", "per push to reach the servers")):
+        vals = {r: v[field] for r, v in ranks.items()
+                if isinstance(v.get(field), (int, float)) and v[field] >= 0}
+        if len(vals) < 2:
+            continue
+        r = max(vals, key=vals.get)
+        med = _median([v for k, v in vals.items() if k != r])
+        if vals[r] > factor * med and vals[r] - med > min_ms:
+            slow = "slow to compute" if kind == "compute" else "slow to communicate"
+            agree = "" if kind == "compute" else " (compute times agree)"
+            return {"rank": r, "kind": kind, "ms": round(vals[r], 1), "median_ms": round(med, 1),
+                    "text": f"rank {r} is {slow}: {vals[r]:.1f} ms {what} against a median "
+                            f"of {med:.1f} ms on the other ranks{agree}"}
     return None

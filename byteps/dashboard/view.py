@@ -22,6 +22,7 @@ log = logging.getLogger("byteps.scheduler")
 PERIOD_S = 0.5
 SERIES_POINTS = 600         # time-series points kept (halved when full: the whole job)
 STRAGGLER_EVERY_S = 5.0     # how often the slowest rank is named in the log
+STEADY = 4                  # refreshes (PERIOD_S) a straggler must stand out before named
 
 
 class JobView:
@@ -37,6 +38,7 @@ class JobView:
         self.known: dict = {}                       # rank -> state last seen (events)
         self.epoch = None
         self.straggler = None
+        self.candidate, self.seen = None, 0
         self.said_straggler = 0.0
         self.log_stragglers = log_stragglers
         self.snapshot = b"{}"
@@ -114,14 +116,21 @@ class JobView:
             step_ms, wait_ms = rep.get("step_ms"), rep.get("wait_ms")
             compute = None if step_ms is None else max(0.0, step_ms - (wait_ms or 0.0))
             rnd = reports.round_ms(rep)
-            if info["state"] == "running" and step_ms:
-                split[r] = {"compute_ms": compute, "wait_ms": wait_ms, "round_ms": rnd}
+            if info["state"] == "running" and step_ms and rep.get("step", 0) >= 3:
+                split[r] = {"compute_ms": compute, "wait_ms": wait_ms, "round_ms": rnd,
+                            "push_ms": rep.get("push_ms")}
             rows.append(dict(info, **{k: v for k, v in rep.items() if k != "stacks"},
                              compute_ms=None if compute is None else round(compute, 3),
                              round_ms=None if rnd is None else round(rnd, 3),
                              stalled=bool(rep.get("stacks")),
                              stuck=r in named and bool(rep.get("stacks"))))
-        self.straggler = reports.stragglers(split)
+        found = reports.stragglers(split)
+        # named once the same rank and kind stand out for STEADY evaluations in a row
+        same = found and self.candidate and (found["rank"], found["kind"]) == \
+            (self.candidate["rank"], self.candidate["kind"])
+        self.seen = self.seen + 1 if same else (1 if found else 0)
+        self.candidate = found
+        self.straggler = found if self.seen >= STEADY else None
         if self.straggler and self.log_stragglers and now - self.said_straggler > \
                 STRAGGLER_EVERY_S:
             self.said_straggler = now

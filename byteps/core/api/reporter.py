@@ -41,6 +41,7 @@ class Reporter:
         self.window: collections.deque = collections.deque(maxlen=STEP_WINDOW)
         self.prev_rounds: tuple | None = None
         self.last_srv: list = []
+        self.prev_push, self.last_push = (0, 0.0), -1.0
         self.quiet_s = max(1.0, min(st.cfg.stall_warning_s / 2, 10.0))
         self.steps.listeners.append(self.on_step)
 
@@ -48,7 +49,8 @@ class Reporter:
         """Step ``n`` began (main thread): one (step time, wait) sample."""
         now = time.monotonic()
         wait = self.steps.wait_s
-        self.window.append((now - self.t_step, wait - self.wait_mark))
+        if n > 1:        # step 0 holds the start-up (broadcasts, first connections): not a step
+            self.window.append((now - self.t_step, wait - self.wait_mark))
         self.t_step, self.wait_mark = now, wait
 
     def rounds(self) -> list:
@@ -61,6 +63,17 @@ class Reporter:
         self.last_srv = [round((s - ps) / (k - pk) * 1e3, 3) if k > pk else old
                          for k, s, pk, ps, old in zip(n, sums, prev[0], prev[1], last)]
         return self.last_srv
+
+    def push_ms(self) -> float:
+        """Mean upload time (ms: push handed to the socket -> the server's ACK) since the
+        last heartbeat, over every server (the previous value when none; -1: never)."""
+        r = self.eng.rounds
+        n, total = sum(r.push_n), sum(r.push_sums)
+        pn, pt = self.prev_push
+        self.prev_push = (n, total)
+        if n > pn:
+            self.last_push = round((total - pt) / (n - pn) * 1e3, 3)
+        return self.last_push
 
     def body(self) -> dict:
         now = time.monotonic()
@@ -78,7 +91,7 @@ class Reporter:
                "wait_ms": round(min(wait_ms, step_ms), 3),
                "MBps": round(self.eng.speed.get(now)[1], 3), "bytes": int(raw),
                "bytes_step": int(max(0, self.bytes_step)),
-               "srv_ms": self.rounds(), "pid": os.getpid(),
+               "srv_ms": self.rounds(), "push_ms": self.push_ms(), "pid": os.getpid(),
                "in_step_s": round(now - self.t_step, 3), "last": str(last)[:200],
                "inflight": len(self.eng.inflight),
                "mode": "async" if self.st.cfg.enable_async else "sync", **comp}

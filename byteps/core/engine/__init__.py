@@ -323,6 +323,7 @@ class Engine:
                 if t is not None and t.round == e.round and not t.acked:
                     t.acked = True
                     self.inflight_bytes -= t.credit
+                    self.rounds.pushed(server, time.monotonic() - t.sent_at)   # upload time
                     if self.probe is not None:
                         self.probe.acked(server, t.nbytes, t.sent_at, time.monotonic())
                     if self.timeline is not None:
