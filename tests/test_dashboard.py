@@ -323,7 +323,7 @@ def test_network_straggler_on_a_shaped_link(tmp_path):
         pytest.skip(why)
     names = ["sched", "server-0"] + [f"worker-{i}" for i in range(4)]
     script = [sys.executable, str(SCRIPTS / "dashboard_job.py"), str(tmp_path), "-1", "-1",
-              "9"]
+              "7"]
     with podnet.PodNet(names) as net:
         for dev, ns in (("eth0", net.ns["worker-2"]), ("p4", net.switch)):
             subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root",
