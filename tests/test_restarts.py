@@ -1,12 +1,21 @@
-"""Issue 14, part 3: bpslaunch --max-restarts restarts the whole job after a failure; the
-script resumes from its own checkpoint and ends with the parameters of an undisturbed run."""
+"""bpslaunch --max-restarts restarts the whole job after a failure; the script resumes from
+its own checkpoint and ends with the parameters of an undisturbed run.  A standalone job's
+scheduler killed by a signal is restarted alone, and the job goes on."""
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import BPSLAUNCH, SCRIPTS, assert_ok, job_env, read_results, run_job
+from conftest import BPSLAUNCH, ROOT, SCRIPTS, assert_ok, job_env, read_results, run_job
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos import job_pids  # noqa: E402
+from chaos_job import reference  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -54,3 +63,44 @@ def test_max_restarts_needs_standalone():
                        env=job_env(DMLC_ROLE="worker"), capture_output=True, text=True,
                        timeout=60, check=False)
     assert r.returncode == 2 and "--max-restarts restarts a --standalone job" in r.stderr
+
+
+# --- a restartable scheduler ----------------------------------------------------------------
+# bpslaunch --standalone starts a new scheduler on the same address when the scheduler dies
+# of a signal; the servers and workers reconnect and register again with their node ids,
+# ranks and epoch (byteps/scheduler/resume.py), and training never stops (pushes go to the
+# servers directly).  The parameters equal a one-process run's.
+
+RESTART_STEPS = 250
+
+
+def test_scheduler_killed_three_times_does_not_end_the_job(tmp_path):
+    job = f"resched-{os.getpid()}-{int(time.time())}"
+    cmd = BPSLAUNCH + ["--standalone", "-np", "2", "--hosts", "2", "--num-servers", "1",
+                       sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"),
+                       str(tmp_path), str(RESTART_STEPS)]
+    p = subprocess.Popen(cmd, env=job_env(BYTEPS_JOB_ID=job, BYTEPS_HEARTBEAT_INTERVAL=0.5),
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = []
+    try:
+        while len(killed) < 3 and p.poll() is None:
+            sched = [x for x in job_pids(job, "scheduler") if x not in killed]
+            workers = job_pids(job, "worker")
+            if sched and len(workers) == 2:
+                time.sleep(1.0)             # formed (or re-formed) and training
+                os.kill(sched[0], signal.SIGKILL)
+                killed.append(sched[0])
+            time.sleep(0.05)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert len(killed) == 3, err[-3000:]
+    assert p.returncode == 0, err[-4000:]
+    assert err.count("started a new one") == 3, err[-3000:]
+    ref = reference(RESTART_STEPS)
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for g in got:
+        assert g["size"] == 2
+        np.testing.assert_allclose(np.array(g["w"], np.float32), ref, rtol=1e-4, atol=1e-5)
+    assert got[0]["w"] == got[1]["w"]

@@ -53,6 +53,9 @@ def require_secret(cfg: Config, what: str) -> None:
         f"network. See docs/security.md")
 
 
+RESTART_WAIT_S = 30.0       # how long a node waits for a restarted scheduler (bpslaunch)
+
+
 def down_grace(cfg: Config) -> float:
     """How long a closed TCP connection may stay down before its peer is presumed dead."""
     return min(cfg.heartbeat_timeout, 2 * cfg.heartbeat_interval + 0.5)
@@ -81,6 +84,11 @@ class SchedulerLink:
         self.last_beat = 0.0
         self.drops = transport.RateLimitedLog(log)
         self.beat = None     # () -> dict: a heartbeat's body (a worker's report, api/reporter.py)
+        # bpslaunch restarts a scheduler that dies on the same address: wait for it a while
+        # and register again with what this node is (byteps/scheduler/resume.py)
+        self.restartable = os.environ.get("BPSLAUNCH_SCHEDULER_RESTART") == "1"
+        self.registered: tuple | None = None    # (registration body, book) once registered
+        self.registering: dict | None = None    # the registration body sent
 
     def send(self, op: int, body: dict) -> None:
         self.seq += 1
@@ -117,6 +125,7 @@ class SchedulerLink:
                 "worker_id": -1 if self.cfg.worker_id is None else self.cfg.worker_id,
                 "replicas": self.cfg.server_replicas}     # every node must agree (failover)
         body.update(info)
+        self.registering = body
         self.send(Op.REGISTER, body)
         limit = self.cfg.startup_timeout + 15
         deadline = time.monotonic() + limit
@@ -145,6 +154,7 @@ class SchedulerLink:
                 self.node_id = _int(hdr.body, "node_id")
                 self.epoch = hdr.epoch
                 self.last_heard = time.monotonic()
+                self.registered = (body, hdr.body)
                 return hdr.body
 
     def check_connection(self, now: float, what: str | None = None) -> None:
@@ -153,8 +163,11 @@ class SchedulerLink:
             if kind == "down":
                 self.down_since = self.down_since or now
             else:
+                if self.down_since is not None and self.restartable and self.registering:
+                    self.resume()
                 self.down_since = None
-        if self.down_since is not None and now - self.down_since > down_grace(self.cfg) \
+        grace = down_grace(self.cfg) + (RESTART_WAIT_S if self.restartable else 0)
+        if self.down_since is not None and now - self.down_since > grace \
                 and self.last_heard < self.down_since:
             raise BytePSError(f"{what or self.role}: scheduler unreachable at {self.address}: "
                               f"its connection closed {now - self.down_since:.1f} s ago and did "
@@ -167,11 +180,24 @@ class SchedulerLink:
             self.last_beat = now
             self.send(Op.HEARTBEAT, _beat_body(self.beat))
         self.check_connection(now)
-        if now - self.last_heard > self.cfg.heartbeat_timeout:
+        if now - self.last_heard > self.cfg.heartbeat_timeout + \
+                (RESTART_WAIT_S if self.restartable else 0):
             raise BytePSError(f"{self.role}: scheduler unreachable at {self.address}: no "
                               f"heartbeat answer for {now - self.last_heard:.1f} s "
                               f"(BYTEPS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g}); the "
                               f"job cannot continue")
+
+    def resume(self) -> None:
+        """The connection to the scheduler came back (a restarted scheduler): register again
+        with this node's id, rank and epoch (before the job formed: as the first time)."""
+        log.info("%s: the scheduler's connection is back; registering again", self.role)
+        if self.registered is None:
+            self.send(Op.REGISTER, self.registering)
+            return
+        body, book = self.registered
+        self.send(Op.REGISTER, dict(body, resume={
+            "node_id": self.node_id, "rank": book.get("rank", -1), "epoch": self.epoch,
+            "size": book.get("size", 0)}))
 
     def close(self, linger_ms: int = 0) -> None:
         """Close; with ``linger_ms`` queued messages (LEAVE, EXIT) still go out."""

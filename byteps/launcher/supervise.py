@@ -30,6 +30,8 @@ TERM_GRACE_S = 3.0
 # broadcast), the workers get this long to end by themselves, with their own error line
 # and their `except`/`finally` blocks, before SIGTERM
 WORKER_EXIT_WAIT_S = 2.0
+# a standalone job's scheduler killed by a signal is started again at most this often
+MAX_SCHEDULER_RESTARTS = 10
 _OUT_LOCK = threading.Lock()
 # called with _OUT_LOCK held before anything is written (the live view erases its lines)
 OUTPUT_HOOKS: list = []
@@ -117,6 +119,7 @@ class Proc:
     def __init__(self, what: str, argv: list[str], env: dict, critical: bool,
                  cpus: list[int] | None = None, tag: str | None = None):
         self.what, self.critical = what, critical
+        self.spec = (argv, env, cpus, tag)        # to start it again (a restarted scheduler)
         self.seen_exit: float | None = None
         pipe = subprocess.PIPE if tag is not None else None
         if tag is not None and "PYTHONUNBUFFERED" not in env:
@@ -191,6 +194,10 @@ class Job:
         self.interrupted: float | None = None      # when SIGINT was forwarded to the workers
         self.on_tick = None        # called from the supervision loop (the live view)
         self.survived: list[Proc] = []     # a dead server the job outlived (replication)
+        # standalone: a scheduler killed by a signal is started again on the same address,
+        # and the nodes wait for it (byteps/scheduler/resume.py)
+        self.restart_scheduler = status_dir is not None and not in_cluster
+        self.scheduler_restarts = 0
         self.signalled: int | None = None     # the first SIGINT/SIGTERM bpslaunch received
         self.finished = False       # the last line was said: signals end it quietly
         # the handler only records; the escalation thread acts (launcher/signals.py)
@@ -204,6 +211,8 @@ class Job:
 
     def start(self, what: str, argv: list[str], env: dict, critical: bool = True,
               cpus: list[int] | None = None, tag: str | None = None) -> Proc:
+        if self.restart_scheduler:
+            env = dict(env, BPSLAUNCH_SCHEDULER_RESTART="1")
         p = Proc(what, argv, env, critical, cpus, tag)
         self.procs.append(p)
         if signals.level() >= 2:        # the job is ending: a late start ends with it
@@ -249,6 +258,7 @@ class Job:
         while True:
             if self.interrupted is not None:
                 return self._interrupt(workers)
+            self._maybe_restart_scheduler(services)
             self._note_exits(order)
             self._survive(order, spare)
             root = next((p for p in order if _own_failure(p.p.returncode)
@@ -265,6 +275,25 @@ class Job:
             if self.on_tick is not None:
                 self.on_tick()
             time.sleep(0.05)
+
+    def _maybe_restart_scheduler(self, services: list[Proc]) -> None:
+        """A scheduler killed by a signal: start a new one on the same address (the nodes
+        register again and the job goes on), at most MAX_SCHEDULER_RESTARTS times."""
+        old = self.scheduler
+        if not self.restart_scheduler or old is None or old.p.poll() is None or \
+                old.p.returncode >= 0 or self.interrupted is not None or \
+                self.scheduler_restarts >= MAX_SCHEDULER_RESTARTS:
+            return
+        self.scheduler_restarts += 1
+        argv, env, cpus, tag = old.spec
+        new = self.start(old.what, argv, env, old.critical, cpus, tag)
+        self.procs.remove(old)
+        if old in services:
+            services[services.index(old)] = new
+        self.scheduler = new
+        say(f"the scheduler (pid {old.p.pid}) died with {describe_code(old.p.returncode)}; "
+            f"started a new one (pid {new.p.pid}) on the same address, restart "
+            f"{self.scheduler_restarts} of {MAX_SCHEDULER_RESTARTS}")
 
     def _survive(self, order: list[Proc], spare: list[Proc]) -> None:
         """BYTEPS_SERVER_REPLICAS=1: the first server that dies is not the job's failure

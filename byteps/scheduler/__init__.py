@@ -24,11 +24,11 @@ from byteps.common.config import Config
 from byteps.common.config import scheduler_listen_host as _bind_host
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                                 require_secret)
-from byteps.scheduler import membership
+from byteps.scheduler import membership, resume
 from byteps.scheduler.checks import _check_local_reduce, _check_tuning, _pushers
 from byteps.scheduler.departures import Departures
 from byteps.scheduler.failover import Failover
-from byteps.scheduler.registration import node_info
+from byteps.scheduler.registration import missing, node_info
 from byteps.scheduler.metrics import serve_scheduler
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
@@ -57,6 +57,7 @@ class Scheduler:
         self.workers: dict[bytes, dict] = {}
         self.hosts: dict[str, dict] = {}      # host_id -> {local_size, worker_id, order}
         self.formed = False
+        self.resumed_size = 0      # a restarted scheduler: workers to take back (resume.py)
         # a job restarted by bpslaunch --max-restarts starts in a new range of epochs, so
         # that no frame of an earlier incarnation (same job id and secret) is ever current
         self.epoch = cfg.restart_count << 16
@@ -230,6 +231,8 @@ class Scheduler:
                 return self.refuse(ident, f"{role} at {b.get('host')} (pid {b.get('pid')}) has "
                                    f"{var}={b.get(k)} but the scheduler has {var}={want}; "
                                    f"every node of a job must use the same value", fatal=True)
+        if b.get("resume") is not None:     # a restarted scheduler: a node comes back
+            return resume.adopt(self, ident, b, seq)
         info = node_info(b, seq)
         if role == "server":
             if any(s["address"] == info["address"] for s in self.servers.values()):
@@ -291,6 +294,8 @@ class Scheduler:
                 and all(len(h["slots"]) == h["local_size"] for h in hosts.values()))
 
     def maybe_form(self) -> None:
+        if self.resumed_size:           # a restarted scheduler takes the job back (resume.py)
+            return resume.tick(self)
         if self.formed or not self.complete(self.workers, self.hosts):
             return
         self.formed = True
@@ -373,11 +378,9 @@ class Scheduler:
         self.exited.add(ident)
         if body.get("ok") is not True:
             reason = str(body.get("reason", "unknown"))
-            if reason.startswith("KeyboardInterrupt"):      # Ctrl-C: an interruption, no error
-                self.fail(f"{describe(node)} was interrupted (KeyboardInterrupt)", dead=node,
-                          quiet=True)
-                return
-            self.fail(f"{describe(node)} exited with an error: {reason}", dead=node)
+            quiet = reason.startswith("KeyboardInterrupt")      # Ctrl-C: no error
+            self.fail(f"{describe(node)} was interrupted (KeyboardInterrupt)" if quiet else
+                      f"{describe(node)} exited with an error: {reason}", dead=node, quiet=quiet)
             return
         if ident in self.workers and self.formed:
             self.departures.worker_gone(ident, node, "exited (code 0)", self.workers,
@@ -422,10 +425,8 @@ class Scheduler:
             return
         if not self.formed:
             self.maybe_form()           # elastic: a worker may have died before registering
-            if self.formed:
-                return
-            if now - self.started > self.cfg.startup_timeout:
-                self.fail(self.missing(now - self.started))
+            if not self.formed and now - self.started > self.cfg.startup_timeout:
+                self.fail(missing(self, now - self.started))
             return
         if self.rejoin_since and now - self.rejoin_since > self.cfg.startup_timeout:
             self.fail(f"re-initialisation: {len(self.rejoin)} of {len(self.workers)} workers "
@@ -480,19 +481,6 @@ class Scheduler:
                 log.info("connection of %s closed", describe(n))
                 n.setdefault("down_since", now)
 
-    def missing(self, waited: float) -> str:
-        parts = []
-        if len(self.servers) < self.cfg.num_server:
-            parts.append(f"{len(self.servers)} of {self.cfg.num_server} servers registered "
-                         f"after {waited:.0f} s: expected DMLC_NUM_SERVER={self.cfg.num_server}")
-        if len(self.hosts) < self.cfg.num_worker:
-            parts.append(f"{len(self.hosts)} of {self.cfg.num_worker} worker hosts registered "
-                         f"after {waited:.0f} s: expected DMLC_NUM_WORKER={self.cfg.num_worker}")
-        for hid, h in self.hosts.items():
-            if len(h["slots"]) < h["local_size"]:
-                parts.append(f"host {hid}: {len(h['slots'])} of {h['local_size']} local workers "
-                             f"registered (BYTEPS_LOCAL_SIZE={h['local_size']})")
-        return "; ".join(parts) or "start-up timed out"
 
 
 def main(cfg: Config | None = None) -> int:

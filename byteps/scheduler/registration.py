@@ -36,3 +36,19 @@ def node_info(b: dict, seq: int) -> dict:
     if role == "server" and not isinstance(info["address"], str):
         raise WireError("server registration needs an address")
     return info
+
+
+def missing(s, waited: float) -> str:
+    """What the scheduler still waits for at its start-up timeout."""
+    parts = []
+    if len(s.servers) < s.cfg.num_server:
+        parts.append(f"{len(s.servers)} of {s.cfg.num_server} servers registered "
+                     f"after {waited:.0f} s: expected DMLC_NUM_SERVER={s.cfg.num_server}")
+    if len(s.hosts) < s.cfg.num_worker:
+        parts.append(f"{len(s.hosts)} of {s.cfg.num_worker} worker hosts registered "
+                     f"after {waited:.0f} s: expected DMLC_NUM_WORKER={s.cfg.num_worker}")
+    for hid, h in s.hosts.items():
+        if len(h["slots"]) < h["local_size"]:
+            parts.append(f"host {hid}: {len(h['slots'])} of {h['local_size']} local workers "
+                         f"registered (BYTEPS_LOCAL_SIZE={h['local_size']})")
+    return "; ".join(parts) or "start-up timed out"
