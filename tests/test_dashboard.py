@@ -99,6 +99,47 @@ def test_hang_doctor_names_the_stuck_function_from_a_server_stall(caplog):
     assert where([["/a/b.py", 1, "f"]]) == "b.py:1 in f()"
 
 
+def test_stacks_name_threads_blocked_in_c_calls():
+    """The hang doctor's stacks name a thread stuck inside a C call (time.sleep, a socket
+    read) by the Python line that made it."""
+    import socket
+    import threading
+
+    from byteps.core.api import reporter
+    a, b = socket.socketpair()
+    ready = threading.Barrier(3)
+
+    def asleep_in_c_call():
+        ready.wait()
+        time.sleep(30)
+
+    def reading_a_socket():
+        ready.wait()
+        a.recv(1)
+
+    threads = [threading.Thread(target=f, daemon=True, name=f.__name__)
+               for f in (asleep_in_c_call, reading_a_socket)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    time.sleep(0.2)
+    out = []           # read from another thread, as the engine thread does (it skips itself)
+    reader = threading.Thread(target=lambda: out.extend(
+        reporter.stacks(threading.main_thread().ident)), name="byteps-test-reader")
+    reader.start()
+    reader.join(10)
+    got = dict(out)
+    assert "byteps-test-reader" not in got                # our own threads are left out
+    b.send(b"x")
+    assert "test_stacks_name_threads_blocked_in_c_calls" in [f[2] for f in got["MainThread"]]
+    assert next(iter(got)) == "MainThread"           # the main thread first
+    for name in ("asleep_in_c_call", "reading_a_socket"):
+        assert got[name][-1][2] == name and got[name][-1][0] == __file__, got[name]
+    assert reports.clean({"stacks": [[n, f] for n, f in got.items()][:16]})["stacks"]
+    a.close()
+    b.close()
+
+
 def test_sampled_trace_of_10000_steps_stays_small(tmp_path):
     """BYTEPS_TRACE_SAMPLE=100: 10,000 steps of 10 tensors write a trace under 5 MB."""
     from byteps.core.timeline import StepCounter, Timeline
@@ -121,7 +162,8 @@ def test_sampled_trace_of_10000_steps_stays_small(tmp_path):
         steps.mark()
     path = tl.write()
     size = os.path.getsize(path)
-    doc = json.load(open(path))
+    with open(path) as f:
+        doc = json.load(f)
     assert doc["otherData"]["sample"] == 100
     traced = {e["args"]["step"] for e in doc["traceEvents"] if e.get("cat") == "tensor"}
     assert traced == set(range(0, 10_000, 100)), sorted(traced)[:5]
@@ -265,11 +307,13 @@ def test_dashboard_in_headless_chromium(tmp_path):
 
         def steps():
             rows = {r: cells(r) for r in range(4)}
-            ok = all(len(c) == 12 and c[4].isdigit() and c[5] != "-" for c in rows.values())
+            ok = all(len(c) == 13 and c[4].isdigit() and c[5] != "-" for c in rows.values())
             return {r: int(c[4]) for r, c in rows.items()} if ok else None
         before = _until("every rank's row with a step", steps, 90)
-        after = _until("the steps to move", lambda: (lambda s: s if s and all(
-            s[r] > before[r] for r in range(4)) else None)(steps()), 20)
+        def moved():
+            now = steps()
+            return now if now and all(now[r] > before[r] for r in range(4)) else None
+        after = _until("the steps to move", moved, 20)
         assert all(float(cells(r)[8]) > 0 for r in range(4))       # MB/s
         assert _until("the server's keys", lambda: driver.execute_script(
             "return document.querySelector('#servers tr[data-index=\"0\"] td:nth-child(5)')"

@@ -34,7 +34,7 @@ tr.stalled td{background:#fff8e0}
 <div id="straggler"></div></section>
 <section><h2>Workers</h2><table id="ranks"><thead><tr><th>rank</th><th class="l">host</th>
 <th>pid</th><th class="l">state</th><th>step</th><th>step ms</th><th>compute ms</th>
-<th>comm wait ms</th><th>MB/s</th><th>bytes/step</th><th>round ms</th>
+<th>comm wait ms</th><th>MB/s</th><th>bytes/step</th><th>round ms</th><th>push ms</th>
 <th class="l">last completed</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Servers</h2><table id="servers"><thead><tr><th>server</th>
 <th class="l">host</th><th class="l">address</th><th class="l">state</th><th>keys</th>
@@ -122,7 +122,8 @@ function render(s) {
   rows("ranks", s.workers, w => [[w.rank], [w.host, "l"], [w.pid], [w.state, "l"],
        [w.step === undefined ? "-" : w.step], [num(w.step_ms, 1)], [num(w.compute_ms, 1)],
        [num(w.wait_ms, 1)], [num(w.MBps, 1)], [w.bytes_step === undefined ? "-" : w.bytes_step],
-       [num(w.round_ms, 2)], [w.last || "-", "l"]],
+       [num(w.round_ms, 2)], [typeof w.push_ms === "number" && w.push_ms >= 0 ?
+       w.push_ms.toFixed(2) : "-"], [w.last || "-", "l"]],
        w => w.state !== "running" ? "gone" : (w.stuck ? "stuck" : (w.stalled ? "stalled" : "")),
        "rank");
   const dash = v => (v === undefined || v === null) ? "-" : v;

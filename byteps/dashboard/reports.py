@@ -3,7 +3,8 @@ straggler attribution over the reports of every rank.
 
 Nothing here trusts the network: :func:`clean` keeps only the known fields, each checked for
 its type and range (strings cut to a bound length), and raises ValueError naming the first
-bad field; a report is data to show, never code or a pickle.
+bad field; a report is data to show, never code or a pickle.  (Every rejection is a ValueError,
+wrong types included: the caller drops the report whatever was wrong with it.)
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _text(name: str, v, limit: int) -> str:
 def clean(rep) -> dict:
     """The validated report (known fields only); raises ValueError naming a bad field."""
     if not isinstance(rep, dict):
-        raise ValueError("a report must be a map")
+        raise ValueError("a report must be a map")  # noqa: TRY004
     out: dict = {}
     for name, (kind, lo, hi) in _NUM.items():
         if name in rep:
@@ -63,7 +64,7 @@ def clean(rep) -> dict:
 
 def _tune(t) -> dict:
     if not isinstance(t, dict):
-        raise ValueError("field 'tune' must be a map")
+        raise ValueError("field 'tune' must be a map")  # noqa: TRY004
     out: dict = {}
     if "state" in t:
         out["state"] = _text("tune.state", t["state"], 40)
@@ -104,7 +105,7 @@ _SERVER = {"keys": (int, 0, 1 << 40), "bytes": (int, 0, 1 << 62),
 def clean_server(rep) -> dict:
     """A server's heartbeat report (byteps/server/report.py), validated; raises ValueError."""
     if not isinstance(rep, dict):
-        raise ValueError("a report must be a map")
+        raise ValueError("a report must be a map")  # noqa: TRY004
     out = {name: _number(name, rep[name], kind, lo, hi)
            for name, (kind, lo, hi) in _SERVER.items() if name in rep}
     if "replica" in rep:

@@ -79,7 +79,7 @@ class JobView:
                 self.refresh(now, now >= next_point)
                 if now >= next_point:
                     next_point = now + self.every
-            except Exception:         # noqa: BLE001 - the dashboard must not end the job
+            except Exception:         # the dashboard must not end the job
                 log.exception("dashboard: refresh failed")
 
     def ranks(self, now: float) -> dict[int, dict]:
@@ -157,15 +157,15 @@ class JobView:
     def membership_events(self, ranks: dict, wall: float) -> None:
         s = self.sched
         if s.epoch != self.epoch and s.formed:
-            self.events.append((wall, f"membership epoch {s.epoch}: {len(s.workers)} "
-                                      f"worker(s), {len(s.servers)} server(s)"))
+            text = (f"membership epoch {s.epoch}: {len(s.workers)} worker(s), "
+                    f"{len(s.servers)} server(s)")
+            self.events.append((wall, text))
             self.epoch = s.epoch
         for r, info in ranks.items():
             before = self.known.get(r)
             if before != info["state"]:
                 if before is not None or info["state"] != "running":
-                    self.events.append((wall, f"rank {r} (host {info['host']}): "
-                                              f"{info['state']}"))
+                    self.events.append((wall, f"rank {r} (host {info['host']}): {info['state']}"))
                 self.known[r] = info["state"]
         for r in list(self.known):
             if r not in ranks:

@@ -37,7 +37,7 @@ def serve(view, host: str, port: int, token: str | None):
         def log_message(self, fmt, *args):     # no line per request on the scheduler's log
             log.debug("dashboard: " + fmt, *args)
 
-        def do_GET(self):                       # noqa: N802 - http.server's name
+        def do_GET(self):                       # http.server's name
             url = urllib.parse.urlsplit(self.path)
             query = urllib.parse.parse_qs(url.query)
             if token is not None:

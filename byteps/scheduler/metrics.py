@@ -12,8 +12,8 @@ def serve_scheduler(sched) -> int | None:
     """Register the scheduler's metrics (``sched``: :class:`byteps.scheduler.Scheduler`) and
     serve them when BYTEPS_METRICS_PORT is set; attach the dashboard (byteps/dashboard)."""
     metrics.register("scheduler", lambda core: scheduler_families(core, sched))
-    from byteps.dashboard import start      # the hang doctor; the page (BYTEPS_DASHBOARD_PORT)
-    start(sched)
+    from byteps import dashboard  # the hang doctor; the page (BYTEPS_DASHBOARD_PORT)
+    dashboard.start(sched)
     return metrics.serve("scheduler", sched.cfg, "scheduler", 0)
 
 
