@@ -63,9 +63,12 @@ def _no_shm_leftovers():
     before = set(os.listdir(shm)) if shm.is_dir() else set()
     yield
     if shm.is_dir():
+        # list first, then look for users: a file created after the listing is never
+        # touched, and a temporary file (``.tmpPID``, about to be published) never
+        left = set(os.listdir(shm)) - before
         busy = _mapped_shm()          # another session's job still uses them: leave them
-        for name in set(os.listdir(shm)) - before - busy:
-            if name.startswith("bps-"):
+        for name in left - busy:
+            if name.startswith("bps-") and ".tmp" not in name:
                 try:
                     (shm / name).unlink()
                 except OSError:

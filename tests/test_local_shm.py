@@ -114,3 +114,22 @@ def test_segment_window_layout_on_a_small_tmpfs(small_tmpfs):
     assert sorted(os.listdir(d)) == [os.path.basename(path)]     # no temp file left
     for s in (a, b):
         s.close()
+
+
+def test_a_temporary_file_removed_before_publishing_is_made_again(tmp_path, monkeypatch):
+    """Something that cleans /dev/shm (another test session, a tmp reaper) may remove the
+    creator's ``.tmpPID`` file between its creation and its publication: the segment is
+    made again instead of failing the first push_pull of the tensor."""
+    import byteps.core.local.shm as shm_mod
+    real_link, removed = os.link, []
+
+    def link_after_a_cleaner(src, dst):
+        if not removed:                  # the cleaner strikes once, at the worst moment
+            os.unlink(src)
+            removed.append(src)
+        return real_link(src, dst)
+    monkeypatch.setattr(shm_mod.os, "link", link_after_a_cleaner)
+    seg = _seg(tmp_path)
+    assert removed and seg.created and os.path.exists(seg.path)
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+    seg.close()

@@ -186,6 +186,8 @@ def main():
             rule = re.search(r"docs/compatibility\.md, rule '([a-z0-9-]+)'", str(exc))
             res[cell] = ({"refused": rule.group(1), "message": str(exc)} if rule else
                          {"error": "".join(traceback.format_exception(exc))[-3000:]})
+            print(f"rank {rank}: cell {cell}: {res[cell].get('refused') or res[cell]['error']}",
+                  file=sys.stderr, flush=True)
             mod.barrier()                              # every rank leaves the cell together
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, f"rank{rank}.json"), "w") as f:

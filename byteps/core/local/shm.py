@@ -222,6 +222,35 @@ class Segment:
             f"{FIX}, or set BYTEPS_LOCAL_REDUCE=0 to push without local reduction")
 
     def _create_or_open(self, header: list[int], chunk: int) -> mmap.mmap:
+        for _ in range(5):
+            got = self._create_tmp_or_open(header, chunk)
+            if not isinstance(got, str):
+                return got                  # another local rank published it first
+            mm, self._tmp_map = self._tmp_map, None
+            try:
+                os.link(got, self.path)     # publish the fully written segment at once
+                self.created = True
+                return mm
+            except FileExistsError:
+                mm.close()
+                self.fallback = None        # another local rank was first: use its segment
+                return self._open()
+            except FileNotFoundError:
+                # our temporary file vanished before it was published (something that
+                # cleans /dev/shm removed it): make it again
+                mm.close()
+            finally:
+                try:
+                    os.unlink(got)
+                except FileNotFoundError:
+                    pass
+        raise ShmSpaceError(f"tensor {self.name!r}: the temporary shared buffer "
+                            f"{self.path}.tmp{os.getpid()} was removed 5 times before it could "
+                            f"be published; is something deleting files in its folder?")
+
+    def _create_tmp_or_open(self, header: list[int], chunk: int) -> mmap.mmap | str:
+        """The open segment when another local rank published it, else the path of a new
+        temporary file holding the header (its map in ``self._tmp_map``)."""
         pause = 0.05
         while True:
             try:
@@ -242,16 +271,8 @@ class Segment:
         header = header[:5] + [-(-self.n // c) if self.n else 0, header[6], c, w,
                                self.shape_tag]
         np.frombuffer(mm, np.int64, HEADER, 0)[:] = header
-        try:
-            os.link(tmp, self.path)
-            self.created = True
-            return mm
-        except FileExistsError:
-            mm.close()
-            self.fallback = None
-        finally:
-            os.unlink(tmp)
-        return self._open()
+        self._tmp_map = mm
+        return tmp
 
     def _create_tmp(self, tmp: str, chunk: int) -> tuple[mmap.mmap, int, int]:
         """A new file ``tmp``, reserved for the best layout that fits: (map, chunk, window)."""
