@@ -56,8 +56,7 @@ class Scheduler:
         self.servers: dict[bytes, dict] = {}
         self.workers: dict[bytes, dict] = {}
         self.hosts: dict[str, dict] = {}      # host_id -> {local_size, worker_id, order}
-        self.formed = False
-        self.resumed_size = 0      # a restarted scheduler: workers to take back (resume.py)
+        self.formed, self.resumed_size = False, 0     # resumed_size: resume.py
         # a job restarted by bpslaunch --max-restarts starts in a new range of epochs, so
         # that no frame of an earlier incarnation (same job id and secret) is ever current
         self.epoch = cfg.restart_count << 16
@@ -173,8 +172,9 @@ class Scheduler:
                 self.drops.warn("bad registration", str(exc))
             return
         if node is None or hdr.sender != node.get("node_id"):
-            self.drops.warn("message from a node id the scheduler did not assign (or over "
-                            "another connection)", f"op {Op(hdr.op).name}, sender {hdr.sender}")
+            if self.elastic is None or not self.elastic.fence(ident):   # a removed worker
+                self.drops.warn("message from a node id the scheduler did not assign (or "
+                                "over another connection)", f"op {Op(hdr.op).name}")
             return
         if hdr.seq <= node.get("seq", -1) or hdr.epoch < node.get("epoch", 0):
             self.drops.warn("replayed or stale message", f"{describe(node)}: op "

@@ -86,6 +86,7 @@ class Elastic:
         # replacement may register before the loss is noticed) or the heartbeat timeout
         self.parked: dict[bytes, tuple[dict, float]] = {}   # ident -> (info, refuse at)
         self.changes = 0            # groups re-formed
+        self.removed: dict[bytes, str] = {}    # lost workers not yet told they were removed
         self._dead: set[int] = set()        # workers dead before formation (dead_at_start)
         self._dead_read = float("-inf")
         self._told_dead = False
@@ -159,12 +160,26 @@ class Elastic:
         if not others and not newcomers:
             return False                # nobody left to go on: the job fails as before
         self.lost[ident] = reason
+        self.removed[ident] = reason    # a frozen worker that comes back is told (fence)
         s.exited.add(ident)             # no more heartbeat checks, never counted as alive
         self._unpark()
         log.warning("elastic: %s; re-forming the group with %d worker(s) (--min-workers %d)",
                     reason, len(others) + len(newcomers), self.min)
         self.announce(True, reason)
         self.maybe_reform()
+        return True
+
+    def fence(self, ident: bytes) -> bool:
+        """A message from a worker removed from the group (presumed dead: frozen, cut off,
+        too slow): tell it once that it was removed, so that it ends instead of waiting.
+        Its pushes of the old epoch are dropped by the servers; it never joins a round."""
+        why = self.removed.pop(ident, None)
+        if why is None:
+            return False
+        log.warning("elastic: a worker removed from the group came back; telling it (%s)", why)
+        self.s.send(ident, Op.TERMINATE, {"ok": False, "reason": (
+            f"this worker was removed from the job ({why}); the group went on without it "
+            f"(epoch {self.s.epoch})")})
         return True
 
     def note_conn(self, fd: int, ident: bytes) -> None:
