@@ -4,8 +4,10 @@ In-process: the report validation, straggler attribution, the hang doctor's text
 side of a real scheduler (token, /api/status shape, /api/events) and the sampled timeline's
 size.  One end-to-end job (4 workers on 4 emulated hosts) is watched in headless Chromium
 (Debian's ``chromium`` + ``chromium-driver``, selenium): every rank's row with numbers that
-move, the compute straggler named, and a rank stuck in ``stuck_here()`` named with its file
-and line within BYTEPS_STALL_WARNING_S + 5 s, on the page and in bpslaunch's output.
+move, the compute straggler named, ``kill -USR1`` printing a worker's stacks, and a rank stuck
+in ``stuck_here()`` named with its file and line within BYTEPS_STALL_WARNING_S + 5 s, on the
+page and in bpslaunch's output.  As root, a job of network namespaces with one worker's link
+shaped by ``tc`` names that rank a network straggler.
 """
 from __future__ import annotations
 
@@ -315,6 +317,8 @@ def test_dashboard_in_headless_chromium(tmp_path):
             return now if now and all(now[r] > before[r] for r in range(4)) else None
         after = _until("the steps to move", moved, 20)
         assert all(float(cells(r)[8]) > 0 for r in range(4))       # MB/s
+        pid0 = int(cells(0)[2])
+        os.kill(pid0, signal.SIGUSR1)          # rank 0 prints its stacks (kill -USR1)
         assert _until("the server's keys", lambda: driver.execute_script(
             "return document.querySelector('#servers tr[data-index=\"0\"] td:nth-child(5)')"
             ".textContent;") not in (None, "-", "0"), 10)
@@ -345,6 +349,8 @@ def test_dashboard_in_headless_chromium(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
     assert proc.returncode == 0, out
+    assert f"byteps: stacks of pid {pid0} (SIGUSR1):" in out, out
+    assert "dashboard_job.py" in out.split(f"stacks of pid {pid0}")[1], out
     doctor = [ln for ln in out.splitlines() if "hang doctor:" in ln]
     assert doctor and "stuck_here()" in doctor[0] and "dashboard_job.py:" in doctor[0], out
 
