@@ -39,3 +39,47 @@ def test_twenty_seeded_faults_of_every_kind(tmp_path):
                      "--out", str(tmp_path)])
     _check(tmp_path)
     assert rc == 0
+
+
+@pytest.mark.chaos_full
+def test_a_worker_frozen_past_the_heartbeat_timeout_is_fenced_out(tmp_path):
+    """An elastic job's worker frozen (SIGSTOP) for twice the heartbeat timeout: the group
+    re-forms without it; when it resumes it is told that it was removed and ends; the
+    others' parameters equal a one-process run's."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import numpy as np
+
+    from conftest import BPSLAUNCH, job_env
+    from chaos_job import reference
+    job = f"freeze-{os.getpid()}-{int(time.time())}"
+    cmd = BPSLAUNCH + ["--standalone", "-np", "3", "--num-servers", "1", "--min-workers", "2",
+                       sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"),
+                       str(tmp_path), "400"]
+    p = subprocess.Popen(cmd, env=job_env(BYTEPS_JOB_ID=job, BYTEPS_HEARTBEAT_INTERVAL=0.3,
+                                          BYTEPS_HEARTBEAT_TIMEOUT=3), cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(chaos.job_pids(job, "worker")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)
+        victim = chaos.job_pids(job, "worker")[-1]
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(6)
+        os.kill(victim, signal.SIGCONT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-3000:]
+    assert "this worker was removed from the job" in err, err[-3000:]
+    ref = reference(400)
+    for f in sorted(tmp_path.glob("rank*.json")):
+        d = json.loads(f.read_text())
+        assert d["size"] == 2
+        np.testing.assert_allclose(np.array(d["w"], np.float32), ref, rtol=1e-4, atol=1e-5)
