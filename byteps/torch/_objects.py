@@ -123,23 +123,7 @@ def encode(obj, slots: list | None = None, min_slot_numel: int = 0) -> bytes:
 
 
 # --------------------------------------------------------------------------- decoding
-def _shape(v) -> tuple:
-    if not isinstance(v, list) or len(v) > 64 or \
-            not all(type(d) is int and d >= 0 for d in v):
-        raise ValueError(f"bad shape {v!r}")
-    return tuple(v)
-
-
-def _np_dtype(s) -> np.dtype:
-    if not isinstance(s, str) or len(s) > 8:
-        raise ValueError(f"bad dtype {s!r}")
-    try:
-        dt = np.dtype(s)
-    except TypeError as exc:
-        raise ValueError(f"bad dtype {s!r}") from exc
-    if dt.kind not in _NP_KINDS:
-        raise ValueError(f"dtype {s!r} is not allowed")
-    return dt
+_shape, _np_dtype = _codec.shape, _codec.np_dtype     # the core's record checks
 
 
 def _fields(data: bytes, n: int, hook) -> list:
