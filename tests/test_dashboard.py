@@ -404,3 +404,21 @@ def test_network_straggler_on_a_shaped_link(tmp_path):
     lines = [ln for ln in sched.splitlines() if "straggler:" in ln]
     assert lines and "rank 2 is slow to communicate" in lines[-1], sched
     assert not [ln for ln in lines if "slow to compute" in ln], sched
+
+
+def test_launcher_dashboard_option():
+    """``--dashboard`` takes an optional PORT; a word after it is the command, and the
+    command's own arguments are never touched."""
+    from byteps.launcher import dashboard as opt
+    from byteps.launcher import parser
+    ap = parser()
+    for argv, port, cmd in ((["-np", "2", "--dashboard", "python", "t.py"], 0, ["python", "t.py"]),
+                            (["--dashboard", "8080", "python"], 8080, ["python"]),
+                            (["-H", "a:1,b:1", "--dashboard", "python"], 0, ["python"]),
+                            (["python", "t.py", "--dashboard"], None,
+                             ["python", "t.py", "--dashboard"])):
+        args = ap.parse_args(opt.fix_argv(argv, ap))
+        assert (args.dashboard, args.command) == (port, cmd), argv
+    base = {"DMLC_PS_ROOT_URI": "127.0.0.1", "BYTEPS_JOB_SECRET": "x"}
+    opt.standalone_env(types.SimpleNamespace(dashboard=0), base, lambda: 4242)
+    assert base["BYTEPS_DASHBOARD_PORT"] == "4242" and base[opt.SAID] == "1"

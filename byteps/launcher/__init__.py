@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         from byteps.launcher import k8s
         return k8s.main(argv[1:])
     ap = parser()
-    args = ap.parse_args(dashboard.fix_argv(argv))
+    args = ap.parse_args(dashboard.fix_argv(argv, ap))
     dashboard.check(args, ap)
     cmd = args.command
     if cmd and cmd[0] == "--":

@@ -21,16 +21,24 @@ def add_argument(ap) -> None:
                     help=HELP)
 
 
-def fix_argv(argv: list[str]) -> list[str]:
+def fix_argv(argv: list[str], ap) -> list[str]:
     """``--dashboard python train.py``: the option's PORT is optional, so a non-number after
-    it is the command, not the port."""
+    it is the command, not the port.  Only bpslaunch's own options are looked at (the
+    command starts at the first word that is neither an option nor an option's value)."""
     out = list(argv)
-    for i, a in enumerate(out):
-        if a == "--":
+    actions = ap._option_string_actions
+    i = 0
+    while i < len(out):
+        a = out[i]
+        if a == "--" or not a.startswith("-") or a == "-":
             break
-        if a == "--dashboard" and (i + 1 >= len(out) or not out[i + 1].isdigit()):
-            out[i] = "--dashboard=0"
+        if a == "--dashboard":
+            if i + 1 >= len(out) or not out[i + 1].isdigit():
+                out[i] = "--dashboard=0"
             break
+        act = actions.get(a.split("=", 1)[0])
+        takes = act is not None and act.nargs not in (0, "?", "*") and "=" not in a
+        i += 2 if takes else 1
     return out
 
 
