@@ -100,7 +100,8 @@ def main() -> int:
     rc = subprocess.run(me, env=env, timeout=300, check=False).returncode
     print("== bpslaunch --standalone, 2 workers, 1 server", flush=True)
     rc2 = subprocess.run([sys.executable, "-m", "byteps.launcher", "--standalone",
-                          "--num-workers", "2", "--num-servers", "1", *me], env=env,
+                          "--num-workers", "2", "--hosts", "2", "--num-servers", "1",
+                          *me], env=env,
                          timeout=300, check=False).returncode
     print("ALL PASS" if rc == rc2 == 0 else f"FAILED (local rc={rc}, job rc={rc2})")
     return 0 if rc == rc2 == 0 else 1

@@ -90,7 +90,8 @@ def run_byteps(w: int, s: int, sizes, iters, tmp: Path) -> dict:
     out = tmp / f"bps_{w}_{s}.json"
     script = tmp / "bps_worker.py"
     script.write_text(WORKER)
-    cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", str(w), "-s", str(s),
+    cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", str(w), "--hosts", str(w),
+           "-s", str(s),
            sys.executable, str(script), json.dumps(sizes), str(iters), str(out)]
     subprocess.run(cmd, env=env(), check=True, timeout=1800)
     return json.loads(out.read_text())

@@ -66,7 +66,8 @@ def run_once(sizes: list[int], iters: int, workers: int, servers: int, replicas:
                    if not k.startswith(("DMLC_", "BYTEPS_"))}
             env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **knobs)
             cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "--num-workers",
-                   str(workers), "--num-servers", str(servers), *argv]
+                   str(workers), "--hosts", str(workers), "--num-servers", str(servers),
+                   *argv]
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                                cwd=ROOT)
             if r.returncode != 0:

@@ -186,8 +186,8 @@ def _collect(result: str, workers: int, what: str) -> list[dict]:
 def run_byteps(args, tmp: str, tag: str, mode: str = "byteps") -> list[dict]:
     result = os.path.join(tmp, tag)
     cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "--num-workers",
-           str(args.num_workers), "--num-servers", str(args.num_servers),
-           *_worker_argv(args, mode, result)]
+           str(args.num_workers), "--hosts", str(args.num_workers), "--num-servers",
+           str(args.num_servers), *_worker_argv(args, mode, result)]
     try:
         p = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True,
                            timeout=args.timeout, check=False)

@@ -182,8 +182,9 @@ def _run_job(args, result: str) -> list[dict]:
     if args.num_workers == 1:                # still go through the servers
         env["BYTEPS_FORCE_DISTRIBUTED"] = "1"
     cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "--num-workers",
-           str(args.num_workers), "--num-servers", str(args.num_servers),
-           sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model,
+           str(args.num_workers), "--hosts", str(args.num_workers), "--num-servers",
+           str(args.num_servers), sys.executable, str(Path(__file__).resolve()), "--worker",
+           "--model", args.model,
            "--batch-size", str(args.batch_size), "--num-iters", str(args.num_iters),
            "--num-warmup", str(args.num_warmup), "--rounds", str(args.rounds),
            "--port", str(_free_port()), "--result-file", result,

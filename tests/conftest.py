@@ -25,9 +25,13 @@ def job_env(**extra) -> dict:
 
 def run_job(argv: list[str], workers: int = 2, servers: int = 1, timeout: float = 120,
             launcher_args: tuple = (), **env) -> subprocess.CompletedProcess:
-    """``bpslaunch --standalone`` a command; fails the test (never hangs) on timeout."""
-    cmd = BPSLAUNCH + ["--standalone", "--num-workers", str(workers), "--num-servers",
-                       str(servers), *launcher_args, *argv]
+    """``bpslaunch --standalone`` a command; fails the test (never hangs) on timeout.
+    ``workers`` workers are as many emulated hosts (``--hosts``) unless ``launcher_args``
+    lay them out (``--hosts``/``--local-size``, or elastic ``--min-workers``)."""
+    own = {"--hosts", "--local-size", "--min-workers"} & set(launcher_args)
+    layout = () if own else ("--hosts", str(workers))
+    cmd = BPSLAUNCH + ["--standalone", "--num-workers", str(workers), *layout,
+                       "--num-servers", str(servers), *launcher_args, *argv]
     try:
         return subprocess.run(cmd, env=job_env(**env), capture_output=True, text=True,
                               timeout=timeout, cwd=ROOT)

@@ -115,8 +115,8 @@ def test_sigkill_bpslaunch_takes_all_children(tmp_path):
     job = f"failjob-launch-{os.getpid()}-{int(time.time())}"
     env = job_env(BYTEPS_JOB_ID=job, BYTEPS_PARTITION_BYTES=4096, FAIL_STEP_SLEEP=0.05)
     cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "--num-workers", "2",
-           "--num-servers", "2", sys.executable, str(ROOT / "tests/scripts/fail_train.py"),
-           str(tmp_path), str(FOREVER)]
+           "--hosts", "2", "--num-servers", "2", sys.executable,
+           str(ROOT / "tests/scripts/fail_train.py"), str(tmp_path), str(FOREVER)]
     launcher = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     c = Cluster(tmp_path)

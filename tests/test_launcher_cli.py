@@ -53,7 +53,7 @@ def job_pids(job_id: str) -> list[int]:
 def test_root_cause_is_the_crashing_worker_not_a_server():
     # rank 1 raises at step 5 and needs 3 s to tear down: servers and the scheduler end
     # before it does, with the "another process failed" code
-    res = launch("-np", 2, "-s", 2, *JOB, "crash", 1, 5, timeout=90)
+    res = launch("-np", 2, "--hosts", 2, "-s", 2, *JOB, "crash", 1, 5, timeout=90)
     assert res.returncode == 1, res.stderr[-3000:]
     last = last_line(res)
     assert last.startswith("bpslaunch: job failed; root cause: worker rank 1 "), res.stderr[-3000:]
@@ -62,7 +62,8 @@ def test_root_cause_is_the_crashing_worker_not_a_server():
 
 
 def test_startup_timeout_blames_the_scheduler_with_its_reason():
-    res = launch("-np", 2, *JOB, "noinit", 1, BYTEPS_STARTUP_TIMEOUT=2, timeout=90)
+    res = launch("-np", 2, "--hosts", 2, *JOB, "noinit", 1, BYTEPS_STARTUP_TIMEOUT=2,
+                 timeout=90)
     assert res.returncode == 1, res.stderr[-3000:]
     last = last_line(res)
     assert last.startswith("bpslaunch: job failed; root cause: the scheduler (pid "), last
@@ -206,8 +207,68 @@ def test_tag_output_flags():
         assert f"[worker {r}] stderr of rank {r}" in res.stderr.splitlines(), res.stderr
     res = launch("-np", 2, "--no-tag-output", *JOB, "hello")
     assert res.returncode == 0 and "[worker" not in res.stdout + res.stderr
-    res = launch("-np", 2, *JOB, "hello")      # not a terminal: untouched by default
-    assert res.returncode == 0 and "[worker" not in res.stdout + res.stderr
+    res = launch("-np", 2, *JOB, "hello")      # a pipe: tagged by default too
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[worker 1] hello from rank 1 of 2" in res.stdout.splitlines(), res.stdout
+
+
+def test_whole_tagged_lines_through_a_pipe():
+    """Two workers write 20 KB lines in 200 flushed pieces each, to stdout and stderr at
+    once, into one pipe (``bpslaunch -np 2 ... 2>&1 | cat``): every line arrives whole
+    behind its worker's tag; with --no-tag-output whole and untagged."""
+    for flags, tag in (((), "[worker {r}] "), (("--no-tag-output",), "")):
+        p = subprocess.run(BPSLAUNCH + ["-np", "2", *flags, sys.executable,
+                                        str(SCRIPTS / "long_lines.py")],
+                           env=job_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60, check=False)
+        out = p.stdout.decode()
+        assert p.returncode == 0, out[-3000:]
+        lines = [ln for ln in out.splitlines() if "BEGIN" in ln or "END" in ln]
+        assert len(lines) == 12, out[-3000:]
+        for ln in lines:
+            m = re.fullmatch(r"(\[worker (\d)\] )?BEGIN (\d) (\d) (\d+) END (\d) (\d)", ln)
+            assert m, ln[:200] + " ... " + ln[-200:]
+            r = m.group(3)
+            assert ln.startswith(tag.format(r=r)) and m.group(5) == r * 20000, ln[:200]
+            assert (m.group(6), m.group(7)) == (r, m.group(4))
+
+
+# ------------------------------------------------------------------ 7. -np as in Horovod
+def test_np_is_this_machine_with_local_ranks(tmp_path):
+    """bpslaunch -np 3: one host of 3 workers, local ranks 0, 1, 2 and local size 3
+    everywhere (LOCAL_RANK/LOCAL_WORLD_SIZE and BytePS's own)."""
+    res = launch("-np", 3, sys.executable, SCRIPTS / "rank_env.py", tmp_path, timeout=90)
+    assert res.returncode == 0, res.stderr[-3000:]
+    docs = {int(p.stem[4:]): __import__("json").loads(p.read_text())
+            for p in tmp_path.glob("rank*.json")}
+    assert sorted(docs) == [0, 1, 2]
+    for rank, d in docs.items():
+        assert (d["local_rank"], d["local_size"], d["size"]) == (rank, 3, 3), d
+        assert d["env"]["LOCAL_RANK"] == str(rank) and d["env"]["LOCAL_WORLD_SIZE"] == "3"
+        assert d["env"]["NODE_RANK"] == "0"
+
+
+def test_np_with_hosts_infers_the_local_size():
+    from byteps.launcher import layout
+    assert layout(3, 0, 0) == (1, 3)                   # -np 3
+    assert layout(2, 1, 0) == (1, 2)                   # -np 2 --hosts 1
+    assert layout(4, 2, 0) == (2, 2) and layout(4, 0, 2) == (2, 2)
+    assert layout(0, 2, 0) == (2, 1) and layout(0, 0, 0) == (1, 1)
+    assert layout(4, 0, 0, elastic=True) == (4, 1)     # elastic: a host per worker
+    with pytest.raises(SystemExit, match=r"--hosts can be 1, 2, 3 or 6 \(or -np a "
+                                         r"multiple of 4\)"):
+        layout(6, 4, 0)
+    with pytest.raises(SystemExit, match="--local-size can be 1 or 5"):
+        layout(5, 0, 2)
+    res = launch("-np", 6, "--hosts", 4, "true", timeout=30)
+    assert res.returncode != 0 and "--hosts can be 1, 2, 3 or 6" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_help_names_every_mode():
+    res = launch("--help", timeout=30)
+    assert res.returncode == 0
+    assert "bpslaunch k8s" in res.stdout and "-H localhost:4" in res.stdout, res.stdout[:3000]
 
 
 def test_tags_by_default_on_a_terminal():

@@ -120,7 +120,8 @@ def _value(text: str, name: str) -> float:
 def test_scrape_worker_server_and_scheduler_during_a_job(tmp_path):
     base = _free_range(5)            # scheduler, 1 server, 2 workers
     stop = tmp_path / "stop"
-    p = subprocess.Popen(BPSLAUNCH + ["-np", "2", "-s", "1", *JOB, str(stop), "60"],
+    p = subprocess.Popen(BPSLAUNCH + ["-np", "2", "--hosts", "2", "-s", "1", *JOB, str(stop),
+                                      "60"],
                          env=job_env(BYTEPS_METRICS_PORT=base, BYTEPS_ENABLE_IPC=0), cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -158,7 +159,7 @@ def test_scrape_worker_server_and_scheduler_during_a_job(tmp_path):
 
 def test_live_view_redraws_on_a_terminal():
     master, slave = pty.openpty()
-    p = subprocess.Popen(BPSLAUNCH + ["-np", "2", *JOB, "/nonexistent/stop", "4"],
+    p = subprocess.Popen(BPSLAUNCH + ["-np", "2", "--hosts", "2", *JOB, "/nonexistent/stop", "4"],
                          env=job_env(BYTEPS_ENABLE_IPC=0), cwd=ROOT, stdin=subprocess.DEVNULL,
                          stdout=slave, stderr=slave)
     os.close(slave)
@@ -193,7 +194,8 @@ def test_live_view_redraws_on_a_terminal():
 
 
 def test_periodic_info_lines_without_a_terminal():
-    res = subprocess.run(BPSLAUNCH + ["-np", "2", *JOB, "/nonexistent/stop", "3"],
+    res = subprocess.run(BPSLAUNCH + ["-np", "2", "--hosts", "2", *JOB, "/nonexistent/stop",
+                                      "3"],
                          env=job_env(BYTEPS_ENABLE_IPC=0, BYTEPS_LIVE_INTERVAL_S="0.5"),
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -67,11 +67,12 @@ def test_usage_errors_are_one_line(tmp_path):
 
 # ------------------------------------------------------------------ fake ssh on loopback
 FAKE_SSH = """#!/bin/sh
-# ssh [options] -- HOST COMMAND: run COMMAND here, as sshd would through the login shell
+# ssh [options] -- HOST COMMAND: run COMMAND here, as sshd would through the login shell,
+# in a fresh login environment (only what bpslaunch forwards reaches the processes)
 while [ "$1" != "--" ]; do shift; done
 shift; shift
-export SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22"
-exec sh -c "$*"
+exec env -i HOME="$HOME" PATH=/usr/bin:/bin SSH_CONNECTION="127.0.0.1 40000 127.0.0.1 22" \\
+    sh -c "$*"
 """
 
 
@@ -79,16 +80,20 @@ exec sh -c "$*"
 def test_fake_ssh_on_loopback_ranks_tags_logs(tmp_path):
     """Two "hosts" of 2 workers whose ssh runs the remote command on this machine: ranks
     follow the host order, every line is tagged, --log-dir has one file per process, and
-    the secret bpslaunch made reaches the processes (they authenticate each other)."""
+    the secret bpslaunch made reaches the processes (they authenticate each other); the
+    login gets bpslaunch's environment as Horovod forwards it (PYTHONPATH and any other
+    variable, no *CUDA_VISIBLE_DEVICES), MASTER_ADDR/MASTER_PORT of the first host, and
+    every worker's summary comes back."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "ssh").write_text(FAKE_SSH)
     (bindir / "ssh").chmod(0o755)
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
-    env = job_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", BYTEPS_ENABLE_IPC=0)
-    res = subprocess.run(BPSLAUNCH + ["-H", "a:2,b:2", "--log-dir", str(logs), "-x",
-                                      "PYTHONPATH", PY, str(SCRIPTS / "rank_env.py"), str(out)],
+    env = job_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", BYTEPS_ENABLE_IPC=0,
+                  FORWARD_ME="yes", CUDA_VISIBLE_DEVICES="7")
+    res = subprocess.run(BPSLAUNCH + ["-H", "a:2,b:2", "--log-dir", str(logs), PY,
+                                      str(SCRIPTS / "rank_env.py"), str(out)],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=100,
                          check=False)
     assert res.returncode == 0, res.stderr
@@ -97,12 +102,56 @@ def test_fake_ssh_on_loopback_ranks_tags_logs(tmp_path):
     for rank, d in docs.items():
         assert (d["size"], d["local_rank"], d["env"]["NODE_RANK"]) == (4, rank % 2,
                                                                        str(rank // 2))
+        assert d["other"]["FORWARD_ME"] == "yes" and d["other"]["CUDA_VISIBLE_DEVICES"] is None
+        assert d["other"]["MASTER_ADDR"] == "127.0.0.1" and d["other"]["MASTER_PORT"]
+    for rank in range(4):
+        assert f"bpslaunch: worker rank {rank} (host " in res.stderr, res.stderr
     tagged = re.findall(r"^\[worker (\d)\] RANKENV ", res.stdout, re.MULTILINE)
     assert sorted(tagged) == ["0", "1", "2", "3"], res.stdout
     assert sorted(p.name for p in logs.iterdir()) == [
         "scheduler.log", "server-0.log", "server-1.log",
         "worker-0.log", "worker-1.log", "worker-2.log", "worker-3.log"]
     assert (logs / "worker-2.log").read_text().startswith("RANKENV ")
+
+
+# ------------------------------------------------------------------ local slots, no ssh
+def test_this_machine_is_local():
+    import socket
+
+    from byteps.launcher.hosts import is_local
+    for name in ("localhost", "127.0.0.1", "::1", socket.gethostname()):
+        assert is_local(name), name
+    for name in ("h1", "root@localhost", "192.0.2.1", "gpu1:8"):
+        assert not is_local(name), name
+
+
+@pytest.mark.timeout(120)
+def test_local_slots_start_without_ssh(tmp_path):
+    """-H localhost:2 with an ssh that only fails: the job runs (no sshd, no ssh), local
+    ranks 0 and 1, tagged lines, torch's rendezvous on loopback, and the summaries."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text("#!/bin/sh\necho ssh was called >&2\nexit 255\n")
+    (bindir / "ssh").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = job_env(PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    res = subprocess.run(BPSLAUNCH + ["-H", "localhost:2", PY, str(SCRIPTS / "rank_env.py"),
+                                      str(out)], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=100, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "ssh was called" not in res.stderr and "started without ssh" in res.stderr
+    docs = read_results(out)
+    assert sorted(docs) == [0, 1]
+    for rank, d in docs.items():
+        assert (d["local_rank"], d["local_size"], d["size"]) == (rank, 2, 2)
+        assert d["other"]["MASTER_ADDR"] == "127.0.0.1"
+        assert f"bpslaunch: worker rank {rank} (host " in res.stderr, res.stderr
+    assert sorted(re.findall(r"^\[worker (\d)\] RANKENV ", res.stdout, re.MULTILINE)) == \
+        ["0", "1"], res.stdout
+    res = subprocess.run(BPSLAUNCH + ["-H", "localhost:2", "-np", "3", "true"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "-np 3 does not match the 2 slot(s)" in res.stderr
 
 
 # ------------------------------------------------------------------ sshd in namespaces

@@ -95,3 +95,29 @@ def test_cluster_mode_ranks_follow_worker_id(tmp_path):
     for rank, d in docs.items():
         assert d["env"]["RANK"] == str(rank) and d["env"]["WORLD_SIZE"] == "4"
         assert d["env"]["LOCAL_RANK"] == str(rank % 2)
+
+
+def test_master_addr_and_port_unit():
+    env = torchrun.apply({"X": "1"}, 0, 1, 2, 1, ("127.0.0.1", 29500))
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29500")
+    mine = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}     # the user's win
+    assert torchrun.apply(mine, 0, 0, 1, 1, ("127.0.0.1", 29500))["MASTER_ADDR"] == "10.0.0.1"
+
+
+@pytest.mark.timeout(150)
+def test_init_process_group_and_distributed_sampler_under_bpslaunch(tmp_path):
+    """bpslaunch -np 2 and a torchrun-style script: init_process_group("gloo") with the
+    default env:// rendezvous, a default DistributedSampler, a gloo all_reduce; torch's
+    ranks equal BytePS's."""
+    pytest.importorskip("torch")
+    res = subprocess.run(BPSLAUNCH + ["-np", "2", sys.executable,
+                                      str(SCRIPTS / "torch_ddp_env.py"), str(tmp_path)],
+                         env=job_env(), capture_output=True, text=True, timeout=140,
+                         cwd=ROOT, check=False)
+    assert_ok(res)
+    docs = read_results(tmp_path)
+    assert sorted(docs) == [0, 1]
+    for rank, d in docs.items():
+        assert (d["rank"], d["world"], d["bps_rank"], d["bps_size"]) == (rank, 2, rank, 2)
+        assert d["indices"] == list(range(rank, 10, 2)) and d["sum"] == 3.0
+        assert d["master"][0] == "127.0.0.1" and d["master"] == docs[0]["master"]

@@ -1,10 +1,13 @@
 """bpslaunch: start BytePS roles from DMLC_* variables, or a whole job on one machine.
 
-    bpslaunch -np 2 python train.py                  # one machine: scheduler, 1 server, 2 workers
-    bpslaunch --standalone --num-workers 2 --num-servers 2 python train.py
-    bpslaunch --standalone --hosts 2 --local-size 2 --num-servers 2 python train.py
-    DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch --local-size 8 python train.py  # cluster
+    bpslaunch -np 4 python train.py          # this machine: 4 workers (local ranks 0..3),
+                                             # a scheduler and 1 server
+    bpslaunch -np 4 --hosts 2 -s 2 python train.py   # emulate 2 hosts of 2 workers each
+    bpslaunch -H localhost:4 python train.py         # local slots start directly, no ssh
     bpslaunch -H gpu1:8,gpu2:8 --server-hosts cpu1,cpu2 python train.py  # over ssh
+    DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch --local-size 8 python train.py  # cluster
+    bpslaunch k8s --name job --image IMG --workers 2 -- python train.py  # Kubernetes YAML
+                                             # (bpslaunch k8s --help)
 
 Every child runs in its own process group and dies with bpslaunch.  When a
 process fails, the job is ended within seconds and the last line names the
@@ -14,7 +17,6 @@ reason (processes that ended only because of it exit with code 86).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -23,10 +25,10 @@ import sys
 import tempfile
 
 from byteps import DIST
-from byteps.common import torchrun
-from byteps.common import variables
+from byteps.common import torchrun, variables
 from byteps.common.config import NAMES_CHECKED, Config, ConfigError, name_report
 from byteps.launcher import dashboard, liveview
+from byteps.launcher.report import print_summaries, trace_note
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
 
 
@@ -78,10 +80,48 @@ def check_config(envs: dict[str, dict]) -> None:
 
 def _tagging(flag: bool | None, workers: int) -> bool:
     """Prefix worker output with the rank: forced by --tag-output/--no-tag-output, else
-    when more than one worker writes to a terminal."""
+    whenever more than one worker writes (a terminal, a pipe or a file alike)."""
     if flag is not None:
         return flag
-    return workers > 1 and (sys.stdout.isatty() or sys.stderr.isatty())
+    return workers > 1
+
+
+def _divisors(n: int) -> str:
+    ds = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, ds[:-1])) + (" or " if len(ds) > 1 else "") + str(ds[-1])
+
+
+def layout(num_workers: int, hosts: int, local_size: int,
+           elastic: bool = False) -> tuple[int, int]:
+    """(worker hosts, workers per host) of a standalone job.  ``-np N`` means what it
+    means in Horovod: N worker processes on this machine, one host of local size N (local
+    ranks 0..N-1, shared-memory local reduction); ``--hosts H`` emulates H hosts and
+    infers the local size N / H, ``--local-size L`` infers the hosts N / L.  Elastic jobs
+    run one worker per emulated host.  Raises SystemExit naming the values that work."""
+    n, h, loc = num_workers, hosts, local_size
+    if elastic:
+        return n or h or 1, 1
+    if h and loc:
+        if n and n != h * loc:
+            raise SystemExit(f"bpslaunch: -np {n} is not --hosts {h} x --local-size {loc} "
+                             f"= {h * loc}; give -np {h * loc}, or drop --local-size (then "
+                             f"it is -np / --hosts)")
+        return h, loc
+    if h:
+        if not n:
+            return h, 1
+        if n % h:
+            raise SystemExit(f"bpslaunch: -np {n} workers do not split evenly over --hosts "
+                             f"{h}: --hosts can be {_divisors(n)} (or -np a multiple of {h})")
+        return h, n // h
+    if loc:
+        n = n or loc
+        if n % loc:
+            raise SystemExit(f"bpslaunch: -np {n} workers do not split evenly into hosts of "
+                             f"--local-size {loc}: --local-size can be {_divisors(n)} (or -np "
+                             f"a multiple of {loc})")
+        return n // loc, loc
+    return 1, n or 1
 
 
 SOLO_UNSET = ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
@@ -89,18 +129,10 @@ SOLO_UNSET = ("DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS
 
 
 def standalone(args, cmd: list[str]) -> int:
-    if args.hosts:
-        hosts, local = args.hosts, args.local_size or 1
-        if args.num_workers and args.num_workers != hosts * local:
-            raise SystemExit(f"bpslaunch: --num-workers {args.num_workers} != --hosts {hosts} x "
-                             f"--local-size {local}")
-    else:
-        local = args.local_size or 1
-        total = args.num_workers or 1
-        if total % local:
-            raise SystemExit(f"bpslaunch: --num-workers {total} is not a multiple of "
-                             f"--local-size {local}")
-        hosts = total // local
+    hosts, local = layout(args.num_workers, args.hosts, args.local_size,
+                          getattr(args, "elastic", False))
+    # torch.distributed's env:// rendezvous (MASTER_ADDR/MASTER_PORT): a free port here
+    rendezvous = {"addr": "127.0.0.1", "port": free_port()}
     base = dict(os.environ)
     base.update(DMLC_NUM_WORKER=str(hosts), DMLC_NUM_SERVER=str(args.num_servers),
                 DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
@@ -124,7 +156,9 @@ def standalone(args, cmd: list[str]) -> int:
         base.update(elastic.env(args))
 
     def worker_env(h: int, lr: int) -> dict:
-        return dict(torchrun.apply(base, h, lr, local, hosts), DMLC_ROLE="worker",
+        return dict(torchrun.apply(base, h, lr, local, hosts,
+                                   (rendezvous["addr"], rendezvous["port"])),
+                    DMLC_ROLE="worker",
                     DMLC_WORKER_ID=str(h), BYTEPS_LOCAL_RANK=str(lr),
                     BYTEPS_LOCAL_SIZE=str(local), BYTEPS_EMULATED_HOST=f"host{h}")
     try:
@@ -148,6 +182,7 @@ def standalone(args, cmd: list[str]) -> int:
             # epochs (BYTEPS_RESTART_COUNT), so nothing of the failed incarnation is current
             base.update(BYTEPS_RESTART_COUNT=str(attempt),
                         **({} if solo else {"DMLC_PS_ROOT_PORT": str(free_port())}))
+            rendezvous["port"] = free_port()
             say(f"restart {attempt} of {restarts} (--max-restarts): starting the job again "
                 f"with the same job secret, membership epoch {attempt << 16}+")
         rc, job = _standalone_once(args, cmd, base, hosts, local, worker_env, tag)
@@ -171,8 +206,10 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
     if kind:                    # the workers write their status for the live view
         base["BPSLAUNCH_LIVE_S"] = f"{liveview.worker_period(kind, every):g}"
         passed += ("BPSLAUNCH_LIVE_S",)
-    # the view on a terminal erases itself before any output: all output goes through us
-    pipe = "" if kind == "tty" else None
+    # every child's output goes through us line by line (supervise._pump), so that lines
+    # of several processes never interleave mid-line, and the live view on a terminal
+    # erases itself before any output
+    pipe = ""
     py = sys.executable
     job = Job(status_dir=summaries)
     live = None
@@ -217,28 +254,9 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
         if live is not None:
             live.close()
         print_summaries(summaries)
+        trace_note(base)
         _remove_shm(base, None)
         job.say_last()
-
-
-def print_summaries(folder: str) -> None:
-    """Print the one-line summary each worker left in ``folder``; remove it."""
-    from byteps.common.summary import format_summary
-    docs = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if not name.endswith(".json"):
-            continue
-        try:
-            with open(os.path.join(folder, name)) as f:
-                doc = json.load(f)
-            if isinstance(doc, dict):
-                docs.append(doc)
-        except (OSError, ValueError):
-            pass
-    docs.sort(key=lambda d: d["rank"] if isinstance(d.get("rank"), int) else -1)
-    for doc in docs:
-        print(format_summary(doc), file=sys.stderr, flush=True)
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def role_mode(args, cmd: list[str]) -> int:
@@ -275,17 +293,23 @@ def role_mode(args, cmd: list[str]) -> int:
         for lr in range(local):
             env = dict(torchrun.apply(os.environ, cfg.worker_id, lr, local, cfg.num_worker),
                        BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(local),
-                       BPSLAUNCH_STATUS_DIR=status, **{NAMES_CHECKED: "1"})
+                       BPSLAUNCH_STATUS_DIR=status, BPSLAUNCH_SUMMARY_DIR=status,
+                       **{NAMES_CHECKED: "1"})
+            name = (f"worker {cfg.worker_id * local + lr}" if cfg.worker_id is not None
+                    else f"local rank {lr}")
             workers.append(job.start(
                 f"worker (DMLC_WORKER_ID={wid}, host {cfg.node_host}, local rank {lr})", cmd,
                 env, cpus=_numa_cpus(lr, local, os.environ),
-                tag=f"local rank {lr}" if tag else None))
+                # several local workers: whole lines through us (tagged unless told not)
+                tag=name if tag else ("" if local > 1 else None)))
         return job.supervise(workers, [])
     except LaunchError as exc:
         job.terminate(grace=1.0)
         say(str(exc))
         return exc.code
     finally:
+        print_summaries(status)             # (removes the folder)
+        trace_note(os.environ)
         shutil.rmtree(status, ignore_errors=True)
         _remove_shm(os.environ, cfg.host_id)
         job.say_last()
@@ -330,14 +354,22 @@ def parser() -> argparse.ArgumentParser:
                     help="start scheduler, servers and workers on this machine (implied by "
                          "-n/-s/--hosts when DMLC_ROLE is not set)")
     ap.add_argument("--num-workers", "-n", "-np", type=int, default=0,
-                    help="worker processes in total (standalone)")
+                    help="worker processes in total, as Horovod's -np: on this machine they "
+                         "are one host (local ranks 0..N-1, local reduction) unless --hosts "
+                         "or --local-size split them (standalone); with -H it must match "
+                         "the slots")
     ap.add_argument("--num-servers", "-s", type=int, default=None,
                     help="servers (standalone; default 1)")
-    ap.add_argument("--hosts", type=int, default=0, help="emulated worker hosts (standalone)")
-    ap.add_argument("--local-size", type=int, default=0, help="worker processes per host")
+    ap.add_argument("--hosts", type=int, default=0,
+                    help="emulated worker hosts on this machine (standalone): -np N --hosts "
+                         "H runs H hosts of N/H workers each")
+    ap.add_argument("--local-size", type=int, default=0,
+                    help="worker processes per host (standalone: -np N --local-size L "
+                         "emulates N/L hosts; cluster: the workers of this machine)")
     ap.add_argument("--tag-output", action=argparse.BooleanOptionalAction, default=None,
                     help="prefix each output line of a worker with [worker RANK] (default: on "
-                         "when more than one worker writes to a terminal)")
+                         "whenever more than one worker writes; lines are never interleaved "
+                         "either way)")
     ap.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
                     help="standalone: a status line per worker (step, push_pull MB/s, round "
                          "latency, slowest server), redrawn in place on a terminal; elsewhere "

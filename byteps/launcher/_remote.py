@@ -20,15 +20,22 @@ to everyone else) before the process can write anything, and stays its parent:
   signal N; one not sent by bpslaunch is also reported in one line) and kills what
   is left of the group.
 
-``--check`` only says ``ok`` (bpslaunch's reachability check of every host).
+``--check`` only says ``ok`` (bpslaunch's reachability check of every host);
+``--check --rendezvous [IF]`` says ``ok ADDR PORT``, this host's address and a free port
+(torch's ``MASTER_ADDR``/``MASTER_PORT`` when this is the first worker host).  With
+``"address"`` in the header the scheduler listens there (a job of one machine: loopback);
+with ``"summary"`` the worker's end-of-job summary (byteps.common.summary) comes back as
+one ``SUMMARY {json}`` line on standard output after it ended.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 
 from byteps.launcher.supervise import _pdeathsig
@@ -141,9 +148,26 @@ def _watch_input(child: _Child, done: threading.Event, asked: set) -> None:
         _kill(child.pid, signal.SIGKILL)
 
 
+def _send_summaries(folder: str) -> None:
+    """Each summary the worker left, as one ``SUMMARY {json}`` line for bpslaunch."""
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    doc = json.load(f)
+                print(f"{MARK} SUMMARY {json.dumps(doc)}", flush=True)
+            except (OSError, ValueError):
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         print("ok", flush=True)
+        return 0
+    if argv[:2] == ["--check", "--rendezvous"]:
+        addr = own_address(argv[2] if len(argv) > 2 else None)
+        print(f"ok {addr} {free_port(addr)}", flush=True)
         return 0
     header = sys.stdin.readline()
     if not header:
@@ -156,13 +180,16 @@ def main(argv: list[str]) -> int:
     what = spec.get("what", "process")
     if spec.get("announce"):
         try:
-            addr = own_address(spec.get("interface"))
+            addr = spec.get("address") or own_address(spec.get("interface"))
             port = int(env.get("DMLC_PS_ROOT_PORT") or free_port(addr))
         except OSError as exc:
             _say(f"{what} on {socket.gethostname()}: no address to listen on "
                  f"(--network-interface {spec.get('interface')}?): {exc}")
             return 2
         env.update(DMLC_PS_ROOT_URI=addr, DMLC_PS_ROOT_PORT=str(port))
+    summaries = tempfile.mkdtemp(prefix="bpslaunch-summary-") if spec.get("summary") else None
+    if summaries:
+        env["BPSLAUNCH_SUMMARY_DIR"] = summaries
     child = _Child(spec["argv"], env, what)
     if spec.get("announce"):
         print(f"{MARK} ADDRESS {env['DMLC_PS_ROOT_URI']} {env['DMLC_PS_ROOT_PORT']} "
@@ -177,6 +204,8 @@ def main(argv: list[str]) -> int:
     code = child.wait()
     done.set()
     _kill(child.pid, signal.SIGKILL)            # whatever it left behind in its group
+    if summaries:
+        _send_summaries(summaries)
     if code < 0:
         if -code not in asked:                  # not one bpslaunch sent: say who did
             try:

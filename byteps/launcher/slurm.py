@@ -252,7 +252,8 @@ def run(args, cmd: list[str]) -> int:
         say(str(exc))
         return exc.code
     status = tempfile.mkdtemp(prefix="bpslaunch-slurm-")
-    quiet = {NAMES_CHECKED: "1", "BPSLAUNCH_STATUS_DIR": status}
+    quiet = {NAMES_CHECKED: "1", "BPSLAUNCH_STATUS_DIR": status,
+             "BPSLAUNCH_SUMMARY_DIR": status}       # each worker's end-of-job line
     py = sys.executable
     job = _TaskJob(status_dir=status, in_cluster=True)
     tag = _tagging(args.tag_output, pl.local_size * len(pl.nodes))
@@ -282,5 +283,7 @@ def run(args, cmd: list[str]) -> int:
         say(str(exc))
         return exc.code
     finally:
+        from byteps.launcher.report import print_summaries
+        print_summaries(status)             # (removes the folder)
         shutil.rmtree(status, ignore_errors=True)
         job.say_last()

@@ -19,11 +19,19 @@ process group when the session ends: bpslaunch's supervision (supervise.Job)
 applies to the ssh clients as to local children, and nothing outlives bpslaunch on
 any host.  Every host must reach the others and have this Python and byteps at the
 same path (a shared file system, or the same image), and the working directory.
+
+A host that is this machine (``-H localhost:4``, its host name or an address of it;
+hosts.is_local) needs no ssh: its processes run the same bootstrap directly, as
+Horovod runs local slots.  Every process gets bpslaunch's environment as Horovod
+passes it (hosts.forwarded: all of it but the variables of one machine or login
+session; ``-x`` adds or overrides), ``MASTER_ADDR``/``MASTER_PORT`` for torch's
+``env://`` rendezvous (the first worker host and a port free there), and each worker's
+end-of-job summary comes back through its session and is printed as in a standalone
+job.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import secrets
@@ -38,109 +46,24 @@ import time
 
 from byteps.common import torchrun
 from byteps.common.config import NAMES_CHECKED, ConfigError
-from byteps.launcher.slurm import servers_on
+from byteps.launcher.hosts import (  # noqa: F401  (the names tests and elastic.py use)
+    PER_PROCESS,
+    Host,
+    HostsError,
+    Role,
+    exports,
+    forwarded,
+    is_local,
+    parse_hosts,
+    plan,
+    read_hostfile,
+)
 from byteps.launcher.supervise import Job, LaunchError, _child_setup, _pump, say
 
 MARK = b"bpslaunch-remote:"
+SUMMARY = MARK + b" SUMMARY "
 SSH_FAILED = 255           # ssh's own exit status: no connection, or it broke
 STARTUP_S = 30.0           # after the connect timeout: a started session must answer by then
-# variables that describe one process or one machine: never copied from bpslaunch's own
-PER_PROCESS = ("DMLC_ROLE", "DMLC_WORKER_ID", "DMLC_NODE_HOST", "DMLC_PS_ROOT_URI",
-               "BYTEPS_LOCAL_RANK", "BYTEPS_LOCAL_SIZE", "BYTEPS_EMULATED_HOST")
-
-
-class HostsError(ValueError):
-    """-H, --hostfile or --server-hosts describe no job bpslaunch can start (one line)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Host:
-    name: str
-    slots: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Role:
-    """One process of the job and where it runs."""
-    kind: str                       # scheduler, server or worker
-    index: int                      # server index or worker rank (0 for the scheduler)
-    host: str
-    worker_id: int | None = None    # DMLC_WORKER_ID (workers)
-    local_rank: int | None = None
-
-    @property
-    def tag(self) -> str:
-        return "scheduler" if self.kind == "scheduler" else f"{self.kind} {self.index}"
-
-    @property
-    def log_name(self) -> str:
-        return "scheduler.log" if self.kind == "scheduler" else f"{self.kind}-{self.index}.log"
-
-
-def parse_hosts(text: str, what: str = "-H") -> list[Host]:
-    """``h1:4,h2:4`` (``h`` alone: 1 slot) to Hosts."""
-    out = []
-    for item in (s.strip() for s in text.split(",")):
-        if not item:
-            continue
-        name, _, slots = item.rpartition(":") if ":" in item else (item, "", "1")
-        if not name or not slots.isdigit() or int(slots) < 1:
-            raise HostsError(f"{what} {text}: cannot read {item!r} (HOST or HOST:SLOTS, "
-                             f"example: -H gpu1:8,gpu2:8)")
-        out.append(Host(name, int(slots)))
-    if not out:
-        raise HostsError(f"{what}: no hosts given")
-    return out
-
-
-def read_hostfile(path: str) -> list[Host]:
-    """An MPI/horovodrun host file: ``HOST slots=N`` lines (``#`` comments; no slots: 1)."""
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        raise HostsError(f"--hostfile {path}: {exc.strerror or exc}") from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
-        slots = 1
-        for w in words[1:]:
-            key, _, val = w.partition("=")
-            if key == "slots" and val.isdigit() and int(val) >= 1:
-                slots = int(val)
-            elif key != "max_slots":
-                raise HostsError(f"--hostfile {path}, line {n}: cannot read {w!r} "
-                                 f"(expected: HOST slots=N)")
-        out.append(Host(words[0], slots))
-    if not out:
-        raise HostsError(f"--hostfile {path}: no hosts in it")
-    return out
-
-
-def plan(hosts: list[Host], server_hosts: list[str] | None = None,
-         num_servers: int | None = None, scheduler_host: str | None = None) -> list[Role]:
-    """Every process of the job: the scheduler, then servers, then workers by rank."""
-    names = [h.name for h in hosts]
-    if len(set(names)) != len(names):
-        raise HostsError(f"-H: a host is named twice ({','.join(names)}); give each host "
-                         f"once with its slots (HOST:SLOTS)")
-    if len({h.slots for h in hosts}) != 1:
-        raise HostsError("every worker host needs the same number of slots ("
-                         + ", ".join(f"{h.name}:{h.slots}" for h in hosts)
-                         + "): byteps sizes a job as hosts x workers per host")
-    local = hosts[0].slots
-    roles = [Role("scheduler", 0, scheduler_host or names[0])]
-    where = list(server_hosts) if server_hosts else names
-    total = num_servers or len(where)
-    for node, host in enumerate(where):
-        roles += [Role("server", node + k * len(where), host)
-                  for k in range(servers_on(node, len(where), total))]
-    roles[1:] = sorted(roles[1:], key=lambda r: r.index)
-    for h, host in enumerate(hosts):
-        roles += [Role("worker", h * local + lr, host.name, h, lr) for lr in range(local)]
-    return roles
 
 
 def ssh_argv(args, host: str, remote: list[str]) -> list[str]:
@@ -159,7 +82,15 @@ def ssh_argv(args, host: str, remote: list[str]) -> list[str]:
 def bootstrap(python: str, *extra: str) -> list[str]:
     """The remote command: the bootstrap in bpslaunch's working directory."""
     return ["cd", shlex.quote(os.getcwd()), "&&", "exec", shlex.quote(python), "-m",
-            "byteps.launcher._remote", *extra]
+            "byteps.launcher._remote", *map(shlex.quote, extra)]
+
+
+def session_argv(args, host: str, python: str, *extra: str) -> list[str]:
+    """The command that runs the bootstrap for ``host``: directly for this machine
+    (no ssh), else through ssh."""
+    if is_local(host):
+        return [python, "-m", "byteps.launcher._remote", *extra]
+    return ssh_argv(args, host, bootstrap(python, *extra))
 
 
 def _last_line(text: bytes) -> str:
@@ -167,15 +98,35 @@ def _last_line(text: bytes) -> str:
     return lines[-1] if lines else "no output"
 
 
-def check_hosts(args, hosts: list[str], python: str) -> list[str]:
-    """Reach every host over ssh at once (ConnectTimeout) and run the bootstrap's check
-    there; one line per host that failed."""
-    procs = {h: subprocess.Popen(ssh_argv(args, h, bootstrap(python, "--check")),
+def rendezvous_here(args, all_local: bool) -> tuple[str, int]:
+    """MASTER_ADDR and a free MASTER_PORT when the first worker host is this machine."""
+    from byteps.launcher._remote import free_port, interface_address
+    if args.network_interface:
+        addr = interface_address(args.network_interface)
+    elif all_local:
+        addr = "127.0.0.1"
+    else:
+        import socket
+        addr = socket.gethostbyname(socket.gethostname())
+    return addr, free_port(addr)
+
+
+def check_hosts(args, hosts: list[str], python: str,
+                rendezvous: str | None = None) -> tuple[list[str], tuple[str, int] | None]:
+    """Reach every remote host over ssh at once (ConnectTimeout) and run the bootstrap's
+    check there; on the host ``rendezvous`` it also names its address and a free port
+    (MASTER_ADDR/MASTER_PORT).  Returns one line per host that failed, and those two."""
+    def check(h: str) -> list[str]:
+        if h != rendezvous:
+            return ["--check"]
+        return ["--check", "--rendezvous", *([args.network_interface]
+                                             if args.network_interface else [])]
+    procs = {h: subprocess.Popen(ssh_argv(args, h, bootstrap(python, *check(h))),
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, start_new_session=True,
                                  preexec_fn=_child_setup(None)) for h in hosts}
     deadline = time.monotonic() + args.ssh_connect_timeout + STARTUP_S
-    errors = []
+    errors, found = [], None
     try:
         for h, p in procs.items():
             try:
@@ -186,16 +137,20 @@ def check_hosts(args, hosts: list[str], python: str) -> list[str]:
                 continue
             if p.returncode == SSH_FAILED:
                 errors.append(f"host {h}: cannot reach it over ssh: {_last_line(err)}")
-            elif p.returncode or out.strip() != b"ok":
+            elif p.returncode or out.split()[:1] != [b"ok"]:
                 errors.append(f"host {h}: cannot run {python} -m byteps.launcher._remote in "
                               f"{os.getcwd()} there (the same Python and byteps must be "
                               f"at the same path on every host): {_last_line(err)}")
+            elif h == rendezvous:
+                words = out.decode(errors="replace").split()
+                if len(words) == 3 and words[2].isdigit():
+                    found = (words[1], int(words[2]))
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return errors
+    return errors, found
 
 
 class _Session:
@@ -221,6 +176,7 @@ class RemoteProc:
         self.critical = True
         self.seen_exit: float | None = None
         self.pumps: list[threading.Thread] = []
+        self.summaries: list[dict] = []     # the worker's end-of-job summary (_remote.py)
         self._lock = threading.Lock()
         self.ssh = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
@@ -270,12 +226,26 @@ class RemoteProc:
         log = None
         if log_dir:      # open while the pumps write to it, as long as bpslaunch runs
             log = open(os.path.join(log_dir, self.role.log_name), "ab")  # noqa: SIM115
-        for src, dst in ((self.ssh.stdout, sys.stdout.buffer),
-                         (self.ssh.stderr, sys.stderr.buffer)):
-            t = threading.Thread(target=_pump, args=(src, dst, prefix, log), daemon=True,
-                                 name=f"bpslaunch-output-{self.role.tag}")
+        for src, dst, take in ((self.ssh.stdout, sys.stdout.buffer, self._take),
+                               (self.ssh.stderr, sys.stderr.buffer, None)):
+            t = threading.Thread(target=_pump, args=(src, dst, prefix, log, take),
+                                 daemon=True, name=f"bpslaunch-output-{self.role.tag}")
             t.start()
             self.pumps.append(t)
+
+    def _take(self, line: bytes) -> bytes:
+        """Keep the bootstrap's ``SUMMARY {json}`` line (plain data, never evaluated);
+        the rest of the line is output."""
+        at = line.find(SUMMARY)
+        if at < 0:
+            return line
+        try:
+            doc = json.loads(line[at + len(SUMMARY):])
+            if isinstance(doc, dict):
+                self.summaries.append(doc)
+        except ValueError:
+            pass
+        return line[:at]
 
     def kill(self, sig: int) -> None:
         """Signal the remote process group through the session; SIGKILL also ends the
@@ -302,26 +272,11 @@ class RemoteProc:
                 pass
 
 
-def _exports(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        name, eq, value = item.partition("=")
-        if not name.isidentifier():
-            raise HostsError(f"-x {item}: expected VAR or VAR=VALUE")
-        if not eq:
-            if name not in os.environ:
-                raise HostsError(f"-x {name}: not set here (give a value: -x {name}=VALUE)")
-            value = os.environ[name]
-        out[name] = value
-    return out
-
-
 def job_env(args, hosts: list[Host], num_servers: int) -> dict[str, str]:
-    """What every process gets: BYTEPS_*/DMLC_* and -x variables of bpslaunch's
-    environment, the job's sizes, id and secret."""
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith(("BYTEPS_", "DMLC_")) and k not in PER_PROCESS}
-    env.update(_exports(args.export or []))
+    """What every process gets: bpslaunch's environment as Horovod passes it
+    (hosts.forwarded) and the -x variables, the job's sizes, id and secret."""
+    env = forwarded(os.environ)
+    env.update(exports(args.export or [], os.environ))
     env.update(DMLC_NUM_WORKER=str(len(hosts)), DMLC_NUM_SERVER=str(num_servers),
                BYTEPS_JOB_ID=env.get("BYTEPS_JOB_ID") or f"ssh-{secrets.token_hex(4)}",
                BYTEPS_JOB_SECRET=env.get("BYTEPS_JOB_SECRET") or secrets.token_hex(32),
@@ -368,6 +323,11 @@ def run(args, cmd: list[str]) -> int:
         if not cmd:
             raise HostsError("-H/--hostfile needs a command to run: bpslaunch -H h1:2,h2:2 "
                              "python train.py")
+        slots = sum(h.slots for h in hosts)
+        if args.num_workers and args.num_workers != slots:
+            raise HostsError(f"-np {args.num_workers} does not match the {slots} slot(s) of "
+                             f"{args.host_list or args.hostfile}: give -np {slots}, or "
+                             f"change the slots (HOST:SLOTS)")
         num_servers = sum(r.kind == "server" for r in roles)
         base = job_env(args, hosts, num_servers)
         if getattr(args, "elastic", False):     # --min-workers (elastic.py)
@@ -381,24 +341,39 @@ def run(args, cmd: list[str]) -> int:
         say(str(exc))
         return 2
     python = args.remote_python or sys.executable
-    if shutil.which("ssh") is None:
-        say("-H/--hostfile start processes through ssh, which is not installed here "
-            "(apt-get install openssh-client)")
+    names = list(dict.fromkeys(r.host for r in roles))
+    remote = [h for h in names if not is_local(h)]
+    if remote and shutil.which("ssh") is None:
+        say(f"-H/--hostfile start processes on other machines ({','.join(remote)}) "
+            f"through ssh, which is not installed here (apt-get install openssh-client)")
         return 127
-    errors = check_hosts(args, list(dict.fromkeys(r.host for r in roles)), python)
+    first = hosts[0].name           # MASTER_ADDR/MASTER_PORT: worker rank 0's host
+    try:
+        errors, master = check_hosts(args, remote, python, None if is_local(first) else first)
+        if is_local(first):
+            master = rendezvous_here(args, not remote)
+    except OSError as exc:
+        errors = [f"host {first}: no address and port for MASTER_ADDR/MASTER_PORT "
+                  f"(--network-interface {args.network_interface}?): {exc}"]
     for text in errors:
         say(text)
     if errors:
         return SSH_FAILED
+    if master and not (base.get("MASTER_ADDR") and base.get("MASTER_PORT")):
+        base.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+    # a job of this machine alone: the scheduler listens on loopback
+    args.scheduler_address = None if remote or args.network_interface else "127.0.0.1"
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
     tag = args.tag_output is not False             # always, unless --no-tag-output
     job = Job(status_dir=None, in_cluster=False)
     job.workers = []            # Ctrl-C while starting: SIGINT to the workers started so far
     shosts = ",".join(dict.fromkeys(r.host for r in roles if r.kind == "server"))
+    here = [h for h in names if h not in remote]
     say(f"job {base['BYTEPS_JOB_ID']}: scheduler on {roles[0].host}, {num_servers} "
-        f"server(s) on {shosts}, {len(hosts) * hosts[0].slots} worker(s) on "
-        f"{','.join(h.name for h in hosts)}")
+        f"server(s) on {shosts}, {slots} worker(s) on "
+        f"{','.join(h.name for h in hosts)}"
+        + (f" ({','.join(here)}: this machine, started without ssh)" if here else ""))
     try:
         base = start(args, job, roles, hosts, base, cmd, python, tag)
         services = [p for p in job.procs if p.role.kind != "worker"]
@@ -411,18 +386,24 @@ def run(args, cmd: list[str]) -> int:
         say(str(exc))
         return exc.code
     finally:
+        from byteps.launcher.report import print_summary_docs, trace_note
+        print_summary_docs([d for p in job.procs for d in getattr(p, "summaries", ())])
+        trace_note(base, ",".join(remote))
         job.say_last()
 
 
 def launch(args, job: Job, role: Role, env: dict, cmd: list[str], python: str,
            announce: bool = False) -> RemoteProc:
-    """Start one process of the job over ssh (``env``: its whole environment)."""
+    """Start one process of the job over ssh, or directly on this machine (``env``: its
+    whole environment)."""
     argv = cmd if role.kind == "worker" else [
         python, "-m", "byteps.launcher._scheduler" if role.kind == "scheduler"
         else "byteps.server"]
     spec = {"what": f"{role.tag}", "argv": argv, "env": env, "announce": announce,
-            "interface": args.network_interface}
-    p = RemoteProc(role, ssh_argv(args, role.host, bootstrap(python)), spec)
+            "interface": args.network_interface,
+            "address": getattr(args, "scheduler_address", None),
+            "summary": role.kind == "worker"}
+    p = RemoteProc(role, session_argv(args, role.host, python), spec)
     job.procs.append(p)
     if role.kind == "worker":
         job.workers.append(p)
