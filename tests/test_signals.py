@@ -109,8 +109,8 @@ def _burst_run(tmp_path, when: str, sigs: list[int], extra=()):
     out = tmp_path / when.replace(".", "_")
     out.mkdir()
     job = f"burst-{secrets.token_hex(4)}"
-    cmd = BPSLAUNCH + ["--standalone", "--num-workers", "2", "--num-servers", "1",
-                       "--grace-period", "2", *extra, sys.executable,
+    cmd = BPSLAUNCH + ["--standalone", "--num-workers", "2", "--hosts", "2", "--num-servers",
+                       "1", "--grace-period", "2", *extra, sys.executable,
                        str(SCRIPTS / "sigint_worker.py"), str(out)]
     p = subprocess.Popen(cmd, env=job_env(BYTEPS_JOB_ID=job, BYTEPS_ENABLE_IPC=1), cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
