@@ -23,7 +23,7 @@ MAX_FRAMES = 12          # frames per thread, innermost last
 MAX_THREADS = 16
 STEP_WINDOW = 20         # steps averaged for the step time split
 
-_SIGUSR1 = threading.Event()
+_SIGUSR1: list = []      # SIGUSR1 received (the handler only appends: no lock)
 
 
 class Reporter:
@@ -101,9 +101,9 @@ class Reporter:
         tuner = getattr(self.st, "tuner", None)
         if tuner is not None:
             rep["tune"] = _tuning(tuner, self.st.cfg)
-        if now - self.t_step >= self.quiet_s or _SIGUSR1.is_set():
+        if now - self.t_step >= self.quiet_s or _SIGUSR1:
             rep["stacks"] = stacks(self.main)
-            if _SIGUSR1.is_set():
+            if _SIGUSR1:
                 _SIGUSR1.clear()
                 _print_stacks(rep["stacks"])
         return rep
@@ -162,7 +162,7 @@ def _print_stacks(threads: list) -> None:
 
 
 def _on_usr1(signum, frame) -> None:
-    _SIGUSR1.set()           # only record; the engine thread prints at its next heartbeat
+    _SIGUSR1.append(signum)  # only record; the engine thread prints at its next heartbeat
 
 
 def attach(st) -> None:
