@@ -81,6 +81,13 @@ def test_stragglers_compute_and_network_are_told_apart():
     assert reports.stragglers({0: compute[3]}) is None
 
 
+def test_series_of_a_large_job_keeps_min_median_max():
+    from byteps.dashboard.view import SERIES_RANKS, _point
+    rows = [{"rank": r, "step_ms": 100.0 + r, "MBps": 5.0} for r in range(SERIES_RANKS + 8)]
+    assert _point(rows) == {"min": [100.0, 5.0], "median": [120.0, 5.0], "max": [139.0, 5.0]}
+    assert _point(rows[:2]) == {0: [100.0, 5.0], 1: [101.0, 5.0]}
+
+
 def test_hang_doctor_names_the_stuck_function_from_a_server_stall(caplog):
     doc = Doctor(warn_s=2.0)
     now = time.monotonic()

@@ -96,15 +96,17 @@ function plot(id, series, idx) {
     svg.appendChild(t);
   }
   let i = 0;
-  for (const r of Object.keys(lines).sort((a, b) => a - b)) {
+  const order = k => isNaN(k) ? ["min", "median", "max"].indexOf(k) - 10 : Number(k);
+  for (const r of Object.keys(lines).sort((a, b) => order(a) - order(b))) {
     const pts = lines[r].map(([t, v]) =>
       `${(P + (W - P - 5) * t / tmax).toFixed(1)},${(H - P - (H - P - 5) * v / vmax).toFixed(1)}`);
     const pl = document.createElementNS(NS, "polyline");
     pl.setAttribute("points", pts.join(" ")); pl.setAttribute("fill", "none");
     pl.setAttribute("stroke", COLORS[i % COLORS.length]); pl.setAttribute("stroke-width", "1.5");
     pl.dataset.rank = r; svg.appendChild(pl);
-    const lab = document.createElementNS(NS, "text"); lab.textContent = "rank " + r;
-    lab.setAttribute("x", W - 60); lab.setAttribute("y", 14 + 12 * i);
+    const lab = document.createElementNS(NS, "text");
+    lab.textContent = isNaN(r) ? r + " of the ranks" : "rank " + r;
+    lab.setAttribute("x", W - 90); lab.setAttribute("y", 14 + 12 * i);
     lab.setAttribute("font-size", "10"); lab.setAttribute("fill", COLORS[i % COLORS.length]);
     svg.appendChild(lab); i++;
   }

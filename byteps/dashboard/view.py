@@ -20,6 +20,7 @@ from byteps.transport.wire import Op
 log = logging.getLogger("byteps.scheduler")
 
 PERIOD_S = 0.5
+SERIES_RANKS = 32           # more ranks: the plots show their min, median and max
 SERIES_POINTS = 600         # time-series points kept (halved when full: the whole job)
 STRAGGLER_EVERY_S = 5.0     # how often the slowest rank is named in the log
 STEADY = 4                  # refreshes (PERIOD_S) a straggler must stand out before named
@@ -136,8 +137,7 @@ class JobView:
             self.said_straggler = now
             log.warning("straggler: %s", self.straggler["text"])
         if point and rows:
-            self.series.append([round(wall - self.started, 1),
-                                {r["rank"]: [r.get("step_ms"), r.get("MBps")] for r in rows}])
+            self.series.append([round(wall - self.started, 1), _point(rows)])
             if len(self.series) > SERIES_POINTS:
                 self.series = self.series[::2]
                 self.every *= 2
@@ -216,3 +216,17 @@ class JobView:
             if self.version == version:
                 self.changed.wait(timeout)
             return self.version, self.snapshot
+
+
+def _point(rows: list) -> dict:
+    """One time-series point: [step ms, MB/s] per rank, or, beyond SERIES_RANKS ranks, their
+    min, median and max (the snapshot stays small for a large job)."""
+    if len(rows) <= SERIES_RANKS:
+        return {r["rank"]: [r.get("step_ms"), r.get("MBps")] for r in rows}
+    out = {}
+    cols = [sorted(v for v in (r.get(k) for r in rows) if isinstance(v, (int, float)))
+            for k in ("step_ms", "MBps")]
+    for name, pick in (("min", lambda c: c[0]), ("median", lambda c: c[len(c) // 2]),
+                       ("max", lambda c: c[-1])):
+        out[name] = [pick(c) if c else None for c in cols]
+    return out
