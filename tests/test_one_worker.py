@@ -66,3 +66,25 @@ def test_common_calls_and_their_checks():
         bps.broadcast(x, root_rank=1, name="b2")               # no rank 1 in a job of one
     with pytest.raises(ValueError, match="tensor name"):
         bps.push_pull(x, name="")
+
+
+def test_compression_asked_in_a_job_of_one_says_nothing_is_compressed():
+    import logging
+    lines = []
+
+    class Rec(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    rec = Rec()
+    logging.getLogger("byteps").addHandler(rec)
+    try:
+        for _ in range(2):
+            g = np.ones(1 << 15, np.float32)
+            assert np.array_equal(bps.push_pull(g, name="g", compression_params={
+                "compressor": "int8"}), g)
+            bps.step_done()
+    finally:
+        logging.getLogger("byteps").removeHandler(rec)
+    said = [x for x in lines if x.startswith("compression:")]
+    assert said == ["compression: nothing is compressed: this job has one worker, which "
+                    "exchanges nothing (1 tensor(s) asked for compression)"], lines

@@ -26,9 +26,10 @@ class SkipNotice:
     once per process: at the end of the first step (every tensor of a step is declared by
     then), or at shutdown for a job that never ended a step."""
 
-    def __init__(self, min_bytes: int, one_host: bool = False):
+    def __init__(self, min_bytes: int, one_host: bool = False, alone: bool = False):
         self.min_bytes = min_bytes
         self.one_host = one_host     # local reduction, one host: nothing crosses a network
+        self.alone = alone           # a job of one worker: nothing is exchanged at all
         self.asked = 0
         self.small: list[tuple[str, int]] = []
         self.other: list[tuple[str, str]] = []
@@ -47,6 +48,9 @@ class SkipNotice:
 
     def line(self) -> str | None:
         """The notice, or None when every tensor asked to be compressed is."""
+        if self.alone and self.asked:
+            return (f"compression: nothing is compressed: this job has one worker, which "
+                    f"exchanges nothing ({self.asked} tensor(s) asked for compression)")
         if self.one_host and self.asked:
             return (f"compression: nothing is compressed: every worker of this job is on one "
                     f"host and local reduction sums in shared memory, so no tensor crosses "
@@ -83,13 +87,14 @@ def note_compression(st, tensor, arr) -> None:
     """``tensor`` asked for compression (``tensor.spec`` None: it travels uncompressed):
     remembered for rank 0's notice (:class:`SkipNotice`, ``engine.comp.skips``), logged when
     the first step ends."""
-    if st.engine is None or st.rank != 0:
-        return                      # a local job compresses nothing; rank 0 speaks
-    comp = st.engine.comp
-    notice = comp.skips
+    if st.rank != 0:
+        return                      # rank 0 speaks for the job
+    holder = st.engine.comp if st.engine is not None else st   # (a job of one worker)
+    notice = getattr(holder, "skips", None)
     if notice is None:
         one_host = st.local is not None and not getattr(st.local, "network", True)
-        notice = comp.skips = SkipNotice(st.cfg.min_compress_bytes, one_host)
+        notice = holder.skips = SkipNotice(st.cfg.min_compress_bytes, one_host,
+                                           alone=st.engine is None)
         st.steps.listeners.append(notice.flush)
     notice.note(tensor.name, arr, tensor.spec is not None)
 
