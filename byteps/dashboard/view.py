@@ -22,7 +22,7 @@ log = logging.getLogger("byteps.scheduler")
 PERIOD_S = 0.5
 SERIES_RANKS = 32           # more ranks: the plots show their min, median and max
 SERIES_POINTS = 600         # time-series points kept (halved when full: the whole job)
-STRAGGLER_EVERY_S = 5.0     # how often the slowest rank is named in the log
+STRAGGLER_EVERY_S = 60.0    # how often the same slowest rank is named again in the log
 STEADY = 4                  # refreshes (PERIOD_S) a straggler must stand out before named
 
 
@@ -40,7 +40,7 @@ class JobView:
         self.epoch = None
         self.straggler = None
         self.candidate, self.seen = None, 0
-        self.said_straggler = 0.0
+        self.said_straggler, self.said_who = 0.0, None
         self.log_stragglers = log_stragglers
         self.snapshot = b"{}"
         self.version = 0
@@ -132,9 +132,10 @@ class JobView:
         self.seen = self.seen + 1 if same else (1 if found else 0)
         self.candidate = found
         self.straggler = found if self.seen >= STEADY else None
-        if self.straggler and self.log_stragglers and now - self.said_straggler > \
-                STRAGGLER_EVERY_S:
-            self.said_straggler = now
+        who = self.straggler and (self.straggler["rank"], self.straggler["kind"])
+        if who and self.log_stragglers and (who != self.said_who or
+                                            now - self.said_straggler > STRAGGLER_EVERY_S):
+            self.said_straggler, self.said_who = now, who     # a new one at once, else rarely
             log.warning("straggler: %s", self.straggler["text"])
         if point and rows:
             self.series.append([round(wall - self.started, 1), _point(rows)])
