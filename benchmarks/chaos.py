@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/chaos.py [--faults 30] [--seed 1] [--max-freeze 30]
                                          [--kinds kill-worker,freeze-server,...]
+                                         [--shapes plain,elastic] [--only N]
                                          [--out benchmarks/results/chaos-<date>-<n>faults]
 
 Each fault runs one job under ``bpslaunch --standalone`` (benchmarks/chaos_job.py, a
@@ -90,9 +91,10 @@ def _env(job: str, shape: str, extra: dict) -> dict:
     return env
 
 
-def draw(rnd: random.Random, kinds: list[str], max_freeze: float) -> dict:
+def draw(rnd: random.Random, kinds: list[str], max_freeze: float,
+         shapes: tuple = ("plain", "elastic")) -> dict:
     kind = rnd.choice(kinds)
-    return {"shape": rnd.choice(["plain", "elastic"]), "kind": kind,
+    return {"shape": rnd.choice(list(shapes)), "kind": kind,
             "at_s": round(rnd.uniform(0.2, 5.0), 2),
             "freeze_s": round(rnd.uniform(1.0, max_freeze), 1),
             "burst": rnd.randint(2, 200), "raise_at": rnd.randint(0, STEPS - 1),
@@ -249,6 +251,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-freeze", type=float, default=30.0)
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--shapes", default="plain,elastic")
     ap.add_argument("--only", type=int, default=None, help="run the N-th fault alone (0-based)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -257,7 +260,11 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown fault kind(s) {sorted(bad)}; known: {','.join(KINDS)}")
     rnd = random.Random(a.seed)
-    specs = [dict(draw(rnd, kinds, a.max_freeze), seed=a.seed, n=i) for i in range(a.faults)]
+    shapes = tuple(a.shapes.split(","))
+    if set(shapes) - {"plain", "elastic"}:
+        ap.error(f"--shapes: plain and/or elastic, not {a.shapes!r}")
+    specs = [dict(draw(rnd, kinds, a.max_freeze, shapes), seed=a.seed, n=i)
+             for i in range(a.faults)]
     if a.only is not None:
         specs = [specs[a.only]]
     out = Path(a.out or ROOT / "benchmarks" / "results" /

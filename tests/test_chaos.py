@@ -26,9 +26,10 @@ def _check(out):
 
 
 def test_seeded_faults_end_correctly(tmp_path):
-    # 2 faults (CI time): a worker killed in training and a worker that raises mid-step
-    rc = chaos.main(["--faults", "2", "--seed", "5", "--kinds", "kill-worker,raise",
-                     "--out", str(tmp_path)])
+    # 2 faults of the plain shape (CI time): a scheduler killed (restarted) and a worker
+    # killed or raising mid-step
+    rc = chaos.main(["--faults", "2", "--seed", "4", "--shapes", "plain", "--kinds",
+                     "kill-scheduler,kill-worker,raise", "--out", str(tmp_path)])
     runs = _check(tmp_path)
     assert rc == 0, runs
 

@@ -71,7 +71,7 @@ def test_max_restarts_needs_standalone():
 # ranks and epoch (byteps/scheduler/resume.py), and training never stops (pushes go to the
 # servers directly).  The parameters equal a one-process run's.
 
-RESTART_STEPS = 250
+RESTART_STEPS = 200
 
 
 def test_scheduler_killed_three_times_does_not_end_the_job(tmp_path):
@@ -87,7 +87,7 @@ def test_scheduler_killed_three_times_does_not_end_the_job(tmp_path):
             sched = [x for x in job_pids(job, "scheduler") if x not in killed]
             workers = job_pids(job, "worker")
             if sched and len(workers) == 2:
-                time.sleep(1.0)             # formed (or re-formed) and training
+                time.sleep(0.7)             # formed (or re-formed) and training
                 os.kill(sched[0], signal.SIGKILL)
                 killed.append(sched[0])
             time.sleep(0.05)
