@@ -243,6 +243,15 @@ def test_int8_learns_digits_and_overlap_trains_identically(job):
         assert res[0][phase]["digest"] == res[1][phase]["digest"], phase
         assert res[0][phase]["acc"] > bar, (phase, res[0][phase]["acc"])
     assert any(e[0] == "merge" for e in res[0]["overlap"]["log"])
+    # the bytes the server received for one tensor: each rank's exact seed (float32),
+    # then one int8 frame per round (counted where they arrive)
+    from byteps import compression
+    frame = compression.server_pipeline(compression.parse(
+        {"compressor": "int8", "ef": "vanilla"}), 64 * 32, 0, 0).frame_bytes
+    got = sum(r["by_tensor"].get("digits.w1", 0) for r in records)
+    rounds = res[0]["digits"]["rounds"]
+    assert got == 2 * (64 * 32 * 4 + rounds * frame), (got, rounds, frame)
+    assert frame < 64 * 32 * 4 / 3.9                 # int8: about 4x fewer bytes
 
 
 @pytest.mark.timeout(160)

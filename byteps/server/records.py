@@ -1,6 +1,6 @@
 """What a server counts and records for tests and logs: the pushed bytes per host and,
-with ``BYTEPS_TEST_RECORD``, every push and the counters (bytes, the tensor keys held and
-freed) as files.
+with ``BYTEPS_TEST_RECORD``, every push and the counters (bytes, per tensor as they
+travelled, the tensor keys held and freed) as files.
 
 :class:`Records` is a base of :class:`byteps.server.Server` (it uses its ``record``,
 ``decls``, byte counters and ``async_store``).
@@ -11,7 +11,7 @@ import json
 import logging
 import os
 
-from byteps.transport.wire import Entry
+from byteps.transport.wire import COMP, DTYPES, Entry
 
 log = logging.getLogger("byteps.server")
 
@@ -20,8 +20,15 @@ class Records:
     """Push records and byte reports of a server."""
 
     def record_push(self, rank: int, e: Entry) -> None:
+        name = self.decls[e.key]['name']
         with open(self.record, "a") as f:
-            f.write(f"{rank} {self.decls[e.key]['name']} {e.part} {e.round}\n")
+            f.write(f"{rank} {name} {e.part} {e.round}\n")
+        # the payload bytes per tensor as they travelled (a compressed push: its frame)
+        slot = self.slots.get((e.key, e.part))
+        nbytes = slot.pipe.frame_bytes if e.flags & COMP and slot is not None and \
+            slot.pipe is not None else e.length * DTYPES[e.dtype].itemsize
+        by_key = self.__dict__.setdefault("bytes_by_tensor", {})
+        by_key[name] = by_key.get(name, 0) + nbytes
 
     def report_bytes(self) -> None:
         """Log the pushed payload bytes per host; with BYTEPS_TEST_RECORD also write them
@@ -37,7 +44,8 @@ class Records:
                                "push_count": self.nworkers, "wire_total": self.wire_received,
                                "keys": held, "keys_freed": self.keys_freed,
                                "free_refused": self.free_refused,
-                               "replica_stored": self.replica.stats["stored"]}, f)
+                               "replica_stored": self.replica.stats["stored"],
+                               "by_tensor": self.__dict__.get("bytes_by_tensor", {})}, f)
             except OSError as exc:
                 log.warning("cannot write the byte count: %s", exc)
             if self.async_store.stats["pushes"]:
