@@ -56,7 +56,7 @@ _RULES = (
     Rule("algorithm-momentum",
          "compressor momentum (compression_params 'momentum': 'nesterov') with an algorithm "
          "that exchanges parameters or parameter differences (AsyncPS, AsyncModelAverage, "
-         "Decentralized)",
+         "DiLoCo, Decentralized)",
          "compressor momentum accumulates gradients before they are compressed; a parameter "
          "difference already carries the optimizer's momentum, and accumulating it again "
          "would apply every step's update many times over",
@@ -64,7 +64,7 @@ _RULES = (
          "momentum", ValueError),
     Rule("process-set-algorithm",
          "DistributedOptimizer(process_set=...) with an algorithm other than SyncPS "
-         "(AsyncPS, AsyncModelAverage, Decentralized)",
+         "(AsyncPS, AsyncModelAverage, DiLoCo, Decentralized)",
          "these algorithms keep one value per name on the servers for every worker of the "
          "job (a server round or an asynchronous key counts every worker) or run a peer "
          "topology over every rank; a process set is a subset of the workers, which "
@@ -73,7 +73,7 @@ _RULES = (
          "worker with the algorithm", ValueError),
     Rule("qadam-algorithm",
          "QAdamOptimizer (1-bit Adam) with an algorithm other than SyncPS (AsyncPS, "
-         "BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, Decentralized)",
+         "BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, DiLoCo, Decentralized)",
          "QAdam is a synchronous method: every step all workers average their Adam momentum "
          "(compressed) under one variance frozen on every rank; these algorithms exchange "
          "parameters or parameter differences instead, so there is no averaged momentum "
