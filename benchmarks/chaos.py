@@ -54,7 +54,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from chaos_job import reference  # noqa: E402
+from chaos_job import reference
 
 KINDS = ["kill-worker", "kill-server", "kill-scheduler", "freeze-worker", "freeze-server",
          "burst", "raise"]

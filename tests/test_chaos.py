@@ -7,11 +7,10 @@ long form (``pytest -m chaos_full tests/test_chaos.py``, or ``benchmarks/chaos.p
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import chaos  # noqa: E402
+import chaos
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -54,9 +53,8 @@ def test_a_worker_frozen_past_the_heartbeat_timeout_is_fenced_out(tmp_path):
     import time
 
     import numpy as np
-
-    from conftest import BPSLAUNCH, job_env
     from chaos_job import reference
+    from conftest import BPSLAUNCH, job_env
     job = f"freeze-{os.getpid()}-{int(time.time())}"
     cmd = BPSLAUNCH + ["--standalone", "-np", "3", "--num-servers", "1", "--min-workers", "2",
                        sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"),

@@ -7,7 +7,6 @@ one failed (exit code 86)."""
 import sys
 
 import numpy as np
-
 from conftest import SCRIPTS, assert_ok, read_results, run_job
 
 

@@ -10,12 +10,11 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import BPSLAUNCH, ROOT, SCRIPTS, assert_ok, job_env, read_results, run_job
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from chaos import job_pids  # noqa: E402
-from chaos_job import reference  # noqa: E402
+from chaos import job_pids
+from chaos_job import reference
 
 pytestmark = pytest.mark.timeout(180)
 

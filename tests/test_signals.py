@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import BPSLAUNCH, ROOT, SCRIPTS, job_env
 
 pytestmark = pytest.mark.timeout(120)

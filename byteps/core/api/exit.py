@@ -12,9 +12,9 @@ import types
 
 import zmq
 
-from byteps.core import api
 from byteps.common.errors import BytePSError
 from byteps.common.node import leave_reason
+from byteps.core import api
 from byteps.core import state as _st
 from byteps.transport.wire import Op, encode, new_seq
 
