@@ -185,7 +185,7 @@ def test_bad_arguments_name_the_parameter():
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("diloco")
     rec = out / "rec"
-    assert_ok(run_script("diloco_job.py", out, "replay,frag,h1,digits,overlap,seconds,join",
+    assert_ok(run_script("diloco_job.py", out, "replay,frag,ovl,h1,digits,overlap,seconds,join",
                          workers=2, servers=1, timeout=150, launcher_args=("--hosts", "2"),
                          BYTEPS_ENABLE_IPC=0, BYTEPS_MIN_COMPRESS_BYTES=0,
                          BYTEPS_TEST_RECORD=rec))
@@ -216,6 +216,92 @@ def test_fragments_stagger_and_equal_their_replay(job):
         assert got["log"] == syncs
         for k in want:
             np.testing.assert_array_equal(np.array(got["p"][k], np.float32), want[k])
+
+
+def _replay_overlap(logs, steps, H, lr, mu, frags):
+    """Overlapped Streaming DiLoCo in one process, driven by each rank's recorded log:
+    an exchange is merged (``local += new_global - local_at_send``) at the step the rank
+    recorded; finish()'s last round of every fragment (the log's last F syncs) is not
+    overlapped.  Returns the global parameters."""
+    F, ranks = len(frags), len(logs)
+    G = {"w": np.full(6, 0.5, np.float32), "b": np.zeros(1, np.float32)}
+    M = {k: np.zeros_like(v) for k, v in G.items()}
+    local = [{k: v.copy() for k, v in G.items()} for _ in range(ranks)]
+    ref = [{k: v.copy() for k, v in G.items()} for _ in range(ranks)]
+    since = [[0] * F for _ in range(ranks)]
+    pushed = {}           # (f, k) -> [(snap, weight) per rank]
+    results = {}          # (f, k) -> the new global parameters of fragment f
+    sent = [[0] * F for _ in range(ranks)]       # rounds pushed per rank and fragment
+    merged = [[0] * F for _ in range(ranks)]
+    snaps = {}
+
+    def result(f, k):
+        if (f, k) not in results:
+            total = float(sum(w for _, w in pushed[(f, k)]))
+            out = {}
+            for n in frags[f]:
+                acc = np.zeros_like(G[n])
+                for r, (d, w) in enumerate(pushed[(f, k)]):
+                    d = d[n].copy()
+                    if w != total:
+                        d *= d.dtype.type(w / total)
+                    acc += d
+                _outer(G[n], M[n], acc, lr, mu, True)
+                out[n] = G[n].copy()
+            results[(f, k)] = out
+        return results[(f, k)]
+
+    def merge(r, f, overlap=True):
+        k = merged[r][f]
+        merged[r][f] += 1
+        got = result(f, k)
+        for n in frags[f]:
+            if overlap:
+                local[r][n] += got[n] - snaps[(r, f, k)][n]
+            else:
+                local[r][n] = got[n].copy()
+            ref[r][n] = got[n].copy()
+
+    def sync(r, f):
+        k = sent[r][f]
+        sent[r][f] += 1
+        snaps[(r, f, k)] = {n: local[r][n].copy() for n in frags[f]}
+        w, since[r][f] = since[r][f], 0
+        pushed.setdefault((f, k), [None] * ranks)[r] = (
+            {n: ref[r][n] - local[r][n] for n in frags[f]}, w)
+
+    events = [[list(e) for e in log] for log in logs]
+    for t in range(1, steps + 1):
+        for r in range(ranks):
+            g = _ls_grad(local[r], r)
+            for n in local[r]:
+                local[r][n] -= LR * g[n]
+            since[r] = [s + 1 for s in since[r]]
+            while events[r] and events[r][0][2] == t and len(events[r]) > F:
+                kind, f, _ = events[r].pop(0)
+                merge(r, f) if kind == "merge" else sync(r, f)
+    for r in range(ranks):            # finish(): the last F syncs, not overlapped
+        for _, f, _ in events[r]:
+            sync(r, f)
+    for f in range(F):
+        for r in range(ranks):
+            if pushed[(f, sent[r][f] - 1)] is not None:
+                merge(r, f, overlap=False)
+    return G
+
+
+@pytest.mark.timeout(160)
+def test_overlap_equals_its_replay(job):
+    """Streaming DiLoCo with overlapped exchanges: merged when they arrive (the steps each
+    rank recorded), equal to the replay of those merges bit for bit."""
+    res, _ = job
+    logs = [res[r]["ovl"]["log"] for r in (0, 1)]
+    assert sum(e[0] == "merge" for e in logs[0]) >= 2
+    want = _replay_overlap(logs, 13, 4, 0.7, 0.9, (("w",), ("b",)))
+    for r in (0, 1):
+        for k in want:
+            np.testing.assert_array_equal(np.array(res[r]["ovl"]["p"][k], np.float32),
+                                          want[k])
 
 
 @pytest.mark.timeout(160)

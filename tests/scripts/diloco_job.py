@@ -1,8 +1,8 @@
 """Worker script for tests/test_diloco.py: DiLoCo phases in one job, each under its own
 key prefix, results in OUT/rank<r>.json.
 
-    diloco_job.py OUT PHASES     (PHASES: comma-separated of replay, frag, h1, digits,
-                                  overlap, join)
+    diloco_job.py OUT PHASES     (PHASES: comma-separated of replay, frag, ovl, h1,
+                                  digits, overlap, seconds, join)
 
 * ``replay``/``frag``/``h1``: least squares on each rank's own rows (LS_ROWS below), plain
   SGD as the inner optimizer; the final parameters and the sync log are written for the
@@ -67,6 +67,9 @@ for phase in phases:
     elif phase == "frag":
         run_ls("frag", 9, inner_steps=4, outer_lr=0.5, outer_momentum=0.8, nesterov=False,
                fragments=2)
+    elif phase == "ovl":
+        run_ls("ovl", 13, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, fragments=2,
+               overlap=True)
     elif phase == "h1":
         run_ls("h1", 6, inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
     elif phase in ("digits", "overlap"):
