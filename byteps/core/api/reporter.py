@@ -87,14 +87,15 @@ class Reporter:
         if step > self.bytes_mark[0]:           # raw bytes pushed per step since the last beat
             self.bytes_step = (raw - self.bytes_mark[1]) // (step - self.bytes_mark[0])
             self.bytes_mark = (step, raw)
-        rep = {"step": step, "step_ms": round(step_ms, 3),
-               "wait_ms": round(min(wait_ms, step_ms), 3),
+        rep = {"step": step,
                "MBps": round(self.eng.speed.get(now)[1], 3), "bytes": int(raw),
                "bytes_step": int(max(0, self.bytes_step)),
                "srv_ms": self.rounds(), "push_ms": self.push_ms(), "pid": os.getpid(),
                "in_step_s": round(now - self.t_step, 3), "last": str(last)[:200],
                "inflight": len(self.eng.inflight),
                "mode": "async" if self.st.cfg.enable_async else "sync", **comp}
+        if win:          # no step time before the first step after start-up
+            rep["step_ms"], rep["wait_ms"] = round(step_ms, 3), round(min(wait_ms, step_ms), 3)
         waiting = self.steps.waiting
         if waiting is not None:
             rep["waiting"], rep["waiting_s"] = str(waiting[0])[:200], round(now - waiting[1], 3)
