@@ -205,17 +205,13 @@ def test_tag_output_flags():
     for r in (0, 1):
         assert f"[worker {r}] hello from rank {r} of 2" in res.stdout.splitlines(), res.stdout
         assert f"[worker {r}] stderr of rank {r}" in res.stderr.splitlines(), res.stderr
-    res = launch("-np", 2, "--no-tag-output", *JOB, "hello")
-    assert res.returncode == 0 and "[worker" not in res.stdout + res.stderr
-    res = launch("-np", 2, *JOB, "hello")      # a pipe: tagged by default too
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "[worker 1] hello from rank 1 of 2" in res.stdout.splitlines(), res.stdout
 
 
 def test_whole_tagged_lines_through_a_pipe():
     """Two workers write 20 KB lines in 200 flushed pieces each, to stdout and stderr at
-    once, into one pipe (``bpslaunch -np 2 ... 2>&1 | cat``): every line arrives whole
-    behind its worker's tag; with --no-tag-output whole and untagged."""
+    once, into one pipe (``bpslaunch -np 2 ... 2>&1 | cat``): by default every line
+    arrives whole behind its worker's tag (a pipe is tagged as a terminal is); with
+    --no-tag-output whole and untagged."""
     for flags, tag in (((), "[worker {r}] "), (("--no-tag-output",), "")):
         p = subprocess.run(BPSLAUNCH + ["-np", "2", *flags, sys.executable,
                                         str(SCRIPTS / "long_lines.py")],
@@ -236,9 +232,13 @@ def test_whole_tagged_lines_through_a_pipe():
 # ------------------------------------------------------------------ 7. -np as in Horovod
 def test_np_is_this_machine_with_local_ranks(tmp_path):
     """bpslaunch -np 3: one host of 3 workers, local ranks 0, 1, 2 and local size 3
-    everywhere (LOCAL_RANK/LOCAL_WORLD_SIZE and BytePS's own)."""
-    res = launch("-np", 3, sys.executable, SCRIPTS / "rank_env.py", tmp_path, timeout=90)
+    everywhere (LOCAL_RANK/LOCAL_WORLD_SIZE and BytePS's own); a trace run says where
+    the timelines are."""
+    res = launch("-np", 3, sys.executable, SCRIPTS / "rank_env.py", tmp_path, timeout=90,
+                 BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR=tmp_path / "tr")
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "bpslaunch: timeline: " in res.stderr, res.stderr[-3000:]
+    assert f" {tmp_path / 'tr'}/<rank>/comm.json" in res.stderr, res.stderr[-3000:]
     docs = {int(p.stem[4:]): __import__("json").loads(p.read_text())
             for p in tmp_path.glob("rank*.json")}
     assert sorted(docs) == [0, 1, 2]
