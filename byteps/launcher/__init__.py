@@ -6,8 +6,8 @@
     bpslaunch -H localhost:4 python train.py         # local slots start directly, no ssh
     bpslaunch -H gpu1:8,gpu2:8 --server-hosts cpu1,cpu2 python train.py  # over ssh
     DMLC_ROLE=worker DMLC_WORKER_ID=0 ... bpslaunch --local-size 8 python train.py  # cluster
-    bpslaunch k8s --name job --image IMG --workers 2 -- python train.py  # Kubernetes YAML
-                                             # (bpslaunch k8s --help)
+    bpslaunch k8s --workers 2 --servers 2 --image IMG -- python train.py > job.yaml
+                                             # Kubernetes manifests (bpslaunch k8s --help)
 
 Every child runs in its own process group and dies with bpslaunch.  When a
 process fails, the job is ended within seconds and the last line names the

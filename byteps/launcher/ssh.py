@@ -448,7 +448,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     """bpslaunch's options of multi-host jobs over ssh."""
     g = ap.add_argument_group("several machines over ssh (docs/deployment.md)")
     g.add_argument("-H", "--host-list", metavar="H1:N,H2:N",
-                   help="worker hosts and workers per host; starts the whole job over ssh")
+                   help="worker hosts and workers per host; starts the whole job over ssh "
+                        "(this machine's names, e.g. localhost:4, without ssh)")
     g.add_argument("--hostfile", metavar="FILE", help="worker hosts as 'HOST slots=N' lines")
     g.add_argument("--server-hosts", metavar="H3,H4",
                    help="hosts of the servers, one each (or -s S round robin); default: "
@@ -457,7 +458,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                    help="where the scheduler runs (default: the first worker host)")
     g.add_argument("-x", dest="export", action="append", metavar="VAR[=VALUE]",
                    help="pass VAR (bpslaunch's value, or VALUE) to every process; "
-                        "BYTEPS_*/DMLC_* always are")
+                        "bpslaunch's environment already is, as Horovod passes it "
+                        "(not *CUDA_VISIBLE_DEVICES, SSH_*, PWD, ...: docs/deployment.md)")
     g.add_argument("--log-dir", metavar="DIR",
                    help="also write each process's output to DIR/worker-RANK.log, "
                         "server-I.log, scheduler.log")
