@@ -44,7 +44,9 @@ def _report(**kw) -> dict:
 
 # ---------------------------------------------------------------- pure logic
 def test_reports_are_validated_field_by_field():
-    rep = reports.clean(_report(unknown="dropped", stacks=[["MainThread", [["t.py", 3, "f"]]]]))
+    rep = reports.clean(_report(unknown="dropped", stacks=[["MainThread", [["t.py", 3, "f"]]]],
+                                trace="/t/0/comm.json", trace_written=False))
+    assert (rep["trace"], rep["trace_written"]) == ("/t/0/comm.json", False)
     assert rep["step"] == 12 and rep["srv_ms"] == [4.0, -1.0] and "unknown" not in rep
     assert rep["stacks"] == [["MainThread", [["t.py", 3, "f"]]]]
     for bad, field in ((_report(step="12"), "step"), (_report(step=True), "step"),
@@ -52,7 +54,8 @@ def test_reports_are_validated_field_by_field():
                        (_report(last="x" * 201), "last"), (_report(srv_ms=[1, "a"]), "srv_ms"),
                        (_report(stacks=[["t", [["f", "1", "g"]]]]), "stacks.line"),
                        (_report(stacks=[["t", [["f", 1]]]]), "stacks"),
-                       (_report(tune={"chosen": [1]}), "tune.chosen"), ([], "map")):
+                       (_report(tune={"chosen": [1]}), "tune.chosen"), ([], "map"),
+                       (_report(trace_written=1), "trace_written")):
         with pytest.raises(ValueError, match=field):
             reports.clean(bad)
 
@@ -294,7 +297,9 @@ def test_dashboard_in_headless_chromium(tmp_path):
     cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "--hosts", "4",
            "--local-size", "1", "-s", "1", "--dashboard", str(port), sys.executable,
            str(SCRIPTS / "dashboard_job.py"), str(tmp_path), "3", "1", "90"]
-    proc = subprocess.Popen(cmd, env=job_env(BYTEPS_STALL_WARNING_S=warn), cwd=ROOT,
+    env = job_env(BYTEPS_STALL_WARNING_S=warn, BYTEPS_TRACE_ON=1, BYTEPS_TRACE_SAMPLE=10,
+                  BYTEPS_TRACE_DIR=tmp_path / "traces")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     driver = None
@@ -324,6 +329,9 @@ def test_dashboard_in_headless_chromium(tmp_path):
             return now if now and all(now[r] > before[r] for r in range(4)) else None
         after = _until("the steps to move", moved, 20)
         assert all(float(cells(r)[8]) > 0 for r in range(4))       # MB/s
+        traces = text("traces")
+        assert all(f"rank {r}: {tmp_path / 'traces' / str(r) / 'comm.json'}" in traces
+                   for r in range(4)), traces
         pid0 = int(cells(0)[2])
         os.kill(pid0, signal.SIGUSR1)          # rank 0 prints its stacks (kill -USR1)
         assert _until("the server's keys", lambda: driver.execute_script(
@@ -357,6 +365,9 @@ def test_dashboard_in_headless_chromium(tmp_path):
             proc.wait(10)
     assert proc.returncode == 0, out
     assert f"byteps: stacks of pid {pid0} (SIGUSR1):" in out, out
+    trace = json.loads((tmp_path / "traces" / "0" / "comm.json").read_text())
+    steps = {e["args"]["step"] for e in trace["traceEvents"] if e.get("cat") == "tensor"}
+    assert steps and all(n % 10 == 0 for n in steps), sorted(steps)    # BYTEPS_TRACE_SAMPLE
     assert "dashboard_job.py" in out.split(f"stacks of pid {pid0}")[1], out
     doctor = [ln for ln in out.splitlines() if "hang doctor:" in ln]
     assert doctor and "stuck_here()" in doctor[0] and "dashboard_job.py:" in doctor[0], out

@@ -43,6 +43,9 @@ tr.stalled td{background:#fff8e0}
 </table></section>
 <div class="plots"><section><h2>Step time (ms) per rank</h2><svg id="plot_step"></svg></section>
 <section><h2>push_pull throughput (MB/s) per rank</h2><svg id="plot_mbps"></svg></section></div>
+<section><h2>Timelines</h2><ul id="traces"><li>no timeline (BYTEPS_TRACE_ON=1, with
+BYTEPS_TRACE_SAMPLE=N for a long job)</li></ul><div>Open a written file in Perfetto
+(ui.perfetto.dev, "Open trace file") or chrome://tracing.</div></section>
 <section><h2>Hang doctor</h2><div id="doctor">no stall reported</div></section>
 <section><h2>Events</h2><ul id="events"></ul></section>
 </main>
@@ -145,6 +148,9 @@ function render(s) {
     }
     if (lines.length) doc.appendChild(el("pre", lines.join("\n")));
   }
+  const tr = s.workers.filter(w => w.trace).map(w => `rank ${w.rank}: ${w.trace} ` +
+    (w.trace_written ? "(written)" : "(written at the end of its window or at shutdown)"));
+  if (tr.length) fillList("traces", tr, "");
   fillList("events", s.events.slice().reverse().map(
     ([t, txt]) => new Date(t * 1000).toLocaleTimeString() + "  " + txt), "");
 }

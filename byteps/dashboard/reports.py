@@ -21,7 +21,7 @@ _NUM = {"step": (int, 0, 1 << 62), "step_ms": (float, 0.0, 1e9), "wait_ms": (flo
         "in_step_s": (float, 0.0, 1e9), "inflight": (int, 0, 1 << 31),
         "ratio": (float, 0.0, 1e6), "waiting_s": (float, 0.0, 1e9),
         "push_ms": (float, -1.0, 1e9)}
-_STR = {"last": 200, "comp": 200, "mode": 10, "waiting": 200}
+_STR = {"last": 200, "comp": 200, "mode": 10, "waiting": 200, "trace": 300}
 
 
 def _number(name: str, v, kind, lo, hi):
@@ -50,6 +50,10 @@ def clean(rep) -> dict:
     for name, limit in _STR.items():
         if name in rep:
             out[name] = _text(name, rep[name], limit)
+    if "trace_written" in rep:
+        if not isinstance(rep["trace_written"], bool):
+            raise ValueError("field 'trace_written' must be true or false")
+        out["trace_written"] = rep["trace_written"]
     if "srv_ms" in rep:
         srv = rep["srv_ms"]
         if not isinstance(srv, list) or len(srv) > MAX_SERVERS:

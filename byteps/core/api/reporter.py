@@ -99,6 +99,9 @@ class Reporter:
         waiting = self.steps.waiting
         if waiting is not None:
             rep["waiting"], rep["waiting_s"] = str(waiting[0])[:200], round(now - waiting[1], 3)
+        tl = self.eng.timeline
+        if tl is not None:       # BYTEPS_TRACE_ON / start_timeline(): the page names the file
+            rep["trace"], rep["trace_written"] = str(tl.path)[-300:], bool(tl.written)
         tuner = getattr(self.st, "tuner", None)
         if tuner is not None:
             rep["tune"] = _tuning(tuner, self.st.cfg)
