@@ -71,6 +71,8 @@ def test_sigint_reaches_every_worker_as_keyboard_interrupt(tmp_path):
         ["interrupted.rank0", "interrupted.rank1", "interrupted.rank2"], err[-3000:]
     assert p.returncode == 130, err[-3000:]
     assert "received SIGINT; sent SIGINT to 3 worker(s)" in err, err[-3000:]
+    # an interruption is no error: no scheduler or server ERROR lines (KeyboardInterrupt)
+    assert " ERROR" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert "job interrupted (SIGINT): 3 of 3 worker(s) ended within the grace period" in last, \
         last
