@@ -244,3 +244,21 @@ def test_signal_handlers_only_record():
     assert any("launcher/signals.py" in where for where, _ in found), found
     bad = {where: _bad_parts(fn) for where, fn in found}
     assert not {k: v for k, v in bad.items() if v}, bad
+
+
+@pytest.mark.chaos_full
+def test_a_burst_during_a_max_restarts_restart(tmp_path):
+    """Not in CI: 200 SIGTERMs the moment bpslaunch restarts a failed job (--max-restarts):
+    the new incarnation ends at once, bpslaunch exits 143, nothing is left."""
+    job = f"burst-restart-{secrets.token_hex(4)}"
+    cmd = BPSLAUNCH + ["--standalone", "-np", "2", "--hosts", "2", "--num-servers", "1",
+                       "--max-restarts", "2", sys.executable, str(SCRIPTS / "restart_worker.py"),
+                       str(tmp_path), "50", "30"]
+    p = subprocess.Popen(cmd, env=job_env(BYTEPS_JOB_ID=job, BYTEPS_ENABLE_IPC=0), cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        if "restart 1 of 2" in line:
+            _burst(p.pid, [signal.SIGTERM] * 200)
+            break
+    _out, err = _finish(p, job)
+    assert p.returncode == 143, err[-3000:]

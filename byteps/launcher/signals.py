@@ -24,6 +24,7 @@ Ctrl-C again a moment later escalates.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import signal
@@ -57,6 +58,7 @@ class Escalation:
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _record)
+        atexit.register(_ignore_late_signals)
         threading.Thread(target=self._run, daemon=True, name="bpslaunch-signals").start()
 
     def adopt(self, job) -> None:
@@ -145,6 +147,14 @@ class Escalation:
             if not quiet:
                 _say(f"received {name}: SIGKILL to every process of the job" if name else
                      f"processes still running {TERM_GRACE_S:g} s after SIGTERM: SIGKILL")
+
+
+def _ignore_late_signals() -> None:
+    """bpslaunch is exiting (nothing of the job runs): the end of a burst must not kill it
+    with the default action (Python resets its handlers to the default as it finalizes),
+    which would replace its exit code."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _say(text: str) -> None:
