@@ -22,6 +22,7 @@ import traceback
 MAX_FRAMES = 12          # frames per thread, innermost last
 MAX_THREADS = 16
 STEP_WINDOW = 20         # steps averaged for the step time split
+COMP_EVERY_S = 2.0       # the compression summary and bytes per step are refreshed this often
 
 _SIGUSR1: list = []      # SIGUSR1 received (the handler only appends: no lock)
 
@@ -42,6 +43,8 @@ class Reporter:
         self.prev_rounds: tuple | None = None
         self.last_srv: list = []
         self.prev_push, self.last_push = (0, 0.0), -1.0
+        self.comp: dict = {}
+        self.comp_at = 0.0
         self.quiet_s = max(1.0, min(st.cfg.stall_warning_s / 2, 10.0))
         self.steps.listeners.append(self.on_step)
 
@@ -82,11 +85,15 @@ class Reporter:
         step_ms = sum(w[0] for w in win) / k * 1e3
         wait_ms = sum(w[1] for w in win) / k * 1e3
         last = self.steps.last
-        comp = _compression(self.st, self.eng)
-        raw, step = comp.pop("raw"), self.steps.n
-        if step > self.bytes_mark[0]:           # raw bytes pushed per step since the last beat
-            self.bytes_step = (raw - self.bytes_mark[1]) // (step - self.bytes_mark[0])
-            self.bytes_mark = (step, raw)
+        step = self.steps.n
+        if now >= self.comp_at:  # walks every tensor: at most every COMP_EVERY_S seconds
+            self.comp, self.comp_at = _compression(self.st, self.eng), now + COMP_EVERY_S
+            raw = self.comp["raw"]
+            if step > self.bytes_mark[0]:       # raw bytes pushed per step since then
+                self.bytes_step = (raw - self.bytes_mark[1]) // (step - self.bytes_mark[0])
+                self.bytes_mark = (step, raw)
+        comp = dict(self.comp)
+        raw = comp.pop("raw")
         rep = {"step": step,
                "MBps": round(self.eng.speed.get(now)[1], 3), "bytes": int(raw),
                "bytes_step": int(max(0, self.bytes_step)),
