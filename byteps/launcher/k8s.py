@@ -1,7 +1,8 @@
 """``bpslaunch k8s``: print the Kubernetes manifests of a byteps job as YAML.
 
     bpslaunch k8s --workers 4 --gpus-per-worker 8 --servers 4 --image IMAGE \\
-        -- python train.py | kubectl apply -f -
+        -- python train.py > job.yaml        # also writes byteps-secret.yaml (0600)
+    kubectl apply -f byteps-secret.yaml -f job.yaml
 
 The manifests (all labelled ``byteps.io/job: NAME``):
 
