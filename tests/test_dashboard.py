@@ -4,7 +4,8 @@ In-process: the report validation, straggler attribution, the hang doctor's text
 side of a real scheduler (token, /api/status shape, /api/events) and the sampled timeline's
 size.  One end-to-end job (4 workers on 4 emulated hosts) is watched in headless Chromium
 (Debian's ``chromium`` + ``chromium-driver``, selenium): every rank's row with numbers that
-move, the compute straggler named, ``kill -USR1`` printing a worker's stacks, and a rank stuck
+move, the compute straggler named, ``bpslaunch --stacks`` and ``kill -USR1`` printing the
+workers' stacks, and a rank stuck
 in ``stuck_here()`` named with its file and line within BYTEPS_STALL_WARNING_S + 5 s, on the
 page and in bpslaunch's output.  As root, a job of network namespaces with one worker's link
 shaped by ``tc`` names that rank a network straggler.
@@ -332,6 +333,13 @@ def test_dashboard_in_headless_chromium(tmp_path):
         traces = text("traces")
         assert all(f"rank {r}: {tmp_path / 'traces' / str(r) / 'comm.json'}" in traces
                    for r in range(4)), traces
+        got = subprocess.run([sys.executable, "-m", "byteps.launcher", "--stacks", url],
+                             env=job_env(), cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)                     # bpslaunch --stacks URL
+        assert got.returncode == 0, got.stderr
+        for r in range(4):
+            block = got.stdout.split(f"rank {r} (host host{r}")[1].split("\nrank ")[0]
+            assert "thread MainThread:" in block and "dashboard_job.py:" in block, got.stdout
         pid0 = int(cells(0)[2])
         os.kill(pid0, signal.SIGUSR1)          # rank 0 prints its stacks (kill -USR1)
         assert _until("the server's keys", lambda: driver.execute_script(

@@ -49,6 +49,8 @@ class JobView:
         self.stop = threading.Event()
         self.bad = 0
         self.http = None                            # the page's HTTP server (web.py)
+        self.stacks: dict[bytes, tuple] = {}        # ident -> (monotonic, last stacks sent)
+        self.asked_until = 0.0                      # bpslaunch --stacks: ask until then
         self.server_bytes: dict = {}                # ident -> (t, bytes) of the load window
         self.server_load: dict = {}                 # ident -> MB/s received
 
@@ -59,8 +61,11 @@ class JobView:
             if hdr.op == Op.HEARTBEAT and "report" in hdr.body:
                 server = ident in self.sched.servers
                 rep = (reports.clean_server if server else reports.clean)(hdr.body["report"])
+                now = time.monotonic()
                 with self.lock:
-                    self.reports[ident] = (time.monotonic(), rep)
+                    self.reports[ident] = (now, rep)
+                    if rep.get("stacks"):
+                        self.stacks[ident] = (now, rep["stacks"])
             elif hdr.op == Op.STALL:
                 with self.lock:
                     self.stalls.append((time.time(), str(hdr.body.get("text"))[:1000]))
@@ -70,6 +75,34 @@ class JobView:
             if self.bad <= 3:
                 log.warning("dashboard: ignored a malformed report from node %s: %s",
                             node.get("node_id"), exc)
+
+    def ack(self, ident: bytes) -> dict:
+        """The body of a heartbeat's answer: asks a worker for its stacks (--stacks)."""
+        if self.asked_until and time.monotonic() < self.asked_until and \
+                ident in self.sched.workers:
+            return {"stacks": True}
+        return {}
+
+    # ------------------------------------------------------------ bpslaunch --stacks
+    def all_stacks(self, wait_s: float = 4.0) -> dict:
+        """Ask every running worker for its stacks; wait up to ``wait_s`` for them.
+        Returns {rank: {host, pid, age_s, stacks}} (stacks None when none came)."""
+        asked = time.monotonic()
+        self.asked_until = asked + wait_s
+        while True:
+            now = time.monotonic()
+            with self.lock:
+                ranks = self.ranks(now)
+                idents = {w.get("rank"): i for i, w in list(self.sched.workers.items())}
+                got = {r: self.stacks.get(idents.get(r), (0.0, None)) for r in ranks}
+            running = [r for r in ranks if ranks[r]["state"] == "running"]
+            if all(got[r][0] >= asked for r in running) or now - asked >= wait_s:
+                break
+            time.sleep(0.1)
+        return {r: {"host": ranks[r]["host"], "pid": ranks[r]["pid"],
+                    "state": ranks[r]["state"],
+                    "age_s": round(now - got[r][0], 1) if got[r][1] else None,
+                    "stacks": got[r][1]} for r in sorted(ranks)}
 
     # ------------------------------------------------------------ view thread
     def run(self) -> None:

@@ -1,13 +1,16 @@
 """The dashboard's HTTP side: the stdlib's ThreadingHTTPServer on a daemon thread.
 
-Read-only: GET ``/`` (the page), ``/api/status`` (the latest snapshot, JSON) and
-``/api/events`` (server-sent events: a snapshot whenever it changes).  Nothing a request
+Read-only: GET ``/`` (the page), ``/api/status`` (the latest snapshot, JSON),
+``/api/events`` (server-sent events: a snapshot whenever it changes) and ``/api/stacks``
+(every worker's stacks now: the workers are asked through the heartbeat answers; for
+``bpslaunch --stacks``).  Nothing a request
 carries is executed or stored; with a job secret every request needs the token derived from
 it (``?token=``), compared in constant time.
 """
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import threading
 import time
@@ -50,6 +53,9 @@ def serve(view, host: str, port: int, token: str | None):
                 self.reply(200, PAGE.encode(), "text/html; charset=utf-8")
             elif url.path == "/api/status":
                 self.reply(200, view.snapshot, "application/json")
+            elif url.path == "/api/stacks":       # every rank's stacks now (--stacks)
+                data = json.dumps(view.all_stacks(), separators=(",", ":")).encode()
+                self.reply(200, data, "application/json")
             elif url.path == "/api/events":
                 self.events()
             else:

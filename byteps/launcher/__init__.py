@@ -401,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(dashboard.fix_argv(argv, ap))
     dashboard.check(args, ap)
+    if args.stacks:                         # a running job's stacks, from its dashboard
+        return dashboard.print_stacks(args.stacks)
     cmd = args.command
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

@@ -4,7 +4,8 @@
 Standalone: the port (a free one when PORT is left out) goes into the scheduler's
 environment and bpslaunch prints the ready URL (with the token derived from the job
 secret).  ``-H`` and ``--slurm``: the variable is passed to every process like any
-``BYTEPS_*`` variable; the scheduler logs the URL on its host.
+``BYTEPS_*`` variable; the scheduler logs the URL on its host.  ``bpslaunch --stacks URL``
+prints every worker's Python stacks from a running job's dashboard.
 """
 from __future__ import annotations
 
@@ -19,6 +20,41 @@ SAID = "BPSLAUNCH_DASHBOARD_SAID"        # bpslaunch printed the URL: the schedu
 def add_argument(ap) -> None:
     ap.add_argument("--dashboard", nargs="?", const=0, type=int, default=None, metavar="PORT",
                     help=HELP)
+    ap.add_argument("--stacks", metavar="URL", default=None,
+                    help="print the Python stacks of every worker of a running job whose "
+                         "dashboard is at URL (the URL bpslaunch printed, with its token)")
+
+
+def print_stacks(url: str) -> int:
+    """``bpslaunch --stacks URL``: every worker's stacks, from the job's dashboard."""
+    import json
+    import sys
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.netloc:
+        print(f"bpslaunch: --stacks {url!r}: give the dashboard's URL, "
+              f"http://HOST:PORT/?token=...", file=sys.stderr)
+        return 2
+    api = urllib.parse.urlunsplit(("http", parts.netloc, "/api/stacks", parts.query, ""))
+    try:
+        with urllib.request.urlopen(api, timeout=30) as r:
+            doc = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"bpslaunch: --stacks: no answer from {parts.netloc}: {exc}", file=sys.stderr)
+        return 1
+    for rank, info in sorted(doc.items(), key=lambda kv: int(kv[0])):
+        head = f"rank {rank} (host {info.get('host')}, pid {info.get('pid')}, {info.get('state')})"
+        if not info.get("stacks"):
+            print(f"{head}: no stack received")
+            continue
+        print(f"{head}, {info.get('age_s')} s ago:")
+        for name, frames in info["stacks"]:
+            print(f"  thread {name}:")
+            for f, line, fn in reversed(frames):
+                print(f"    {f}:{line} in {fn}()")
+    return 0
 
 
 def fix_argv(argv: list[str], ap) -> list[str]:

@@ -189,7 +189,7 @@ class Scheduler:
         if self.view is not None:      # the dashboard and the hang doctor (byteps/dashboard)
             self.view.note(ident, node, hdr)
         if hdr.op == Op.HEARTBEAT:
-            self.send(ident, Op.HEARTBEAT_ACK, {})
+            self.send(ident, Op.HEARTBEAT_ACK, self.view.ack(ident) if self.view else {})
         elif hdr.op == Op.BARRIER:
             self.departures.barrier(ident, hdr.body, self.workers)
         elif hdr.op == Op.LEAVE:

@@ -112,7 +112,10 @@ class Reporter:
         tuner = getattr(self.st, "tuner", None)
         if tuner is not None:
             rep["tune"] = _tuning(tuner, self.st.cfg)
-        if now - self.t_step >= self.quiet_s or _SIGUSR1:
+        asked = getattr(self.st.link, "stacks_asked", False)     # bpslaunch --stacks
+        if asked:
+            self.st.link.stacks_asked = False
+        if now - self.t_step >= self.quiet_s or _SIGUSR1 or asked:
             rep["stacks"] = stacks(self.main)
             if _SIGUSR1:
                 _SIGUSR1.clear()

@@ -418,6 +418,8 @@ class Engine:
                     if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
                               f"{hdr.body.get('reason')}{held}")
+        elif hdr.op == Op.HEARTBEAT_ACK and hdr.body.get("stacks") is True:
+            self.link.stacks_asked = True   # bpslaunch --stacks: the next heartbeat has them
         elif hdr.op == Op.ELASTIC:        # membership change (byteps/core/elastic/)
             from byteps.core.elastic import on_message
             on_message(self, hdr.body)
