@@ -215,7 +215,12 @@ def grouped_allgather_async(tensors, name=None, process_set=None) -> int:
 
 
 def grouped_allgather(tensors, name=None, process_set=None) -> list:
-    """Allgather every tensor of ``tensors`` in one operation."""
+    """Allgather every tensor of ``tensors`` in one operation; differentiable (with a
+    tensor that requires grad, each is one differentiable allgather)."""
+    tensors = list(tensors)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        name = _coll.check_name(name, "grouped_allgather", process_set)
+        return [allgather(t, f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 

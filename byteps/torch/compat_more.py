@@ -82,7 +82,13 @@ def grouped_reducescatter_async(tensors, name=None, op=None, process_set=None,
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=None,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0) -> list:
-    """Reducescatter every tensor of ``tensors`` in one operation."""
+    """Reducescatter every tensor of ``tensors`` in one operation; differentiable (with a
+    tensor that requires grad, each is one differentiable reducescatter)."""
+    tensors = list(tensors)
+    if _needs_grad(tensors):
+        name = _coll.check_name(name, "grouped_reducescatter", process_set)
+        return [reducescatter(t, f"{name}.{i}", compression, op, process_set, prescale_factor,
+                              postscale_factor) for i, t in enumerate(tensors)]
     pairs = [compression.compress(t) for t in tensors]
     outs = synchronize(grouped_reducescatter_async([c for c, _ in pairs], name, op, process_set,
                                                    prescale_factor, postscale_factor))
@@ -128,12 +134,24 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     return out if splits is None else (out, received)
 
 
+def _needs_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 # ------------------------------------------------------------------ sparse
-def sparse_allreduce_async(tensor, name=None, op=None, process_set=None) -> int:
+class SparseHandle(int):
+    """The handle of :func:`sparse_allreduce_async`: an int for ``synchronize``, and
+    callable as Horovod's (``handle()`` waits and returns the sparse result)."""
+
+    def __call__(self):
+        return _c().synchronize(int(self))
+
+
+def sparse_allreduce_async(tensor, name=None, op=None, process_set=None) -> SparseHandle:
     """Allreduce a sparse COO tensor as Horovod does: its indices and values are gathered
     from every rank (duplicates are summed when the result is coalesced; ``op=Average``,
-    the default, divides the values by the number of ranks).  ``synchronize`` returns
-    the sparse result."""
+    the default, divides the values by the number of ranks).  ``synchronize(handle)`` or
+    ``handle()`` returns the sparse result."""
     c = _c()
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise TypeError("sparse_allreduce_async expects a sparse COO torch.Tensor")
@@ -151,7 +169,7 @@ def sparse_allreduce_async(tensor, name=None, op=None, process_set=None) -> int:
         if avg:
             v = v / n
         return torch.sparse_coo_tensor(i, v, tensor.shape).coalesce().to(tensor.device)
-    return c._register(h, convert)
+    return SparseHandle(c._register(h, convert))
 
 
 # ------------------------------------------------------------------ the rest

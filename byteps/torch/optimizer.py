@@ -34,32 +34,9 @@ class _DistributedOptimizer:
         self._bps_compression = compression
         self._bps_cparams = compression_params
         self._bps_lr = None
-        params, seen = [], set()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
+        params = _params_of(self)
         if named_parameters is not None:
-            named = list(named_parameters)
-            if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
-                raise ValueError("named_parameters should be a sequence of (name, parameter) "
-                                 "tuples, usually model.named_parameters()")
-            if any(not isinstance(v, torch.Tensor) for _, v in named):
-                raise ValueError("named_parameters should be a sequence of (name, "
-                                 "torch.Tensor) tuples")
-            counts = collections.Counter(k for k, _ in named)
-            dups = sorted(k for k, c in counts.items() if c > 1)
-            if dups:
-                raise ValueError(f"Parameter names in named_parameters must be unique. Found "
-                                 f"duplicates: {', '.join(dups)}")
-            by_id = {id(v): k for k, v in named}
-            unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
-            if unnamed:
-                raise ValueError(f"named_parameters was specified, but {len(unnamed)} of the "
-                                 f"optimizer's {len(params)} parameters were not named "
-                                 f"(positions {unnamed[:10]} in the optimizer's parameter "
-                                 f"order); pass all of model.named_parameters() or none")
+            by_id = _check_named(params, named_parameters)
             self._bps_names = {p: by_id[id(p)] for p in params}
         else:
             from byteps.core.collective.rules import position_name
@@ -278,6 +255,42 @@ def _register_hook(p: torch.Tensor, hook):
 _CLASSES: dict[type, type] = {}
 
 
+def _params_of(optimizer) -> list:
+    """The optimizer's parameters in order, each once."""
+    params, seen = [], set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+def _check_named(params: list, named: list) -> dict:
+    """Horovod's rules for ``named_parameters`` (checked before anything else, so they hold
+    before init() too): (name, tensor) pairs, unique names, every parameter named.
+    Returns id(parameter) -> name."""
+    if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                         "tuples, usually model.named_parameters()")
+    if any(not isinstance(v, torch.Tensor) for _, v in named):
+        raise ValueError("named_parameters should be a sequence of (name, "
+                         "torch.Tensor) tuples")
+    counts = collections.Counter(k for k, _ in named)
+    dups = sorted(k for k, c in counts.items() if c > 1)
+    if dups:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found "
+                         f"duplicates: {', '.join(dups)}")
+    by_id = {id(v): k for k, v in named}
+    unnamed = [i for i, p in enumerate(params) if id(p) not in by_id]
+    if unnamed:
+        raise ValueError(f"named_parameters was specified, but {len(unnamed)} of the "
+                         f"optimizer's {len(params)} parameters were not named "
+                         f"(positions {unnamed[:10]} in the optimizer's parameter "
+                         f"order); pass all of model.named_parameters() or none")
+    return by_id
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step: int = 1, staleness: int = 0, op=None,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
@@ -332,6 +345,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if isinstance(optimizer, _DistributedOptimizer):
         raise TypeError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "optimizer once")
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+        _check_named(_params_of(optimizer), named_parameters)
     if type(backward_passes_per_step) is not int or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
                          f"{backward_passes_per_step!r}")

@@ -30,11 +30,11 @@ import numpy as np
 __all__ = ["CODEC", "SUPPORTED", "decode", "encode", "struct_from_wire", "struct_to_wire",
            "unsupported"]
 
-EXT_TUPLE, EXT_NDARRAY, EXT_NPSCALAR, EXT_NAMESPACE, EXT_DATACLASS = 1, 2, 4, 6, 7
+EXT_TUPLE, EXT_NDARRAY, EXT_NPSCALAR, EXT_NAMESPACE, EXT_DATACLASS, EXT_SET = 1, 2, 4, 6, 7, 8
 NOT_MINE = object()          # struct_from_wire: the code is not a Namespace or dataclass
 _NP_KINDS = "biufc"
-SUPPORTED = ("None, bool, int, float, str, bytes, list, tuple, dict, numpy arrays/scalars of "
-             "numeric dtype, argparse.Namespace and dataclass instances")
+SUPPORTED = ("None, bool, int, float, str, bytes, list, tuple, set, frozenset, dict, numpy "
+             "arrays/scalars of numeric dtype, argparse.Namespace and dataclass instances")
 FIX = ("convert it first (e.g. vars(obj), dataclasses.asdict(obj), a dict of its fields, "
        "array.tolist()); pickle is never used")
 
@@ -52,8 +52,11 @@ def pack(obj) -> bytes:
 
 # --------------------------------------------------------------------------- encoding
 def struct_to_wire(obj, path: str, recurse):
-    """The record of an ``argparse.Namespace`` or dataclass instance (its values converted by
-    ``recurse(value, path)``), or None when ``obj`` is neither."""
+    """The record of an ``argparse.Namespace``, dataclass instance, set or frozenset (its
+    values converted by ``recurse(value, path)``), or None when ``obj`` is none of them."""
+    if type(obj) in (set, frozenset):
+        return msgpack.ExtType(EXT_SET, pack([type(obj) is frozenset,
+                                              [recurse(v, f"{path}{{}}") for v in obj]]))
     if isinstance(obj, argparse.Namespace):
         fields = vars(obj)
         return msgpack.ExtType(EXT_NAMESPACE, pack(
@@ -169,6 +172,14 @@ def _dataclass(module: str, qualname: str):
 def struct_from_wire(code: int, data: bytes, unpack):
     """The Namespace or dataclass instance of a record (``unpack(data)`` decodes its payload
     with the caller's extension hook), or :data:`NOT_MINE` for another code."""
+    if code == EXT_SET:
+        v = unpack(data)
+        if not isinstance(v, list) or len(v) != 2 or not isinstance(v[1], list):
+            raise ValueError("bad set record")
+        try:
+            return (frozenset if v[0] is True else set)(v[1])
+        except TypeError:
+            raise ValueError("bad set record: an element is not hashable") from None
     if code == EXT_NAMESPACE:
         v = unpack(data)
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):

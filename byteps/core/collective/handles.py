@@ -67,13 +67,11 @@ def release(handle: int) -> None:
 
 
 def reset() -> None:
-    """Forget reserved names, unfinished handles and the unnamed-call counters (shutdown)."""
-    from byteps.core.collective.rules import reset_names
+    """Forget reserved names and unfinished handles (shutdown)."""
     with _busy_lock:
         _BUSY.clear()
         _BUSY_BY_HANDLE.clear()
     OPS.clear()
-    reset_names()
 
 
 def reserved(kind: str, name: str, begin) -> int:

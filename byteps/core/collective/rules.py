@@ -101,26 +101,50 @@ def check_root(root_rank, what: str, size: int, ps=None) -> int:
 
 _names: dict[tuple, itertools.count] = {}
 _names_lock = threading.Lock()
+_gen: list = [None]       # the (epoch, joins in it) the counters count in
+_joins: dict[int, int] = {}   # epoch -> join()s completed in it
+
+
+def _epoch() -> int:
+    from byteps.core import state as _st
+    return getattr(getattr(_st.current(), "link", None), "epoch", 0)
+
+
+def _generation() -> tuple:
+    e = _epoch()
+    return e, _joins.get(e, 0)
 
 
 def auto_name(kind: str, process_set=None) -> str:
     """A name for an unnamed call: ``<kind>.noname.<n>`` from one per-process counter per
     process set and kind of operation (``.ps<id>`` added for a set other than the global
     one), so every rank of a set must make its unnamed calls of a kind on that set in the
-    same order.  A call one rank skips (an allgather refused while another rank is in
-    join()) shifts only that kind's counter, and :func:`reset_names` (every shutdown) puts
-    every rank back in step for the next init()."""
+    same order.  The counters start again in every membership epoch (init() after a
+    shutdown(), an elastic re-formation) and after every join(), where every rank meets,
+    and the names of those later generations carry it (``<kind>.noname.e<epoch>j<joins>.<n>``,
+    never a name of an earlier generation, whose reduction op the servers keep): a call
+    one rank skipped (an allgather refused while another rank is in join(), a test that
+    failed on one rank) shifts one counter until the next join() or init() only."""
     pid = getattr(process_set, "process_set_id", None) or 0
+    gen = _generation()
     with _names_lock:
+        if _gen[0] != gen:
+            _names.clear()
+            _gen[0] = gen
         n = next(_names.setdefault((pid, kind), itertools.count()))
-    return f"{kind}.noname.{n}" if not pid else f"{kind}.noname.ps{pid}.{n}"
+    epoch, joins = gen
+    tag = "" if joins == 0 and epoch & 0xFFFF <= 1 else f"e{epoch}j{joins}."
+    return f"{kind}.noname.{tag}{n}" if not pid else f"{kind}.noname.ps{pid}.{tag}{n}"
 
 
 def reset_names() -> None:
-    """Start the counters of :func:`auto_name` again (shutdown: the next init() is a new
-    membership, every rank counts from 0)."""
+    """A join() completed on this rank (on every rank alike): the counters of
+    :func:`auto_name` start a new generation."""
+    e = _epoch()
     with _names_lock:
-        _names.clear()
+        _joins[e] = _joins.pop(e, 0) + 1
+        for old in [k for k in _joins if k != e]:     # earlier epochs are over
+            del _joins[old]
 
 
 def position_name(i: int, kind: str = "push_pull") -> str:
