@@ -185,7 +185,7 @@ def test_bad_arguments_name_the_parameter():
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("diloco")
     rec = out / "rec"
-    assert_ok(run_script("diloco_job.py", out, "replay,frag,ovl,h1,digits,overlap,seconds,join",
+    assert_ok(run_script("diloco_job.py", out, "replay,frag,ovl,h1,digits,overlap,seconds,secjoin,join",
                          workers=2, servers=1, timeout=150, launcher_args=("--hosts", "2"),
                          BYTEPS_ENABLE_IPC=0, BYTEPS_MIN_COMPRESS_BYTES=0,
                          BYTEPS_TEST_RECORD=rec))
@@ -380,6 +380,8 @@ def test_inner_seconds_agrees_on_rounds_for_unequal_workers(job):
     assert [e[1] for e in a["log"]] == [e[1] for e in b["log"]]      # the same fragments
     assert a["log"][-1][2] > 2 * b["log"][-1][2], (a["log"], b["log"])
     assert a["p"] == b["p"]
+    a, b = res[0]["secjoin"], res[1]["secjoin"]      # rank 1 joins half-way: no hang
+    assert a["last"] == b["last"] == 0 and a["rounds"] > b["rounds"] and a["p"] == b["p"]
 
 
 @pytest.mark.timeout(200)

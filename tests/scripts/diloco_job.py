@@ -9,7 +9,8 @@ key prefix, results in OUT/rank<r>.json.
   test's one-process numpy replay.
 * ``digits``: the digits MLP, int8-compressed outer gradients, H = 20.
 * ``overlap``: Streaming DiLoCo, 2 fragments, overlapped exchanges.
-* ``seconds``: ``inner_seconds``, 2 fragments, rank 1 ten times slower.
+* ``seconds``: ``inner_seconds``, 2 fragments, rank 1 ten times slower; ``secjoin``:
+  ``inner_seconds`` and rank 1 joins half-way.
 * ``join``: uneven steps (rank 1 takes fewer), ``bps.join()``, then ``finish()``.
 """
 import json
@@ -102,6 +103,19 @@ for phase in phases:
             time.sleep(0.002 if r == 0 else 0.02)     # rank 1 takes ~10x fewer steps
         opt.finish()
         res["seconds"] = {"p": {k: v.tolist() for k, v in p.items()}, "log": alg.log,
+                          "rounds": alg.rounds}
+    elif phase == "secjoin":        # inner_seconds, then rank 1 joins half-way
+        import time
+        p = ls_params()
+        alg = bps.algorithms.DiLoCo(inner_seconds=0.1, fragments=2, prefix="secjoin.")
+        opt = bps.DistributedOptimizer(sgd, p, algorithm=alg)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < (0.4 if r == 1 else 0.8):
+            opt.step(ls_grad(p, r))
+            time.sleep(0.005)
+        last = bps.join()
+        opt.finish()
+        res["secjoin"] = {"p": {k: v.tolist() for k, v in p.items()}, "last": last,
                           "rounds": alg.rounds}
     elif phase == "join":
         p = ls_params()
