@@ -389,6 +389,7 @@ def _free_port() -> int:
 
 
 # ---------------------------------------------------------------- a slow link, emulated
+@pytest.mark.root
 def test_network_straggler_on_a_shaped_link(tmp_path):
     """Six machines as network namespaces (tests/podnet.py): worker 2's link is shaped to
     20 Mbit/s both ways (tc), the others are unshaped veths; every rank computes alike.
