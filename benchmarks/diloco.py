@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.algorithms import PORTS as PROXIED      # the ports proxy_links forwards
+from benchmarks.algorithms import PORTS as PROXIED  # the ports proxy_links forwards
 from benchmarks.algorithms import latency_setup, proxy_links, vip
 from benchmarks.cluster import jobs
 from benchmarks.cluster.netns import Cluster, NetnsError, Plan, cleanup, run_cmds

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
+from torch import nn
 
 
 def text(max_bytes: int) -> bytes:

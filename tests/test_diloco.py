@@ -11,7 +11,6 @@ import sys
 import msgpack
 import numpy as np
 import pytest
-
 from conftest import SCRIPTS, assert_ok, read_results, run_job, run_script
 
 LR = np.float32(0.05)
@@ -123,7 +122,7 @@ def test_server_outer_store_seed_step_join_and_reset():
     slot = Slot(1, 0, 0, 2, -1)
     slot.outer = Outer(0.5, 0.9, True)
     out = {}
-    e = lambda rnd: Entry(1, 0, rnd, PUSH | PULL | ASYNC, 0, 2)   # noqa: E731
+    e = lambda rnd: Entry(1, 0, rnd, PUSH | PULL | ASYNC, 0, 2)
     x0 = np.array([1.0, 2.0], np.float32)
     st.apply(slot, e(0), x0, 0, b"a", {0, 1}, out)
     assert not out                                    # the seed waits for rank 1

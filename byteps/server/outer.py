@@ -30,7 +30,7 @@ from byteps.transport.wire import DTYPES
 
 class Outer:
     """The outer optimizer of one partition: settings, momentum, this round's sum."""
-    __slots__ = ("lr", "momentum", "nesterov", "m", "acc", "done", "seeded", "steps")
+    __slots__ = ("acc", "done", "lr", "m", "momentum", "nesterov", "seeded", "steps")
 
     def __init__(self, lr: float, momentum: float, nesterov: bool):
         self.lr, self.momentum, self.nesterov = lr, momentum, nesterov

@@ -17,8 +17,9 @@ import numpy as np
 
 out, steps, kill_step, server_kill = sys.argv[1], *map(int, sys.argv[2:5])
 
-import byteps.numpy as bps  # noqa: E402
-from elastic_files import mark  # noqa: E402
+from elastic_files import mark
+
+import byteps.numpy as bps
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((96, 12)).astype(np.float32)

@@ -17,10 +17,10 @@ import json
 import sys
 
 import numpy as np
-
-import byteps.numpy as bps
 from digits_mlp import accuracy, digits, init_params
 from digits_mlp import grads as mlp_grads
+
+import byteps.numpy as bps
 
 out, phases = sys.argv[1], sys.argv[2].split(",")
 bps.init()

@@ -35,11 +35,11 @@ import time
 
 import numpy as np
 
+from byteps.common.errors import BytePSError
+from byteps.common.outer import outer_step
 from byteps.core import api
 from byteps.core import state as _st
 from byteps.core.algorithms.base import Algorithm, adopt_last_joiner
-from byteps.common.errors import BytePSError
-from byteps.common.outer import outer_step
 from byteps.transport.wire import ASYNC
 
 
