@@ -404,3 +404,27 @@ def test_elastic_worker_loss_then_server_loss_with_replicas(tmp_path):
     assert a["size"] == b["size"] == 2 and a["w"] == b["w"]
     assert a["restarts"] == 2, a                 # the first round after each formation
     assert a["loss"] < 0.2 * a["loss0"], a
+
+
+def test_ranks_with_different_outer_settings_get_an_error_naming_both():
+    """The server's declaration check (byteps/server/decls.py) on its own: the same key
+    declared with another outer optimizer fails the key for every worker, naming the
+    tensor, both ranks and the fix; a plain asynchronous declaration has no outer."""
+    from byteps.server.decls import TensorChecks
+    from byteps.transport.wire import Op
+
+    class Checks(TensorChecks):             # the server's state TensorChecks reads
+        def __init__(self):
+            self.decls, self.slots, self.peers, self.sent = {}, {}, {b"w0": {}, b"w1": {}}, []
+
+        def send(self, ident, op, body, payload=()):
+            self.sent.append((ident, op, body))
+    c = Checks()
+    c.declare([7, "DiLoCo.w", [4], 0, 0, [], 0, [0.7, 0.9, True]], {"rank": 0, "host_id": "a"})
+    assert c.decls[7]["outer"] == (0.7, 0.9, True)
+    c.declare([7, "DiLoCo.w", [4], 0, 1, [], 0, [0.5, 0.9, True]], {"rank": 1, "host_id": "b"})
+    err = c.decls[7]["error"]
+    assert "'DiLoCo.w'" in err and "rank 1" in err and "rank 0" in err and "outer_lr" in err
+    assert {(i, op) for i, op, _ in c.sent} == {(b"w0", Op.DATA_ERROR), (b"w1", Op.DATA_ERROR)}
+    c.declare([8, "AsyncParam.w", [4], 0, 0, []], {"rank": 0, "host_id": "a"})
+    assert c.decls[8]["outer"] is None
