@@ -482,7 +482,6 @@ class Scheduler:
                 n.setdefault("down_since", now)
 
 
-
 def main(cfg: Config | None = None) -> int:
     from byteps.common.logs import setup_logging
     cfg = cfg or Config.from_env(role="scheduler")
