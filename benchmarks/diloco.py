@@ -24,7 +24,8 @@ tbf at the same rate and **without the added delay**, so its times are a lower b
 the speed-up reported against it is conservative.
 
 Reported, per method: training seconds, bytes sent per worker (training only: the
-initial broadcast and seed excluded) and the ratio against SyncPS float32, the peak send
+initial broadcast and seed excluded) and the ratio against SyncPS float32, the bytes
+received (DiLoCo pulls the global parameters in full precision once per round), the peak send
 rate over 0.5 s windows against the link's rate (the physical limit), the time rank 0
 first reached the final validation loss of SyncPS (its own model), that ratio against
 DDP, and the final validation loss after ``finish()`` against SyncPS's.  A table on
@@ -127,6 +128,7 @@ def run_all(a) -> dict:
             r0 = next(r for r in recs if r["rank"] == 0)
             res = {"train_s": max(r["train_s"] for r in recs), "wall_s": time.monotonic() - t0,
                    "sent_bytes": max(r["sent_bytes"] for r in recs),
+                   "received_bytes": max(r["received_bytes"] for r in recs),
                    "peak_send_Bps": max(r["peak_send_Bps"] for r in recs),
                    "final_loss": r0["final_loss"], "curve": r0["curve"],
                    "tokens": r0["tokens"], "params": r0["params"]}
@@ -166,12 +168,14 @@ def table(doc: dict) -> str:
     lines = [f"{c['workers']} workers, {c['rate_mbit']:g} Mbit/s + {c['delay_ms']:g} ms one "
              f"way to the server (DDP: rate only), {c['steps']} steps per worker, "
              f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}",
-             f"{'method':12s} {'train s':>8s} {'MB/worker':>10s} {'sync/this':>9s} "
+             f"{'method':12s} {'train s':>8s} {'MB sent':>10s} {'sync/this':>9s} "
+             f"{'MB recv':>8s} "
              f"{'peak/link':>9s} {'to target':>10s} {'vs DDP':>7s} {'final loss':>10s} "
              f"{'vs sync':>8s}"]
     for algo, r in doc["results"].items():
         lines.append(f"{algo:12s} {r['train_s']:8.1f} {r['sent_bytes'] / 1e6:10.2f} "
-                     f"{_f(r['bytes_vs_sync'], '9.1f')} {r['peak_vs_link']:9.2f} "
+                     f"{_f(r['bytes_vs_sync'], '9.1f')} {r['received_bytes'] / 1e6:8.2f} "
+                     f"{r['peak_vs_link']:9.2f} "
                      f"{_f(r['time_to_target_s'], '10.1f')} {_f(r['speedup_vs_ddp'], '7.2f')} "
                      f"{r['final_loss']:10.3f} {_f(r['loss_vs_sync'], '+8.1%')}")
     return "\n".join(lines)

@@ -11,9 +11,9 @@ files of the running interpreter's ``Lib/``, sorted; the last 5 % is validation)
 inner (or only) optimizer is AdamW.  Rank 0 measures the validation loss of its model every
 ``--eval-every`` steps (excluded from the timing).  Prints ``CLUSTER_RESULT {json}``: the
 curve [[seconds, val loss], ...], the final validation loss after ``finish()``, the bytes
-this worker sent (byteps: every push on the wire, compressed or not; DDP: a ring
-allreduce's 2 (n - 1) / n of the gradients per step) and its peak send rate over 0.5 s
-windows.
+this worker sent and received (byteps: every push and pull on the wire, compressed or not;
+DDP: a ring allreduce's 2 (n - 1) / n of the gradients per step, each way) and its peak
+send rate over 0.5 s windows.
 """
 from __future__ import annotations
 
@@ -119,16 +119,17 @@ def main() -> None:
         with torch.no_grad():
             return float(lossf(model(vx).reshape(-1, 256), vy.reshape(-1)))
 
-    def sent() -> int:
+    def sent(col: int = 1) -> int:
+        """Bytes this worker sent (col 1) or received (col 3) on the wire so far."""
         if dist is not None:
             return int(2 * (size - 1) / size * nparams * 4 * steps_done)
         from byteps.core import state
         st = state.current()
-        return int(sum(b[1] for b in st.engine.comp.bytes.values())) if st.engine else 0
+        return int(sum(b[col] for b in st.engine.comp.bytes.values())) if st.engine else 0
 
     curve, samples, eval_s = [], [], 0.0
     steps_done = 0
-    base = sent()               # the initial broadcast and seed are not training traffic
+    base, base_in = sent(), sent(3)   # the initial broadcast and seed: not training
     t0 = time.monotonic()
     for s in range(a.steps):
         x, y = batch(train, rng, a.batch, a.ctx)
@@ -159,7 +160,7 @@ def main() -> None:
     print("CLUSTER_RESULT " + json.dumps({
         "algo": a.algo, "rank": rank, "size": size, "steps": a.steps, "params": nparams,
         "tokens": a.steps * a.batch * a.ctx, "train_s": train_s, "curve": curve,
-        "final_loss": final, "sent_bytes": sent() - base, "peak_send_Bps": peak,
+        "final_loss": final, "sent_bytes": sent() - base, "received_bytes": sent(3) - base_in, "peak_send_Bps": peak,
         "pid": os.getpid()}), flush=True)
     if dist is not None:
         dist.barrier()
