@@ -16,7 +16,7 @@ import sys
 
 from conftest import SCRIPTS, read_results, run_job
 
-ALGORITHMS = ("sync", "async", "average", "decentralized")
+ALGORITHMS = ("sync", "async", "average", "decentralized", "diloco")
 COMPRESSIONS = ("none", "onebit", "int8")
 JOINS = ("off", "uneven")
 #: (launcher arguments, number of workers): flat = 2 hosts of 1 worker; local = 2 x 2
@@ -44,7 +44,7 @@ def sampled() -> list[str]:
     """The short form: one cell per algorithm, each with a different compression and
     join, so every value of every axis runs at least once."""
     return [BASELINE, "async/onebit/uneven", "average/int8/off",
-            "decentralized/onebit/uneven", "sync/int8/uneven"]
+            "decentralized/onebit/uneven", "sync/int8/uneven", "diloco/int8/uneven"]
 
 
 def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.executable,
