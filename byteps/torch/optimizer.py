@@ -375,7 +375,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                           if k not in ("step", "zero_grad", "synchronize")})
     dist._bps_average, dist._bps_sparse_as_dense = average, bool(sparse_as_dense)
     from byteps.core.collective import ops as _coll
-    dist._bps_process_set = _coll._set(process_set)
+    # a rank outside ``process_set`` trains on its own gradients (Horovod: no hooks there)
+    outside = process_set is not None and callable(getattr(process_set, "included", None)) \
+        and getattr(process_set, "process_set_id", 0) != 0 and not process_set.included()
+    dist._bps_process_set = None if outside else _coll._set(process_set)
     algorithm = _algorithms.resolve(algorithm)   # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
     if dist._bps_process_set is not None and not algorithm.plugin_gradients:
         from byteps.core import compat
@@ -396,6 +399,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         compression_params = None
     dist._bps_setup(named_parameters, compression, backward_passes_per_step, compression_params,
                     algorithm)
+    if outside:
+        for h in dist._bps_hooks:
+            (h[1] if isinstance(h, tuple) else h).remove()
+        dist._bps_hooks, dist._bps_requires_update = [], []
     return dist
 
 

@@ -52,6 +52,11 @@ SUM_OR_AVERAGE = frozenset({"reducescatter", "grouped_reducescatter", "push_pull
                             "DistributedGradientTape", "allreduce of tf.IndexedSlices"})
 
 
+class UnsupportedOpError(ValueError, RuntimeError):
+    """An op byteps cannot apply (Adasum): a ValueError, and the RuntimeError Horovod raises
+    for it in reducescatter."""
+
+
 def _op_by_name(name: str) -> ReduceOp:
     return _OPS_BY_NAME[name.lower()]
 
@@ -72,7 +77,7 @@ def resolve_op(average=None, op=None, kind: str = "allreduce") -> tuple[int, boo
         raise ValueError(f"{kind}: op={op!r} is unknown; use Average, Sum, Min, Max or Product")
     key = name.lower()
     if key == "adasum":
-        raise ValueError(f"{kind}: op=Adasum is not supported by byteps (a parameter server "
+        raise UnsupportedOpError(f"{kind}: op=Adasum is not supported by byteps (a parameter server "
                          f"reduces element-wise); use Average, Sum, Min, Max or Product")
     if kind in SUM_OR_AVERAGE and key not in ("sum", "average"):
         raise ValueError(f"{kind}: op={_OPS_BY_NAME[key]!r} is not supported; use Average "
