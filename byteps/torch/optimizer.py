@@ -46,6 +46,7 @@ class _DistributedOptimizer:
         self._bps_bpps = backward_passes_per_step
         self._bps_delay = {p: backward_passes_per_step for p in params}
         self._bps_handles: dict = {}
+        self._bps_resparse: list = []      # sparse gradients exchanged as dense (sparse_as_dense)
         self._bps_requires_update = [p for p in params if p.requires_grad]
         self._bps_should_sync = True
         self._bps_synchronized = False
@@ -120,6 +121,7 @@ class _DistributedOptimizer:
     def _bps_push(self, p):
         if p.grad.is_sparse and self._bps_sparse_as_dense:
             p.grad = p.grad.to_dense()
+            self._bps_resparse.append(p)    # sparse again after the exchange (Horovod)
         ps = getattr(self, "_bps_process_set", None)
         if p.grad.is_sparse or ps is not None:    # Horovod's sparse allreduce; process sets
             from byteps.torch import compat
@@ -176,6 +178,10 @@ class _DistributedOptimizer:
                     self._bps_delay[p] = self._bps_bpps
             finally:
                 self._bps_handles.clear()
+                for p in self._bps_resparse:
+                    if p.grad is not None and not p.grad.is_sparse:
+                        p.grad = p.grad.to_sparse()
+                self._bps_resparse.clear()
         self._bps_synchronized = True
 
     @contextlib.contextmanager
