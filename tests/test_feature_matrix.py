@@ -3,8 +3,8 @@ compression, local reduction and join learns the digits MLP within 2 points of S
 consistent ranks, or is refused by one rule of docs/compatibility.md.
 
 What CI runs (``make test``, under its 30-minute budget):
-- the whole cross product (24 cells: 4 algorithms x 3 compressions x 2 joins) for the
-  numpy plugin, flat and under local reduction (``slow``): the core decides every stage,
+- the whole cross product (30 cells: 5 algorithms x 3 compressions x 2 joins) for the
+  numpy plugin, flat and under local reduction at the same time (``slow``): the core decides every stage,
   so this is where a combination breaks;
 - the sampled cells (every value of every axis at least once) for torch and for MXNet
   (tests/test_mxnet_matrix.py, its own venv), flat; each plugin's own compose tests
@@ -14,6 +14,8 @@ torch, tensorflow and MXNet in both layouts (5 min for torch and tensorflow on 2
 5 for MXNet): ``pytest -m matrix_full tests/test_feature_matrix.py``.
 """
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,9 +27,14 @@ def _need(plugin):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", list(matrix.LAYOUTS))
-def test_whole_matrix_numpy(layout, tmp_path):
-    matrix.check("numpy", layout, tmp_path, matrix.cells())
+def test_whole_matrix_numpy(tmp_path):
+    """Both layouts at once: each job keeps about one core busy, and CI has two."""
+    with ThreadPoolExecutor(len(matrix.LAYOUTS)) as pool:
+        runs = {layout: pool.submit(matrix.check, "numpy", layout, tmp_path, matrix.cells())
+                for layout in matrix.LAYOUTS}
+    failed = [f"{layout}: {run.exception()}" for layout, run in runs.items()
+              if run.exception() is not None]
+    assert not failed, "\n\n".join(failed)
 
 
 def test_sampled_cells_torch(tmp_path):
