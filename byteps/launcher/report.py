@@ -33,8 +33,13 @@ def print_summary_docs(docs: list[dict]) -> None:
     """The summaries (plain data written by the workers), by rank."""
     from byteps.common.summary import format_summary
     docs = sorted(docs, key=lambda d: d["rank"] if isinstance(d.get("rank"), int) else -1)
+    idle = [str(d.get("rank")) for d in docs if not d.get("push_pulls")]
     for doc in docs:
-        print(format_summary(doc), file=sys.stderr, flush=True)
+        if doc.get("push_pulls"):
+            print(format_summary(doc), file=sys.stderr, flush=True)
+    if idle:      # one line, not one zero line per worker (a job that failed at once)
+        print(f"bpslaunch: worker rank(s) {', '.join(idle)}: no push_pull completed",
+              file=sys.stderr, flush=True)
 
 
 def trace_note(env, elsewhere: str = "") -> None:

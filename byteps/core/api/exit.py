@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import sys
+import time
 import types
 
 import zmq
@@ -20,6 +21,10 @@ from byteps.transport.wire import Op, encode, new_seq
 
 log = logging.getLogger("byteps.worker")
 _HOOKED = False
+#: this worker failed because another local rank did: it leaves a moment later, so the
+#: scheduler and bpslaunch hear of the rank with the cause first
+_SECONDARY: list = []
+_SECONDARY_DELAY_S = 1.0
 
 
 def install_exit_hooks() -> None:
@@ -31,6 +36,8 @@ def install_exit_hooks() -> None:
 
     def hook(tp, val, tb):
         api._FAILED.append(f"{tp.__name__}: {val}")
+        if getattr(val, "secondary", False):
+            _SECONDARY.append(True)
         tb = _short(val, tb)
         if isinstance(val, BaseException):
             val.with_traceback(tb)      # (Python prints the exception's own traceback)
@@ -49,6 +56,8 @@ def _short(val, tb):
     names only, as one line by the others."""
     if not isinstance(val, BytePSError) or tb is None:
         return tb
+    if getattr(val, "brief", False):
+        return None
     st = _st.current()
     errors = getattr(getattr(st, "engine", None), "key_errors", None) or {}
     named = re.search(r"\brank (\d+) \(host", str(val))
@@ -73,6 +82,8 @@ def at_exit() -> None:
     """Tell the scheduler this worker process ends (ok, or with its error)."""
     st = _st.current()
     body = {"ok": not api._FAILED, "reason": api._FAILED[0] if api._FAILED else ""}
+    if _SECONDARY:
+        time.sleep(_SECONDARY_DELAY_S)
     if api._FAILED and not api._FAILED[0].startswith("KeyboardInterrupt"):
         leave_reason(api._FAILED[0])      # bpslaunch's last line names it
     try:

@@ -477,7 +477,8 @@ class Engine:
             h.done()
 
     def fail_all(self, err: BytePSError) -> None:
-        log.error("%s", err)
+        # a worker that exited with an error printed it itself: the others only note it
+        (log.info if " exited with an error: " in str(err) else log.error)("%s", err)
         with self.lock:
             self.fatal = err
             tasks = list(self.inflight.values()) + self.heap + list(self.pending)

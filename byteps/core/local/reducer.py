@@ -35,7 +35,7 @@ from byteps.core.local.cuts import Cuts
 from byteps.core.local.join import JoinState
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.common.shm_cleanup import remove_prefix
-from byteps.core.local.shm import Segment, host_prefix, shm_dir, warn_once
+from byteps.core.local.shm import Segment, SegmentMismatch, host_prefix, shm_dir, warn_once
 from byteps.core.local.stages import ReduceStages
 from byteps.common.errors import BytePSError
 from byteps.transport.wire import ASYNC
@@ -141,7 +141,9 @@ class LocalReducer(ReduceStages, Cuts):
                               shape_tag=shape_tag(tensor.shape))
             except ValueError as exc:
                 _fail_peers(path, tensor.name, self.me)   # the other local ranks fail too
-                raise BytePSError(f"host {self.cfg.host_id}: {exc}") from None
+                err = BytePSError(f"host {self.cfg.host_id}: {exc}")
+                err.brief = self.me != 0 and isinstance(exc, SegmentMismatch)
+                raise err from None
             if seg.fallback:
                 self.markers.append(warn_once(self.dir, self.prefix, "%s", seg.fallback))
             seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
@@ -379,9 +381,13 @@ class LocalReducer(ReduceStages, Cuts):
                 col = seg.done[:, op.gather]
                 if (col < 0).any():
                     bad = [r for r in range(self.L) if col[r] < 0]
-                    return self._fail(op, BytePSError(
-                        f"tensor {op.tensor.name!r}: local rank(s) {bad} of host "
-                        f"{self.cfg.host_id} failed this push_pull (see their log)"))
+                    err = BytePSError(f"tensor {op.tensor.name!r}: local rank(s) {bad} of "
+                                      f"host {self.cfg.host_id} failed this push_pull (see "
+                                      f"their log)")
+                    # one block per cause: local rank 0 prints the traceback (it fails
+                    # either way), the other local ranks one line each
+                    err.brief, err.secondary = self.me != 0, True
+                    return self._fail(op, err)
                 if (col >= t).all():
                     self._gather(op)
                     continue

@@ -103,6 +103,18 @@ def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.1f} MB"
 
 
+def _dtype_name(code: int) -> str:
+    from byteps.transport.wire import DTYPES
+    try:
+        return np.dtype(DTYPES[code]).name
+    except (IndexError, KeyError, TypeError):
+        return f"dtype code {code}"
+
+
+class SegmentMismatch(ValueError):
+    """A local rank opens a segment another local rank created for another shape/dtype."""
+
+
 class Segment:
     """The shared buffers of one tensor on one host (numpy views over an mmap).
 
@@ -133,11 +145,11 @@ class Segment:
             want[5], want[7] = hdr[5], hdr[7]          # adopt the creator's smaller chunks
         if not same or hdr[:8] != want:
             self.close()
-            raise ValueError(
+            raise SegmentMismatch(
                 f"tensor {name!r}: local rank {local_rank} uses {n} x {self.dtype.name} "
                 f"(local size {local_size}, chunk {chunk}, groups {groups}) but another local "
-                f"rank of this host created its shared buffer with {hdr[3]} elements of dtype "
-                f"code {hdr[2]}{'' if hdr[9] == shape_tag else ' in another shape'} (local "
+                f"rank of this host created its shared buffer with {hdr[3]} x "
+                f"{_dtype_name(hdr[2])}{'' if hdr[9] == shape_tag else ' in another shape'} (local "
                 f"size {hdr[4]}, chunk {hdr[7]}, groups {hdr[6]}); every "
                 f"local rank must push the same shape and dtype under one name and use the same "
                 f"BYTEPS_PARTITION_BYTES / BYTEPS_PCIE_SWITCH_SIZE")

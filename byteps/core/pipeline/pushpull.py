@@ -163,7 +163,10 @@ def synchronize(handle: int) -> np.ndarray:
     st.handles.pop(handle, None)
     _coll.release(handle)         # a name reserved by collectives.allreduce_async
     if h.error is not None:
-        raise BytePSError(str(h.error))
+        err = BytePSError(str(h.error))
+        for why in ("brief", "secondary"):      # one block per cause (api/exit.py)
+            setattr(err, why, getattr(h.error, why, False))
+        raise err
     return h.out
 
 
