@@ -36,6 +36,17 @@ KNOWN = {
                               "from its own allreduce result, and a rank that got it later "
                               "than rank 0 waits less (passes on a quiet machine)",
 }
+_F16 = ("compares the float16 sum of three prescaled values with their exact float32 sum at "
+        "tolerance 0; three float16 values need up to 13 significant bits, the correctly "
+        "rounded float16 result differs in the last place (2 ranks are exact)")
+KNOWN_BY_LAYOUT = {"3workers": {"test_horovod_allreduce_prescale": _F16,
+                                "test_horovod_reducescatter_prescale": _F16,
+                                "test_horovod_grouped_reducescatter_prescale": _F16}}
+
+
+def known(name: str, layout: str) -> str | None:
+    """Why ``name`` fails in ``layout`` when that is not byteps' doing, else None."""
+    return KNOWN_BY_LAYOUT.get(layout, {}).get(name) or KNOWN.get(name)
 
 
 def run(suite: str, layout: str, out: Path, reverse: bool, select: str | None,
@@ -97,7 +108,7 @@ def report(suite: str, layout: str, out: Path, rc: int, seconds: float) -> int:
             if state == "failed":
                 failures.setdefault(name, msg)
     for name, msg in sorted(failures.items()):
-        cause = KNOWN.get(name)
+        cause = known(name, layout)
         unknown += cause is None
         print(f"  FAILED {name}: {cause or msg}")
     return 0 if unknown == 0 and rc in (0, 1) else 1
