@@ -181,8 +181,10 @@ def test_broadcast_object_roundtrip_and_errors():
     assert got["t"] == (1, (2, "x")) and isinstance(got["t"][1], tuple)
     assert got[5][0].tolist() == [0.0, 1.0, 2.0] and got[5][1].dtype == torch.bfloat16
     assert got["f"] == 7 and got["f"].dtype == np.int64 and got["b"] == b"\x01"
-    with pytest.raises(TypeError, match=r"obj\['a'\]\[1\] of type builtins.set"):
-        bps.broadcast_object({"a": [1, {2}]})
+    with pytest.raises(TypeError, match=r"obj\['a'\]\[1\] of type builtins.object"):
+        bps.broadcast_object({"a": [1, object()]})
+    assert bps.broadcast_object({"a": {2}, "b": frozenset({"x"})}) == \
+        {"a": {2}, "b": frozenset({"x"})}           # sets, as Horovod's allgather_object
     with pytest.raises(TypeError, match="64 bits"):
         bps.broadcast_object([1 << 70])
     with pytest.raises(TypeError, match="dtype object"):
