@@ -12,6 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 BPSLAUNCH = [sys.executable, "-m", "byteps.launcher"]
+#: Horovod's vendored suites run inside jobs (tests/horovod/run.py, tests/test_horovod_suites.py)
+collect_ignore = ["horovod"]
 
 
 def job_env(**extra) -> dict:

@@ -57,12 +57,12 @@ def run(suite: str, layout: str, out: Path, reverse: bool, select: str | None,
     py = sys.executable
     junit = f"{out}/{Path(suite).stem}_{layout}_" + "${DMLC_WORKER_ID}_${BYTEPS_LOCAL_RANK}.xml"
     sel = f" -k {subprocess.list2cmdline([select])}" if select else ""
-    inner = (f"exec {py} -m pytest -q -c {HERE}/pytest.ini --timeout {timeout} "
+    inner = (f"exec {py} -m pytest -q -c {HERE}/pytest.ini -p suite_order --timeout {timeout} "
              f"--junitxml={junit}{sel} {HERE}/parallel/{suite}")
     cmd = [py, "-m", "byteps.launcher", "--standalone", *LAYOUTS[layout], "--num-servers",
            "1", "bash", "-c", inner]
     env = dict(os.environ, HVD_SUITE_REVERSE="1" if reverse else "0",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]))
     t0 = time.monotonic()
     try:
         res = subprocess.run(cmd, check=False, cwd=HERE / "parallel", env=env, capture_output=True,
