@@ -155,6 +155,9 @@ def test_fake_srun_on_loopback_ranks_follow_slurm(tmp_path):
     for rank, d in docs.items():
         assert (d["size"], d["local_size"], d["local_rank"]) == (4, 2, rank % 2)
         assert d["env"]["RANK"] == str(rank) and d["env"]["NODE_RANK"] == str(rank // 2)
+        # torch's env:// rendezvous: the first node and one port, alike on every task
+        assert d["other"]["MASTER_ADDR"] == "127.0.0.1", d["other"]
+    assert len({d["other"]["MASTER_PORT"] for d in docs.values()}) == 1, docs
 
 
 @pytest.mark.timeout(240)

@@ -11,7 +11,8 @@ worker host and a port that was free there when the job started, as torchrun's
 rendezvous would, so that ``torch.distributed.init_process_group("gloo")`` (with the
 default ``env://``), a default ``DistributedSampler``, Accelerate and Lightning work
 inside a byteps job (``MASTER_ADDR``/``MASTER_PORT`` set by the user win; with one
-bpslaunch per machine, where the first worker host is not known, only those).
+bpslaunch per machine, where the first worker host is not known, only those).  Under
+``--slurm`` they are the allocation's first node and the port after the scheduler's.
 
 A script started by ``torchrun`` (``WORLD_SIZE`` > 1) without any BytePS
 configuration would run as WORLD_SIZE separate single-process jobs: ``init()``

@@ -228,13 +228,17 @@ def run(args, cmd: list[str]) -> int:
             say(f"--slurm: {exc}")
             return 2
 
+    # torch.distributed's env:// rendezvous: the allocation's first node, and the port after
+    # the scheduler's (every task derives the same values without talking to the others)
+    master = (pl.nodes[0], pl.port + 1)
+
     def worker_env(lr: int) -> dict:
         if elastic:
             rank = pl.node_id * pl.local_size + lr
-            return dict(torchrun.apply(base, rank, 0, 1, total), DMLC_ROLE="worker",
+            return dict(torchrun.apply(base, rank, 0, 1, total, master), DMLC_ROLE="worker",
                         DMLC_WORKER_ID=str(rank), BYTEPS_LOCAL_RANK="0",
                         BYTEPS_LOCAL_SIZE="1")
-        return dict(torchrun.apply(base, pl.node_id, lr, pl.local_size, len(pl.nodes)),
+        return dict(torchrun.apply(base, pl.node_id, lr, pl.local_size, len(pl.nodes), master),
                     DMLC_ROLE="worker", DMLC_WORKER_ID=str(pl.node_id),
                     BYTEPS_LOCAL_RANK=str(lr), BYTEPS_LOCAL_SIZE=str(pl.local_size))
     envs = {"worker": worker_env(pl.local_ranks[0])}
