@@ -33,10 +33,15 @@ def test_carry_reductions_wrap_like_the_dtype():
     assert carry(np.ones(2, np.uint64), copy=False)[0].dtype == np.uint64  # refused by name
 
 
-@pytest.mark.parametrize("workers,servers", [(2, 1), (3, 2)])
-def test_numpy_collectives_in_a_job(tmp_path, workers, servers):
+@pytest.mark.parametrize("workers,servers,layout", [
+    (2, 1, ()), (3, 2, ()),
+    # local reduction: min/max/product reduce element-wise in shared memory, then on the
+    # servers across hosts (2 x 2), or only in shared memory (one host, no server round)
+    (4, 1, ("--hosts", "2", "--local-size", "2")), (2, 1, ("--hosts", "1", "--local-size", "2"))],
+    ids=["2w", "3w-2s", "2x2-local", "1x2-local"])
+def test_numpy_collectives_in_a_job(tmp_path, workers, servers, layout):
     res = run_script("coll_numpy.py", tmp_path, workers=workers, servers=servers,
-                     timeout=120, BYTEPS_ENABLE_IPC=0)
+                     timeout=120, launcher_args=layout, BYTEPS_ENABLE_IPC=0)
     assert_ok(res)
     done = read_results(tmp_path)
     assert sorted(done) == list(range(workers))
@@ -53,3 +58,14 @@ def test_numpy_collectives_in_a_job(tmp_path, workers, servers):
     if workers == 3 and hasattr(bps, "add_process_set"):   # a set of ranks 0 and 2
         assert "set alltoall" in done[0] and "set alltoall" in done[2]
         assert not any(c.startswith("set ") for c in done[1])
+
+
+def test_a_joined_local_rank_adds_the_identity_of_the_op():
+    """Under local reduction a rank inside join() contributes to its host's reductions: a
+    zero to a sum, but the dtype's extreme to a minimum/maximum and a one to a product."""
+    from byteps.core.local.stages import identity
+    x = np.array([-3.5, 2.0], np.float32)
+    for op, ufunc in ((0, np.add), (1, np.minimum), (2, np.maximum), (3, np.multiply)):
+        for dt in (np.float32, np.float16, np.int16, np.uint8):
+            v = x.astype(dt)
+            assert np.array_equal(ufunc(v, identity(op, v.shape, dt)), v), (op, dt)

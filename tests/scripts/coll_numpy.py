@@ -42,7 +42,7 @@ def raises(fn, match, what, kinds=(bps.BytePSError, ValueError)):
 assert (bps.mpi_built(), bps.gloo_built(), bps.mpi_enabled(), bps.gloo_enabled(),
         bps.ccl_built(), bps.ddl_built(), bps.nccl_built(), bps.cuda_built(),
         bps.byteps_built()) == (False,) * 8 + (True,)
-assert (bps.cross_size(), bps.is_homogeneous()) == (n, True)
+assert (bps.cross_size(), bps.is_homogeneous()) == (n // bps.local_size(), True)
 done.append("build info")
 
 # allreduce: every op and dtype (the dtype and shape are kept)

@@ -8,11 +8,12 @@ import os
 class SliceTensor:
     """What the Engine needs of a tensor: the slice ``<name>.slice<k>``."""
     __slots__ = ("busy", "dtype_code", "key", "name", "shape", "spec", "pipes", "comp_wire",
-                 "wire_flags", "outer")
+                 "wire_flags", "outer", "op")
 
     def __init__(self, name: str, key: int, length: int, dtype_code: int, spec=None,
-                 wire_flags: int = 0, outer=None):
+                 wire_flags: int = 0, outer=None, op: int = 0):
         self.name, self.key, self.shape, self.dtype_code = name, key, (length,), dtype_code
+        self.op = op                     # the servers' reduction across hosts (wire.REDUCE_OPS)
         self.wire_flags = wire_flags     # wire.ASYNC: the host's sum of deltas, asynchronous
         self.outer = outer               # DiLoCo's outer optimizer (wire.outer_field)
         self.busy = None

@@ -36,7 +36,7 @@ from byteps.core.local.join import JoinState
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.common.shm_cleanup import remove_prefix
 from byteps.core.local.shm import Segment, SegmentMismatch, host_prefix, shm_dir, warn_once
-from byteps.core.local.stages import ReduceStages
+from byteps.core.local.stages import ReduceStages, identity
 from byteps.common.errors import BytePSError
 from byteps.transport.wire import ASYNC
 
@@ -205,7 +205,8 @@ class LocalReducer(ReduceStages, Cuts):
                 sl.append(SliceTensor(name, key, length, tensor.dtype_code,
                                       getattr(tensor, "spec", None),
                                       getattr(tensor, "wire_flags", 0),
-                                      getattr(tensor, "outer", None)))
+                                      getattr(tensor, "outer", None),
+                                      getattr(tensor, "op", 0)))
             self.slice_cache[lkey] = sl
         return sl
 
@@ -334,7 +335,7 @@ class LocalReducer(ReduceStages, Cuts):
             lkey = self.layouts.get(tensor.name)
             seg = self.segs.get(lkey)
             if seg is not None and self.join.wanted(seg, self.me, self.rounds.get(lkey, 0)):
-                z = np.zeros(shape, dtype)
+                z = identity(getattr(tensor, "op", 0), shape, dtype)
                 self.submit(0, tensor, z, np.empty_like(z), average, 0)
 
     def _unknown(self, key: int) -> None:

@@ -17,6 +17,26 @@ from byteps.core.local.parts import NetDone, Op
 from byteps.common.errors import BytePSError
 
 
+#: wire.REDUCE_OPS (0 sum, 1 min, 2 max, 3 product) as the ufunc the local ranks reduce with
+_UFUNCS = (np.add, np.minimum, np.maximum, np.multiply)
+
+
+def _ufunc(op: Op):
+    return _UFUNCS[getattr(op.tensor, "op", 0)]
+
+
+def identity(reduce_op: int, shape, dtype) -> np.ndarray:
+    """What a joined local rank contributes: the identity of the reduction (0 for a sum,
+    the dtype's largest value for a minimum, its smallest for a maximum, 1 for a product)."""
+    dt = np.dtype(dtype)
+    if reduce_op in (1, 2):
+        info = np.finfo(dt) if dt.kind in "fc" else np.iinfo(dt) if dt.kind in "iu" else None
+        if info is None:                 # bool travels as uint8 (collective/carry.py)
+            return np.full(shape, reduce_op == 1, dt)
+        return np.full(shape, info.max if reduce_op == 1 else info.min, dt)
+    return np.ones(shape, dt) if reduce_op == 3 else np.zeros(shape, dt)
+
+
 class ReduceStages:
     """The stages after the copy: needs the reducer's ``me``, ``L``, ``groups``,
     ``mygroup``, ``two_level``, ``network``, ``mode``, ``size``, ``nservers``, ``engine``,
@@ -57,10 +77,11 @@ class ReduceStages:
         return bool((op.seg.copied[:, j] >= op.t).all())
 
     @staticmethod
-    def _sum(rows, dst: np.ndarray) -> None:
-        np.add(rows[0], rows[1], out=dst)
+    def _sum(rows, dst: np.ndarray, ufunc=np.add) -> None:
+        """``dst`` = the element-wise reduction of ``rows`` (sum, or the tensor's op)."""
+        ufunc(rows[0], rows[1], out=dst)
         for r in rows[2:]:
-            np.add(dst, r, out=dst)
+            ufunc(dst, r, out=dst)
 
     def _level1(self, op: Op) -> None:
         seg, j, g = op.seg, op.l1, self.mygroup
@@ -70,7 +91,7 @@ class ReduceStages:
         if len(g) == 1:
             np.copyto(seg.gsum[gi, a:b], seg.inputs[g[0], a:b])
         elif b > a:
-            self._sum([seg.inputs[r, a:b] for r in g], seg.gsum[gi, a:b])
+            self._sum([seg.inputs[r, a:b] for r in g], seg.gsum[gi, a:b], _ufunc(op))
         seg.gdone[self.me, j] = op.t
         op.l1 += 1
         self._notify(op)
@@ -82,9 +103,10 @@ class ReduceStages:
         dst = seg.out[a + o:b + o]
         if b > a and not (op.pre is not None and not self.two_level):
             if self.two_level:
-                self._sum([seg.gsum[g, a + o:b + o] for g in range(len(self.groups))], dst)
+                self._sum([seg.gsum[g, a + o:b + o] for g in range(len(self.groups))], dst,
+                          _ufunc(op))
             else:
-                self._sum([seg.inputs[r, a + o:b + o] for r in range(self.L)], dst)
+                self._sum([seg.inputs[r, a + o:b + o] for r in range(self.L)], dst, _ufunc(op))
         op.red += 1
         if op.red == seg.C:
             op.t_red = time.monotonic()

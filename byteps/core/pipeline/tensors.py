@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.common.node import BytePSError
+from byteps.core import compat
 from byteps.transport.wire import REDUCE_OPS
 
 
@@ -77,17 +78,17 @@ def _tensor(st: _api._State, name: str, arr: np.ndarray, params=None, op: int = 
 
 
 def _check_op(st: _api._State, name: str, op: int, average: bool, params) -> None:
-    """min/max/product: element-wise on the servers, so never averaged, compressed,
-    asynchronous or pre-reduced by the (summing) local reduction."""
+    """min/max/product: element-wise in the local reduction and on the servers, so never
+    averaged, compressed or asynchronous (docs/compatibility.md)."""
     if not 0 < op < len(REDUCE_OPS):
         raise ValueError(f"tensor {name!r}: unknown reduction op {op!r}")
-    why = ("average=True" if average else
-           "compression" if params or st.declared.get(name) is not None else
-           "BYTEPS_ENABLE_ASYNC=1" if st.cfg.enable_async and st.cfg.distributed else
-           f"local reduction (BYTEPS_LOCAL_SIZE={st.cfg.local_size}; set "
-           f"BYTEPS_LOCAL_REDUCE=0)" if st.local is not None else None)
-    if why:
-        raise ValueError(f"tensor {name!r}: op {REDUCE_OPS[op]} cannot be combined with {why}")
+    subject = f"tensor {name!r} with op {REDUCE_OPS[op]}"
+    if average:
+        compat.refuse("op-average", subject)
+    if params or st.declared.get(name) is not None:
+        compat.refuse("op-compression", subject)
+    if st.cfg.enable_async and st.cfg.distributed:
+        compat.refuse("async-op", subject)
 
 
 # last: importing this module first still works (api imports it at its end)
