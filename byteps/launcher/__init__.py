@@ -253,7 +253,7 @@ def _standalone_once(args, cmd, base, hosts, local, worker_env, tag) -> tuple:
     finally:
         if live is not None:
             live.close()
-        print_summaries(summaries)
+        print_summaries(summaries, failed=bool(job.last_words))
         trace_note(base)
         _remove_shm(base, None)
         job.say_last()
@@ -308,7 +308,7 @@ def role_mode(args, cmd: list[str]) -> int:
         say(str(exc))
         return exc.code
     finally:
-        print_summaries(status)             # (removes the folder)
+        print_summaries(status, failed=bool(job.last_words))     # (removes the folder)
         trace_note(os.environ)
         shutil.rmtree(status, ignore_errors=True)
         _remove_shm(os.environ, cfg.host_id)

@@ -12,7 +12,7 @@ from byteps.common import variables
 from byteps.launcher.supervise import say
 
 
-def print_summaries(folder: str) -> None:
+def print_summaries(folder: str, failed: bool = False) -> None:
     """Print the one-line summary each worker left in ``folder``; remove it."""
     docs = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
@@ -25,17 +25,18 @@ def print_summaries(folder: str) -> None:
                 docs.append(doc)
         except (OSError, ValueError):
             pass
-    print_summary_docs(docs)
+    print_summary_docs(docs, failed)
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def print_summary_docs(docs: list[dict]) -> None:
-    """The summaries (plain data written by the workers), by rank."""
+def print_summary_docs(docs: list[dict], failed: bool = False) -> None:
+    """The summaries (plain data written by the workers), by rank; in a job that
+    ``failed``, the workers without a completed push_pull share one line."""
     from byteps.common.summary import format_summary
     docs = sorted(docs, key=lambda d: d["rank"] if isinstance(d.get("rank"), int) else -1)
-    idle = [str(d.get("rank")) for d in docs if not d.get("push_pulls")]
+    idle = [str(d.get("rank")) for d in docs if failed and not d.get("push_pulls")]
     for doc in docs:
-        if doc.get("push_pulls"):
+        if doc.get("push_pulls") or not failed:
             print(format_summary(doc), file=sys.stderr, flush=True)
     if idle:      # one line, not one zero line per worker (a job that failed at once)
         print(f"bpslaunch: worker rank(s) {', '.join(idle)}: no push_pull completed",

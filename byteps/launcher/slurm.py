@@ -288,6 +288,6 @@ def run(args, cmd: list[str]) -> int:
         return exc.code
     finally:
         from byteps.launcher.report import print_summaries
-        print_summaries(status)             # (removes the folder)
+        print_summaries(status, failed=bool(job.last_words))     # (removes the folder)
         shutil.rmtree(status, ignore_errors=True)
         job.say_last()

@@ -387,7 +387,8 @@ def run(args, cmd: list[str]) -> int:
         return exc.code
     finally:
         from byteps.launcher.report import print_summary_docs, trace_note
-        print_summary_docs([d for p in job.procs for d in getattr(p, "summaries", ())])
+        print_summary_docs([d for p in job.procs for d in getattr(p, "summaries", ())],
+                           failed=bool(job.last_words))
         trace_note(base, ",".join(remote))
         job.say_last()
 
