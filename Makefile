@@ -30,7 +30,7 @@ demo: $(VENV)/.demo
 		$(PY) examples/torch/train_digits.py
 
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 	$(MAKE) test-mxnet
 
 test-core: venv
