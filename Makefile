@@ -29,9 +29,14 @@ demo: $(VENV)/.demo
 	$(VENV)/bin/bpslaunch --standalone --num-workers 2 --num-servers 2 \
 		$(PY) examples/torch/train_digits.py
 
+# MXNet's tests (their own venv, a few jobs of 2 workers) run alongside the main suite,
+# which keeps about one of two cores busy on average; their output follows the suite's
+PYTEST_ARGS ?= -q --durations=20 tests
 test: venv
-	$(PY) -m pytest -q --durations=20 tests
-	$(MAKE) test-mxnet
+	@$(MAKE) --no-print-directory test-mxnet > .mxnet-tests.log 2>&1 & mx=$$!; \
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	wait $$mx; mrc=$$?; echo "== MXNet tests (make test-mxnet, run alongside) =="; \
+	cat .mxnet-tests.log; [ $$rc -eq 0 ] && [ $$mrc -eq 0 ]
 
 test-core: venv
 	$(PY) -m pytest -q tests --ignore-glob='tests/test_tensorflow*' --ignore-glob='tests/test_keras*'

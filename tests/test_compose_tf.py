@@ -39,7 +39,9 @@ def test_async_tape_is_not_held_to_a_stragglers_pace(tmp_path):
 
 
 @pytest.mark.timeout(500)
-@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf-keras"])
+# in CI: tf-keras here (fit and the tape); Keras 3's fit: test_compression_train's qadam
+@pytest.mark.parametrize("legacy", [pytest.param("0", marks=pytest.mark.ci_full), "1"],
+                         ids=["keras3", "tf-keras"])
 def test_qadam_trains_in_fit_and_in_the_tape(tmp_path, legacy):
     if legacy == "1" and importlib.util.find_spec("tf_keras") is None:
         pytest.skip("tf-keras is not installed (pip install tf-keras==2.21.0)")

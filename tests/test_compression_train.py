@@ -35,7 +35,7 @@ def test_compressed_training(tmp_path, plugin):
     check_training(tmp_path, plugin)
 
 
-@pytest.mark.parametrize("plugin", ["tensorflow", "keras"])
+@pytest.mark.parametrize("plugin", ["tensorflow", pytest.param("keras", marks=pytest.mark.ci_full)])
 def test_compressed_training_tensorflow(tmp_path, plugin):
     pytest.importorskip("tensorflow")
     check_training(tmp_path, plugin, timeout=360)

@@ -205,6 +205,7 @@ def test_collectives_first_used_after_a_loss_work_with_a_newcomer(tmp_path):
         np.testing.assert_allclose(np.array(out[r]["w"], np.float32), w, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.ci_full      # in CI: the numpy elastic tests and tests/test_compose_elastic.py
 def test_torch_digits_worker_killed_at_20_and_added_at_40(tmp_path):
     import subprocess
     ref_dir = tmp_path / "ref"
