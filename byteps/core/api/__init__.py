@@ -135,6 +135,9 @@ def init(lazy: bool = False) -> None:
             worker_metrics.start(cfg, st.rank, _st.current)
             from byteps.core.api import reporter    # heartbeats carry this worker's report
             reporter.attach(st)
+            from byteps.core.autotune import initial as _initial
+            if _initial.wanted(st):      # every worker of a newly formed job: a short probe
+                _initial.probe(st)
 
 
 def shutdown() -> None:

@@ -1,37 +1,33 @@
 """Autotune: the partition size and the credit window, chosen from what the first steps
 measured (docs/scaling.md, "Autotune").
 
-On by default (``BYTEPS_AUTOTUNE=0`` turns it off).  An explicit
-``BYTEPS_PARTITION_BYTES`` or ``BYTEPS_SCHEDULING_CREDIT`` always wins over the tuned
-value.  Steps are the explicit ones (``byteps.core.api.step_done()``: every plugin's
-optimizer step, ``byteps.numpy.step_done()``), which every rank of a synchronous job
-marks alike; without them nothing is tuned (the timeline's implicit step marks depend on
-how each rank's calls went).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
+On by default (``BYTEPS_AUTOTUNE=0`` turns it off); an explicit ``BYTEPS_PARTITION_BYTES``
+or ``BYTEPS_SCHEDULING_CREDIT`` always wins.  It starts from what a probe at ``init()``
+measured (:mod:`byteps.core.autotune.initial`).  Steps are the explicit ones
+(``step_done()``: every plugin's optimizer step), which every rank marks alike; a job
+that marks none ends a step when a push_pull name repeats (``initial.NameSteps``, the same
+on every rank).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
 
-1. **Measure** (steps 1..k, the initial settings): the engine thread (:class:`Probe`)
-   records, per server, the bytes pushed, the time that server had pushes in flight
-   (its bandwidth) and the acknowledgement latency less the bytes queued ahead (its
-   round-trip time); each step's wall time is recorded too.
-2. **Plan** (after step k): every rank adds its measurements into one small push_pull
-   and runs the same pure function (:func:`plan`) on the sums: the window of a size is
-   its bandwidth-delay product plus two partitions per server (:func:`window`); the
-   trials are the best size of the cost model (:func:`predict`), the same with twice
-   its window, one size between it and the initial one, and the initial size with its
-   window.  No leader: equal inputs, equal decisions.
+1. **Measure** (steps 1..k, the initial settings): per server (:class:`Probe`, engine
+   thread) the bytes pushed, the time it had pushes in flight (bandwidth) and the ack
+   latency less the bytes queued ahead (round trip); each step's wall time too.
+2. **Plan** (after step k): the ranks sum their measurements in one small push_pull and
+   run the same pure function (:func:`plan`): a size's window is its bandwidth-delay
+   product plus two partitions per server (:func:`window`); the trials are the cost
+   model's best size (:func:`predict`), the same with twice its window, one size between
+   it and the initial one, the initial size with its window.  No leader.
 3. **Trials** (k steps each, switched at step boundaries on every rank): a re-cut
    tensor gets a new key (:func:`layout_key`), never a resized slot.
 4. **Choose**: the summed median step times decide; the initial setting stays unless
-   another is 5 % faster; the keys of the other sizes are then freed
-   (``byteps/core/autotune/retire.py``, ``byteps/server/retire.py``).
-5. **Overlap or not** (2k more steps, held and sent at once alternating step by step, so
-   that both see the same machine): partitions stay held until the first wait (what a
-   push_pull after backward does) unless sending them as pushed was 5 % faster.
+   another is 5 % faster; the other sizes' keys are freed (``autotune/retire.py``).
+5. **Overlap or not** (2k more steps, held and sent at once alternating step by step):
+   partitions stay held until the first wait unless sending them as pushed was 5 % faster.
 
-Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` -> the rank) and
-the choice to INFO.  Under local reduction the size is the reducer's chunk size
-(``LocalReducer.layout_key``); compressed tensors' pipelines are re-cut with residual and
-momentum carried per element (``engine.compression.recut_pipelines``).  Asynchronous keys keep
-their first partitioning (the servers hold their values); their window is tuned too.
+Trials, plan and choice go to ``BYTEPS_AUTOTUNE_LOG`` (CSV, ``{rank}`` -> the rank), the
+choice to INFO.  Under local reduction the size is the reducer's chunk size; compressed
+tensors are re-cut with residual and momentum carried per element
+(``engine.compression.recut_pipelines``).  Asynchronous keys keep their first
+partitioning (the servers hold their values); their window is tuned too.
 """
 from __future__ import annotations
 
@@ -47,13 +43,13 @@ import time
 
 import numpy as np
 
+from byteps.core.autotune.names import NameSteps
 from byteps.core.pipeline import partitions
 
 log = logging.getLogger("byteps.autotune")
 
 NAME = "byteps.autotune"
-# Candidate partition sizes (bytes); the initial one is always tried (trial 0).
-CANDIDATES = (256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20)
+CANDIDATES = (256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20)   # + the initial
 TRIALS = 3              # settings tried besides the initial one
 # Step time one more partition costs, seconds.  benchmarks/scale_calibrate.py measures
 # 81 us of CPU per round trip for one worker and one server alone; on the emulated
@@ -61,7 +57,7 @@ TRIALS = 3              # settings tried besides the initial one
 # of 512 KB saved 0.3 CPU s and 3 % of a 1 s step (docs/scaling.md).
 MSG_COST_S = 250e-6
 KEEP_UNLESS_GAIN = 0.05    # keep the initial setting unless another is 5 % faster
-MAX_SAMPLES = 4096
+MAX_SAMPLES = 4096  # per server
 
 
 class Probe:
@@ -100,9 +96,8 @@ class Probe:
             q.clear()                     # resends may have left stale entries
 
     def summary(self, now: float) -> list[tuple[int, float, float]]:
-        """Per server: (bytes, busy seconds, round-trip seconds or -1 when unknown).  The
-        round trip is the median over pushes with nothing queued ahead of them of the
-        acknowledgement latency less their own bytes at the server's rate."""
+        """Per server: (bytes, busy s, round trip s or -1): the median over pushes with
+        nothing queued ahead of the ack latency less their own bytes at the server's rate."""
         out = []
         for s in range(self.n):
             busy = self.busy[s] + (now - self.since[s] if self.inflight[s] else 0.0)
@@ -150,32 +145,26 @@ def pack(probe_summary: list, steps: int, step_bytes: int) -> np.ndarray:
 
 def window(p: int, bw_s, rtt_s) -> int:
     """Bytes in flight: per server its bandwidth-delay product plus two partitions (one on
-    the wire, one queued behind it: the round trip is measured with nothing queued, and
-    under load acknowledgements wait behind results), summed over the servers; at least
-    two partitions.  Emulated cluster, 4 + 4 hosts, quiet machine: at 1 Gbit/s 1 MB
-    partitions with 8 MB in flight 0.85 of M/B, 4 MB 0.79, 12 MB 0.82; at 200 Mbit/s
-    256 KB with 2.5 MB 0.80, 512 KB with 2.5 MB 0.74 and with 5 MB 0.70."""
+    the wire, one queued: acks wait behind results under load), summed; at least two
+    partitions.  Emulated 4 + 4, quiet: at 1 Gbit/s 1 MB partitions with 8 MB in flight
+    0.85 of M/B, 4 MB 0.79, 12 MB 0.82; at 200 Mbit/s 256 KB with 2.5 MB 0.80."""
     return max(2 * p, int(sum(b * r + 2 * p for b, r in zip(bw_s, rtt_s))))
 
 
 def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
          explicit_credit: int | None, cap: int, credit0: int) -> Plan | None:
-    """The trials, from the ranks' summed measurements (see :func:`pack`); the same
-    input gives the same plan on every rank.  None: nothing was measured.  Trial 0 is
-    the initial setting (``initial`` bytes, ``credit0`` in flight, already measured);
-    then the size the model ranks best, the candidate nearest to the geometric middle of
-    that and the initial size (the model is rough: this brackets it), the model's next
-    best, and last the initial size with its own window (if a quarter off), TRIALS in
-    all.  The best size is also tried with twice its window, right after it: under load
-    acknowledgements queue behind results (emulated 1 Gbit/s: 8 MB in flight beat the
-    4.6 MB bandwidth-delay window by 10 %)."""
+    """The trials from the ranks' summed measurements (:func:`pack`; equal inputs, equal
+    plans); None: nothing was measured.  Trial 0 is the initial setting (``initial``
+    bytes, ``credit0`` in flight); then the model's best size, the candidate nearest the
+    geometric middle of that and the initial size (the model is rough), the next best,
+    last the initial size with its own window (if a quarter off); TRIALS in all.  The best
+    size is also tried with twice its window right after it (emulated 1 Gbit/s: 8 MB in
+    flight beat the 4.6 MB bandwidth-delay window by 10 %)."""
     ranks, steps, step_bytes = sums[0], sums[1], sums[2]
-    per = sums[3:].reshape(nservers, 4)        # bytes, busy, rtt sum, ranks with an rtt
-    if ranks <= 0 or steps <= 0 or per[:, 0].sum() <= 0:
+    if ranks <= 0 or steps <= 0 or sums[3::4].sum() <= 0:
         return None
     mbytes = step_bytes / steps               # bytes one rank moves per step (mean)
-    bw_s = np.where(per[:, 1] > 0, per[:, 0] / np.maximum(per[:, 1], 1e-12), 0.0)
-    rtt_s = np.where(per[:, 3] > 0, per[:, 2] / np.maximum(per[:, 3], 1), 0.0)
+    bw_s, rtt_s = rates(sums, nservers)
     bw = max(float(bw_s.sum()), 1.0)     # a rank's servers' rates add up while they overlap
     p0 = min(initial, cap)
 
@@ -204,9 +193,16 @@ def plan(sums: np.ndarray, nservers: int, initial: int, tune_p: bool,
     return Plan(tuple(trials[:TRIALS + 1]), bw, float(rtt_s.max()), mbytes, pred)
 
 
+def rates(sums: np.ndarray, nservers: int) -> tuple:
+    """Per server: bandwidth (bytes/s) and round trip (s) from summed :func:`pack` rows."""
+    per = np.asarray(sums, np.float64)[3:].reshape(nservers, 4)   # bytes, busy, rtt, has
+    bw_s = np.where(per[:, 1] > 0, per[:, 0] / np.maximum(per[:, 1], 1e-12), 0.0)
+    return bw_s, np.where(per[:, 3] > 0, per[:, 2] / np.maximum(per[:, 3], 1), 0.0)
+
+
 def pick(scores: np.ndarray) -> int:
-    """The fastest trial by summed median step time; trial 0 (the initial setting)
-    unless another is at least KEEP_UNLESS_GAIN faster."""
+    """The fastest trial by summed median step time; trial 0 unless another is faster by
+    KEEP_UNLESS_GAIN."""
     best = int(np.argmin(scores))
     return best if scores[best] < scores[0] * (1 - KEEP_UNLESS_GAIN) else 0
 
@@ -227,7 +223,7 @@ class Tuner:
     """One worker's autotune state machine (created by ``byteps.core.api.init``):
     wait -> measure -> trial (one per planned setting) -> verify -> done."""
 
-    def __init__(self, cfg, rank: int, nservers: int, engine, tune_partitions: bool):
+    def __init__(self, cfg, rank, nservers, engine, tune_partitions: bool, elastic=False):
         self.cfg, self.rank, self.nservers, self.engine = cfg, rank, nservers, engine
         self.k = cfg.autotune_steps
         self.tune_partitions = tune_partitions and not cfg.partition_explicit
@@ -254,6 +250,7 @@ class Tuner:
         self.held: list = []
         self.lock = threading.Lock()
         self.held_t, self.sent_t = [], []     # defer trial: step times held / sent at once
+        self.names = None if elastic else NameSteps()   # steps from names (not elastic)
         path = cfg.autotune_log
         self.log_path = path.replace("{rank}", str(rank)) if path else None
 
@@ -416,17 +413,22 @@ class Tuner:
 
 # ------------------------------------------------------------------ the API's side
 def start(cfg, st) -> Tuner | None:
-    """The worker's tuner, or None when there is nothing to tune (BYTEPS_AUTOTUNE=0, both
-    settings explicit, asynchronous training: workers run different step counts)."""
+    """The worker's tuner, or None: BYTEPS_AUTOTUNE=0, both settings explicit, or
+    asynchronous training (workers run different step counts)."""
     if not cfg.autotune or st.engine is None or cfg.enable_async or \
             (cfg.partition_explicit and cfg.credit_explicit):
         return None
-    return Tuner(cfg, st.rank, st.nservers, st.engine, tune_partitions=True)
+    return Tuner(cfg, st.rank, st.nservers, st.engine, tune_partitions=True,
+                 elastic="elastic_gen" in (st.book or {}))
 
 
-def boundary(st) -> None:
-    """An explicit step ended (``step_done()``, outside the step counter's lock)."""
+def boundary(st, inferred: bool = False) -> None:
+    """A step ended: ``step_done()`` (outside the step counter's lock), or ``inferred``
+    from a repeated name (``initial.infer_boundary``); the first explicit one ends the
+    inference."""
     tu = st.tuner
+    if not inferred and tu.names is not None:
+        tu.names.explicit = True
     tu.release()
     tu.at_step(tu.step + 1, lambda x, name=None: _exchange(st, x, name))
     if st.cfg is not tu.engine.cfg:
@@ -446,11 +448,10 @@ def _exchange(st, x: np.ndarray, name: str) -> np.ndarray:
     hid = api.push_pull_async(x, name, average=False, priority=1 << 30)
     if eng.timeline is not None:
         eng.timeline.ops.pop(hid, None)     # (long before its result can arrive)
-    nbytes = x.nbytes
     out = api.synchronize(hid)
     with eng.speed.lock:
         eng.speed.total_ops -= 1
-        eng.speed.total_bytes -= nbytes
+        eng.speed.total_bytes -= x.nbytes
     eng.bytes.pop(name, None)
     return out
 

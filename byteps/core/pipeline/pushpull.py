@@ -10,6 +10,7 @@ import numpy as np
 
 from byteps.common.errors import BytePSError
 from byteps.core import autotune as _autotune
+from byteps.core.autotune import initial as _initial
 from byteps.core.collective import handles as _coll
 from byteps.core.pipeline import redeclare as _redeclare
 from byteps.core.engine import Handle, Task, comp_pipeline
@@ -71,6 +72,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         raise BytePSError(mode_change(st, name, asynchronous))
     st.steps.pushed(name)
     if st.tuner is not None:
+        _initial.infer_boundary(st, name, asynchronous)    # a repeated name ends a step
         _autotune.relayout(st, t, src.nbytes)
     hid = next(st.ids)
     if st.engine is None or (src.size == 0 and not asynchronous):   # nothing to exchange

@@ -1,0 +1,88 @@
+"""Where autotune starts (byteps/core/autotune/initial.py, names.py): the probe at
+init() gives every rank the same first setting, chosen from what it measured; a loop that
+never calls step_done() gets its steps from repeated push_pull names, the same on every
+rank, so autotune tunes it too (every rank switching settings at the same step)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from byteps.common.config import Config
+from byteps.core import autotune
+from byteps.core.autotune import initial
+from byteps.core.autotune.names import NameSteps
+from conftest import assert_ok, read_results, run_script
+
+
+def _ends(names, order):
+    """The pushes (indices) at which ``names`` ends a step, pushing ``order``."""
+    return [i for i, n in enumerate(order) if names.pushed(n)]
+
+
+def test_a_step_ends_where_a_name_repeats_whatever_the_order():
+    a, b = NameSteps(), NameSteps()
+    # two ranks push the same names per step in different orders: the same boundaries
+    assert _ends(a, ["x", "y", "z"] * 3) == _ends(b, ["z", "x", "y"] * 3) == [3, 6]
+    assert a.count == b.count == 2
+    # autotune's own push_pulls never count, not even repeated
+    c = NameSteps()
+    assert _ends(c, ["x", autotune.NAME + ".plan", autotune.NAME + ".plan", "y"]) == []
+    # after an explicit step_done the marks are the steps
+    c.explicit = True
+    assert _ends(c, ["x", "x", "x"]) == []
+
+
+def _probe_sums(nservers, bw_per_server, rtt, ranks=4):
+    row = autotune.pack([(int(bw_per_server * 0.01), 0.01, rtt)] * nservers, 1, 1 << 20)
+    return row * ranks
+
+
+def test_the_probe_picks_the_models_size_and_its_window():
+    cfg = Config.from_env({})
+    # 4 servers at 1 Gbit/s per worker link (31 MB/s each): 1 MB partitions (the size the
+    # emulated cluster's autotune picks), the window of 1 MB partitions
+    sums = _probe_sums(4, 125e6 / 4, 1e-3)
+    part, credit = initial.choose(sums, 4, cfg, cfg.partition_size())
+    bw_s, rtt_s = autotune.rates(sums, 4)
+    assert part == 1 << 20 and credit == autotune.window(part, bw_s, rtt_s)
+    # a slower link: smaller partitions; the same sums give the same answer (pure)
+    slow = initial.choose(_probe_sums(4, 25e6 / 4, 1e-3), 4, cfg, cfg.partition_size())
+    assert slow[0] < part
+    assert initial.choose(sums, 4, cfg, cfg.partition_size()) == (part, credit)
+    # nothing measured: keep the defaults
+    assert initial.choose(np.zeros_like(sums), 4, cfg, cfg.partition_size()) is None
+    # explicit settings win
+    fixed = Config.from_env({"BYTEPS_PARTITION_BYTES": "4096000"})
+    assert initial.choose(sums, 4, fixed, fixed.partition_size())[0] == 4096000
+    credit4 = Config.from_env({"BYTEPS_SCHEDULING_CREDIT": "3"})
+    p, c = initial.choose(sums, 4, credit4, credit4.partition_size())
+    assert c == 3 * p
+
+
+@pytest.mark.timeout(90)
+def test_a_loop_without_step_marks_is_probed_and_tuned_alike_on_every_rank(tmp_path):
+    steps = 14
+    # BYTEPS_ENABLE_IPC=0: loopback without shared memory, like separate hosts (the probe
+    # runs; one machine's shared-memory partitions are measured separately)
+    res = run_script("autotune_infer_job.py", tmp_path, steps, 8_000_000, workers=2,
+                     servers=2, timeout=80, BYTEPS_AUTOTUNE_STEPS=1, BYTEPS_ENABLE_IPC=0,
+                     BYTEPS_LOG_LEVEL="INFO")
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1], res.stderr[-3000:]
+    for r, doc in out.items():
+        assert doc["failures"] == [], f"rank {r}: wrong sums at steps {doc['failures']}"
+        # the probe ran at init and set autotune's starting point
+        assert len(doc["probe"]["rows"]) == 1, doc["probe"]
+        _, _, _, part, credit, *_ = doc["probe"]["rows"][0]
+        assert (part, credit) == (doc["probe"]["initial"], doc["probe"]["credit"])
+        assert part in autotune.CANDIDATES, part
+        # every repeated name ended a step (the first push of each later step)
+        assert doc["inferred"] == doc["step"] == steps - 1 and not doc["explicit"], doc
+        assert doc["choice"] is not None and doc["state"] in ("verify", "done"), doc
+    # the same starting point, the same settings at the same steps, the same cuts
+    assert out[0]["probe"] == {**out[1]["probe"], "rows": out[0]["probe"]["rows"]}
+    assert out[0]["probe"]["rows"][0][3:5] == out[1]["probe"]["rows"][0][3:5]
+    assert out[0]["changes"] and out[0]["changes"] == out[1]["changes"], out
+    assert out[0]["cuts"] == out[1]["cuts"]
+    assert res.stderr.count("starting with partitions of") == 2, res.stderr[-3000:]
