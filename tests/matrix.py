@@ -42,9 +42,11 @@ def cells() -> list[str]:
 
 def sampled() -> list[str]:
     """The short form: one cell per algorithm, each with a different compression and
-    join, so every value of every axis runs at least once."""
+    join, so every value of every axis runs at least once; and DiLoCo with H = 20 (issue
+    26: every plugin within 2 points of SyncPS with H = 20)."""
     return [BASELINE, "async/onebit/uneven", "average/int8/off",
-            "decentralized/onebit/uneven", "sync/int8/uneven", "diloco/int8/uneven"]
+            "decentralized/onebit/uneven", "sync/int8/uneven", "diloco/int8/uneven",
+            "diloco20/none/off"]
 
 
 def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.executable,

@@ -184,7 +184,7 @@ def test_bad_arguments_name_the_parameter():
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("diloco")
     rec = out / "rec"
-    assert_ok(run_script("diloco_job.py", out, "replay,frag,ovl,h1,digits,overlap,seconds,secjoin,join",
+    assert_ok(run_script("diloco_job.py", out, "replay,frag,ovl,h1,sync1,digits,onebit,overlap,seconds,secjoin,join",
                          workers=2, servers=1, timeout=150, launcher_args=("--hosts", "2"),
                          BYTEPS_ENABLE_IPC=0, BYTEPS_MIN_COMPRESS_BYTES=0,
                          BYTEPS_TEST_RECORD=rec))
@@ -304,21 +304,23 @@ def test_overlap_equals_its_replay(job):
 
 
 @pytest.mark.timeout(160)
-def test_h1_no_momentum_equals_parameter_averaging(job):
-    """H = 1, outer_lr = 1, no momentum: every step the global model becomes the average
-    of the ranks' models after one SGD step (SyncPS with parameter averaging)."""
+def test_h1_no_momentum_sgd_equals_syncps_and_one_process_sgd(job):
+    """H = 1, outer_lr = 1, no momentum, SGD inner: DiLoCo is SyncPS.  Both the DiLoCo
+    run and a SyncPS run of the same job (phase ``sync1``, the same rows and start) equal
+    a one-process reference, plain SGD on the mean of the two ranks' gradients."""
     res, _ = job
-    p = {"w": np.full(6, 0.5, np.float32), "b": np.zeros(1, np.float32)}
+    p = {"w": np.full(6, 0.5, np.float32), "b": np.zeros(1, np.float32)}   # rank 0's
     for _ in range(6):
-        new = []
-        for r in (0, 1):
-            g = _ls_grad(p, r)
-            new.append({k: p[k] - LR * g[k] for k in p})
-        p = {k: (new[0][k] + new[1][k]) / np.float32(2) for k in p}
+        g0, g1 = _ls_grad(p, 0), _ls_grad(p, 1)
+        p = {k: p[k] - LR * ((g0[k] + g1[k]) / np.float32(2)) for k in p}
+    assert np.abs(p["w"] - 0.5).max() > 0.1                       # it moved
     for r in (0, 1):
         for k in p:
-            np.testing.assert_allclose(np.array(res[r]["h1"]["p"][k], np.float32), p[k],
-                                       rtol=0, atol=1e-6)
+            h1 = np.array(res[r]["h1"]["p"][k], np.float32)
+            sync = np.array(res[r]["sync1"]["p"][k], np.float32)
+            np.testing.assert_allclose(h1, p[k], rtol=0, atol=1e-6)
+            np.testing.assert_allclose(sync, p[k], rtol=0, atol=1e-6)
+            np.testing.assert_allclose(h1, sync, rtol=0, atol=1e-6)
 
 
 @pytest.mark.timeout(160)
@@ -337,6 +339,26 @@ def test_int8_learns_digits_and_overlap_trains_identically(job):
     rounds = res[0]["digits"]["rounds"]
     assert got == 2 * (64 * 32 * 4 + rounds * frame), (got, rounds, frame)
     assert frame < 64 * 32 * 4 / 3.9                 # int8: about 4x fewer bytes
+
+
+@pytest.mark.timeout(160)
+def test_onebit_outer_gradients_send_the_bytes_they_should(job):
+    """onebit + error feedback outer gradients: the server receives each rank's float32
+    seed, then one onebit frame (about 1/32 of float32) per round, and nothing else."""
+    res, records = job
+    from byteps import compression
+    frame = compression.server_pipeline(compression.parse(
+        {"compressor": "onebit", "ef": "vanilla"}), 64 * 32, 0, 0).frame_bytes
+    # 60 steps, H = 10: 6 rounds push; finish()'s 7th has no steps left and pushes nothing
+    assert res[0]["onebit"]["rounds"] == res[1]["onebit"]["rounds"] == 7
+    rounds = 6
+    for name, n in (("onebit.w1", 64 * 32), ("onebit.b2", 10)):
+        got = sum(r["by_tensor"].get(name, 0) for r in records)
+        f = compression.server_pipeline(compression.parse(
+            {"compressor": "onebit", "ef": "vanilla"}), n, 0, 0).frame_bytes
+        assert got == 2 * (n * 4 + rounds * f), (name, got, rounds, f)
+    assert frame < 64 * 32 * 4 / 25                  # onebit: about 32x fewer bytes
+    assert res[0]["onebit"]["acc"] > 0.5, res[0]["onebit"]
 
 
 @pytest.mark.timeout(160)

@@ -2,12 +2,14 @@
 key prefix, results in OUT/rank<r>.json.
 
     diloco_job.py OUT PHASES     (PHASES: comma-separated of replay, frag, ovl, h1,
-                                  digits, overlap, seconds, join)
+                                  sync1, digits, onebit, overlap, seconds, join)
 
 * ``replay``/``frag``/``h1``: least squares on each rank's own rows (LS_ROWS below), plain
   SGD as the inner optimizer; the final parameters and the sync log are written for the
-  test's one-process numpy replay.
-* ``digits``: the digits MLP, int8-compressed outer gradients, H = 20.
+  test's one-process numpy replay; ``sync1``: SyncPS on the same rows (what ``h1``, H = 1,
+  outer_lr = 1, no momentum, must equal).
+* ``digits``: the digits MLP, int8-compressed outer gradients, H = 20; ``onebit``: 60
+  steps, onebit + error feedback, H = 10 (the test counts the bytes at the server).
 * ``overlap``: Streaming DiLoCo, 2 fragments, overlapped exchanges.
 * ``seconds``: ``inner_seconds``, 2 fragments, rank 1 ten times slower; ``secjoin``:
   ``inner_seconds`` and rank 1 joins half-way.
@@ -47,6 +49,11 @@ def sgd(params, grads):
         params[k] -= LR * grads[k]
 
 
+def sgd_mlp(params, grads):
+    for k in params:
+        params[k] -= np.float32(0.2) * grads[k]
+
+
 def ls_params():
     return {"w": np.full(6, 0.5, np.float32) * (1 + r), "b": np.zeros(1, np.float32)}
 
@@ -73,6 +80,25 @@ for phase in phases:
                overlap=True)
     elif phase == "h1":
         run_ls("h1", 6, inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    elif phase == "sync1":          # SyncPS on the same rows: what h1 must equal
+        p = ls_params()
+        opt = bps.DistributedOptimizer(sgd, p, algorithm=bps.algorithms.SyncPS("sync1."))
+        for _ in range(6):
+            opt.step(ls_grad(p, r))
+        opt.finish()
+        res["sync1"] = {"p": {k: v.tolist() for k, v in p.items()}}
+    elif phase == "onebit":         # onebit + error feedback outer gradients, counted
+        x, y, xt, yt = digits()
+        p = init_params(r)
+        alg = bps.algorithms.DiLoCo(inner_steps=10, prefix="onebit.", compression_params={
+            "compressor": "onebit", "ef": "vanilla"})
+        opt = bps.DistributedOptimizer(sgd_mlp, p, algorithm=alg)
+        xs, ys = x[r::n], y[r::n]
+        for i in range(0, 32 * 60, 32):
+            j = i % (len(xs) - 31)
+            opt.step(mlp_grads(p, xs[j:j + 32], ys[j:j + 32]))
+        opt.finish()
+        res["onebit"] = {"acc": accuracy(p, xt, yt), "rounds": alg.rounds}
     elif phase in ("digits", "overlap"):
         x, y, xt, yt = digits()
         p = init_params(r)
@@ -80,10 +106,6 @@ for phase in phases:
               if phase == "digits" else {"fragments": 2, "overlap": True})
         alg = bps.algorithms.DiLoCo(inner_steps=20, outer_lr=0.7, outer_momentum=0.9,
                                     prefix=f"{phase}.", **kw)
-
-        def sgd_mlp(params, grads):
-            for k in params:
-                params[k] -= np.float32(0.2) * grads[k]
         opt = bps.DistributedOptimizer(sgd_mlp, p, algorithm=alg)
         xs, ys = x[r::n], y[r::n]
         for epoch in range(8):

@@ -5,8 +5,9 @@ feature matrix, in one job, through a plugin's public API.
 
 PLUGIN is numpy, torch, tensorflow (a Keras model, byteps.tensorflow's optimizer) or mxnet;
 a CELL is ``algorithm/compression/join`` with algorithm in sync, async, average,
-decentralized, diloco; compression in none, onebit (onebit + error feedback), int8; join in
-off, uneven (rank r stops 6*r steps early and calls join()).  Each cell has its own
+decentralized, diloco (10 inner steps; ``dilocoH``: H inner steps); compression in none,
+onebit (onebit + error feedback), int8; join in off, uneven (rank r stops 6*r steps early
+and calls join()).  Each cell has its own
 tensor names (a name keeps its settings) and starts from the same seed.
 
 Writes OUT_DIR/rank<r>.json: ``{cell: {"acc", "digest", "steps"} | {"refused": rule} |
@@ -36,10 +37,11 @@ STEPS, BATCH, LR = 600, 32, 0.3    # per rank, whatever the number of ranks
 
 def algorithm(bps, name: str):
     a = bps.algorithms
+    name, h = (name[:6], name[6:]) if name.startswith("diloco") else (name, "")
     return {"sync": lambda: a.SyncPS(), "async": lambda: a.AsyncPS(),
             "average": lambda: a.AsyncModelAverage(sync_interval_ms=0),
             "decentralized": lambda: a.Decentralized(peer_selection="shift_one"),
-            "diloco": lambda: a.DiLoCo(inner_steps=10)}[name]()
+            "diloco": lambda: a.DiLoCo(inner_steps=int(h or 10))}[name]()
 
 
 def steps_of(rank: int, nbatches: int, join: str) -> int:
