@@ -62,7 +62,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
                          f"shape {src.shape}")
     if not asynchronous:                # a name used again with another layout: its own key
-        name = _redeclare.current(st, name, src)
+        name = _redeclare.current(st, name, src, op)
     new = name not in st.tensors
     t = _tensor(st, name, src, compression_params, op)
     if new and asynchronous:
@@ -154,10 +154,13 @@ def synchronize(handle: int) -> np.ndarray:
         st.tuner.release()            # partitions autotune held go out at the first wait
     t0 = time.monotonic()
     st.steps.waiting = (getattr(h.tensor, "name", ""), t0)     # the hang doctor's "owes"
+    end = _coll.deadline(st)          # BYTEPS_COLLECTIVE_TIMEOUT_S
     try:
         while not h.event.wait(0.5):
             if st.engine is not None and st.engine.fatal:
                 st.engine.fail_handle(h, st.engine.fatal)
+            elif not h.event.is_set():
+                _coll.check_deadline(end, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
     except BaseException as exc:      # interrupted: this rank leaves (collective/handles)
         _coll.interrupted(exc, f"push_pull of {getattr(h.tensor, 'name', '')!r}")
         raise
@@ -229,8 +232,13 @@ def barrier() -> None:
     if st.tuner is not None:
         st.tuner.release()
     if st.engine is not None:
+        end = _coll.deadline(st)      # BYTEPS_COLLECTIVE_TIMEOUT_S
         try:
-            st.engine.barrier(f"barrier.{next(st.barrier_n)}")
+            st.engine.barrier(f"barrier.{next(st.barrier_n)}",
+                              lambda: _coll.check_deadline(end, "a barrier", st))
+        except _coll.CollectiveTimeoutError as exc:
+            _coll.interrupted(exc, "a barrier")
+            raise
         except BytePSError:
             raise
         except BaseException as exc:  # interrupted: this rank leaves (collective/handles)

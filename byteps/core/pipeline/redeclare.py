@@ -1,9 +1,9 @@
-"""A tensor name used again with another shape or dtype (Horovod allows it).
+"""A tensor name used again with another shape, dtype or reduction op (Horovod allows it).
 
-A name's first layout (shape and dtype) keeps the name's own key: the servers' check of
+A name's first layout (shape, dtype and reduction op) keeps the name's own key: the servers' check of
 that key's declaration is what makes ranks that disagree on a first use fail with an
 error naming both ranks.  Any other layout travels under the key of
-``<name>#<shape>.<dtype>`` (a new declaration on the servers), so every rank that uses
+``<name>#<shape>.<dtype>`` (``.<op>`` added for min, max and product; a new declaration on the servers), so every rank that uses
 the name with that layout meets under the same key, whatever it did before and whether
 or not it had joined (``join()``) in between: keys follow from the layout only, never
 from a per-rank history or counter.
@@ -30,13 +30,13 @@ from collections import deque
 import numpy as np
 
 from byteps.common.errors import BytePSError
-from byteps.transport.wire import DTYPES
+from byteps.transport.wire import DTYPES, REDUCE_OPS
 
 _FIRST: dict[tuple, tuple] = {}    # (job id, name) -> first layout, kept across init()
 _FAMILY: dict[str, str] = {}       # "<name>#<shape>.<dtype>" -> name
 _LANES = 4                         # checks of one name that may be in flight at once
 _DIMS = 8                          # dimensions written out; further ones are hashed
-_FIELDS = 3 + _DIMS                # per rank: present, dtype code, ndim, dims
+_FIELDS = 4 + _DIMS                # per rank: present, dtype code, ndim, dims, op
 _LOCK = threading.Lock()
 _SEQ: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # state -> {name: k}
 _PENDING: deque = deque()          # checks in flight (_Check), in the order they started
@@ -44,15 +44,18 @@ _WAKE = threading.Condition(_LOCK)
 _WATCHER: list = []                # the thread that reads their results (started lazily)
 
 
-def current(st, name: str, src: np.ndarray) -> str:
-    """The name under which ``src`` travels (see the module docstring).
+def current(st, name: str, src: np.ndarray, op: int = 0) -> str:
+    """The name under which ``src`` travels, reduced with ``op`` (the servers' element-wise
+    op, 0: sum; see the module docstring).
 
     The first layouts outlive ``shutdown()``/``init()`` in this process, as the servers'
     declarations outlive a re-formed group of the same job."""
-    layout = (tuple(src.shape), src.dtype.str)
+    layout = (tuple(src.shape), src.dtype.str, int(op))
     if _FIRST.setdefault((st.cfg.job_id, name), layout) == layout:
         return name
     new = f"{name}#{'x'.join(map(str, src.shape)) or 'scalar'}.{src.dtype.name}"
+    if op:
+        new += f".{REDUCE_OPS[op]}"
     _FAMILY[new] = name
     if name in st.declared and new not in st.declared:   # compression given to declare()
         st.declared[new] = st.declared[name]
@@ -91,7 +94,7 @@ def check(st, t, hid: int, push_pull_async) -> None:
         if h is None or h.event.wait(0.2) or st.engine.fatal:
             break
     code = np.zeros(st.size * _FIELDS, np.int64)
-    code[st.rank * _FIELDS:(st.rank + 1) * _FIELDS] = _encode(t.shape, t.dtype_code)
+    code[st.rank * _FIELDS:(st.rank + 1) * _FIELDS] = _encode(t.shape, t.dtype_code, t.op)
     out = np.empty_like(code)
     chid = push_pull_async(code, cname, average=False, out=out)
     with _LOCK:
@@ -103,11 +106,12 @@ def check(st, t, hid: int, push_pull_async) -> None:
         _WAKE.notify()
 
 
-def _encode(shape: tuple, code: int) -> np.ndarray:
+def _encode(shape: tuple, code: int, op: int = 0) -> np.ndarray:
     dims = list(shape[:_DIMS])
     if len(shape) > _DIMS:            # the rest as one number (named "..." in the error)
         dims[-1] = zlib.crc32(repr(shape[_DIMS - 1:]).encode())
-    return np.array([1, code, len(shape)] + dims + [0] * (_DIMS - len(dims)), np.int64)
+    return np.array([1, code, len(shape)] + dims + [0] * (_DIMS - len(dims)) + [op],
+                    np.int64)
 
 
 def _describe(row: np.ndarray) -> tuple:
@@ -115,8 +119,11 @@ def _describe(row: np.ndarray) -> tuple:
     dims = [int(d) for d in row[3:3 + min(ndim, _DIMS)]]
     shape = str(tuple(dims)) if ndim <= _DIMS else \
         "(" + ", ".join(map(str, dims[:-1])) + ", ...)"
-    code = int(row[1])
-    return shape, (DTYPES[code].name if 0 <= code < len(DTYPES) else f"dtype {code}")
+    code, op = int(row[1]), int(row[3 + _DIMS])
+    dtype = DTYPES[code].name if 0 <= code < len(DTYPES) else f"dtype {code}"
+    if op:
+        dtype += f" op {REDUCE_OPS[op] if 0 <= op < len(REDUCE_OPS) else op}"
+    return shape, dtype
 
 
 def mismatch(name: str, rows: np.ndarray) -> str | None:
@@ -130,7 +137,7 @@ def mismatch(name: str, rows: np.ndarray) -> str | None:
                        if not np.array_equal(rows[r][1:], rows[r0][1:]))
     return (f"tensor {name!r}: rank {r0} pushed shape {s0} {d0} but {others} at the same "
             f"call (new layouts of the name after its first use); every rank must push "
-            f"the same shape and dtype under one name at each call")
+            f"the same shape, dtype and op under one name at each call")
 
 
 def _watch() -> None:
