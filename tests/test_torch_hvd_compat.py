@@ -79,9 +79,12 @@ FAILURES = ["allgather shape", "broadcast dtype", "broadcast root", "bad root",
 
 def test_a_failed_collective_leaves_the_job_usable(tmp_path):
     """tests/scripts/hvd_failures.py: shape, dtype, root and op mismatches, a duplicate name,
-    an allgather while a rank is in join(), and one rank's own timeout inside a collective
-    the other never makes; after each, 20 collectives of every kind succeed on every rank,
-    and the ranks are back from shutdown()/init() within seconds."""
+    an allgather while a rank is in join(), one rank's own timeout inside a collective
+    the other never makes, broadcast_object of an unsupported object on the root only and
+    a retry, and with BYTEPS_COLLECTIVE_TIMEOUT_S different names on the ranks (allreduce,
+    allgather), a rank that raised between two collectives and a rank later than the
+    timeout; after each, 20 collectives of every kind succeed on every rank, and the ranks
+    are back from shutdown()/init() within seconds."""
     res = run_script("hvd_failures.py", tmp_path, workers=2, servers=1, timeout=120)
     assert_ok(res)
     done = read_results(tmp_path)
@@ -90,9 +93,16 @@ def test_a_failed_collective_leaves_the_job_usable(tmp_path):
         checks = out["checks"]
         want = FAILURES + [c for c in ("allgather while joined", "own timeout") if r == 1] + \
             (["peer's timeout fails the barrier"] if r == 0 else [])
+        want += ["unsupported broadcast_object", "allreduce names differ",
+                 "allgather names differ", "raised between", "late rank"]
         want += [f"20 collectives after {t}" for t in (
             "start", "shape mismatch", "dtype mismatch", "root mismatch", "op mismatch",
-            "duplicate name", "allgather while joined", "a rank's timeout and shutdown()/init()")]
+            "duplicate name", "allgather while joined", "a rank's timeout and shutdown()/init()",
+            "unsupported broadcast_object and a retry", "different names",
+            "different allgather names", "a rank raised between two collectives",
+            "a rank later than the timeout")]
         missing = [c for c in want if c not in checks]
         assert not missing, f"rank {r}: {missing}\n{json.dumps(checks)}"
         assert out["reinit_s"] < 15, out
+        # BYTEPS_COLLECTIVE_TIMEOUT_S=1.5: from the failing call to the job usable again
+        assert all(s < 15 for s in out["timeout_s"].values()), out

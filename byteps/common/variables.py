@@ -101,6 +101,9 @@ VARIABLES: tuple[Var, ...] = (
       field="stall_warning_s", help=True),
     V("BYTEPS_STALL_SHUTDOWN_S", None, float, "end the job when a round waits this long",
       lo=0.1, field="stall_shutdown_s", example="300", help=True),
+    V("BYTEPS_COLLECTIVE_TIMEOUT_S", None, float, "a rank waiting this long in one "
+      "collective raises and leaves the membership (the others fail naming it)", lo=0.1,
+      field="collective_timeout_s", example="300"),
     V("BYTEPS_STARTUP_TIMEOUT", "60", float, "seconds to wait for every node", lo=0.5,
       field="startup_timeout", help=True),
     V("BYTEPS_REINIT_WAIT_S", "2", float, "seconds to wait for a re-init after all left",

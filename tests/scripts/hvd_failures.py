@@ -9,9 +9,16 @@ checked against a reference built from every rank's deterministic input:
 * a duplicate name in flight (ValueError on every rank at the same call);
 * one rank's wait interrupted by its own timeout (SIGALRM raising TimeoutError) while the
   other rank never makes that call: the interrupted rank leaves the membership, the other
-  fails its barrier naming it, both shutdown() + init() and are back in seconds.
+  fails its barrier naming it, both shutdown() + init() and are back in seconds;
+* broadcast_object of an object msgpack cannot carry on the root only (TypeError there, a
+  BytePSError on the others), then a retry with a dict;
+* with BYTEPS_COLLECTIVE_TIMEOUT_S=1.5 (read at init()): different names on the ranks
+  (allreduce; allgather), a rank whose own code raised between two collectives, a rank
+  3 s late: the waiting rank raises CollectiveTimeoutError and leaves, the others fail
+  naming it; shutdown() + init() and the job goes on.
 
-Writes rank<r>.json: {"checks": [...], "reinit_s": seconds} into argv[1]."""
+Writes rank<r>.json: {"checks": [...], "reinit_s": seconds, "timeout_s": {case: seconds
+from its start to the job usable again}} into argv[1]."""
 import json
 import signal
 import sys
@@ -107,6 +114,65 @@ hvd.shutdown()
 hvd.init()
 out["reinit_s"] = time.monotonic() - t0
 twenty("a rank's timeout and shutdown()/init()")
+
+# 5. broadcast_object of an object msgpack cannot carry, on the root only, then a retry
+raises(lambda: hvd.broadcast_object(object() if r == 0 else None, 0), TypeError if r == 0
+       else RuntimeError, "unsupported broadcast_object", "rank 0")
+assert hvd.broadcast_object({"lr": 0.1, "r": r}, 0) == {"lr": 0.1, "r": 0}
+twenty("unsupported broadcast_object and a retry")
+
+
+# 6. BYTEPS_COLLECTIVE_TIMEOUT_S: different names, a rank that raised before a collective,
+# a rank later than the timeout: every rank raises, shutdown() + init(), the job goes on
+def with_timeout(tag, fn):
+    import os
+    os.environ["BYTEPS_COLLECTIVE_TIMEOUT_S"] = "1.5"
+    hvd.shutdown()
+    hvd.init()
+    t0 = time.monotonic()
+    fn()
+    del os.environ["BYTEPS_COLLECTIVE_TIMEOUT_S"]
+    hvd.shutdown()
+    hvd.init()
+    out.setdefault("timeout_s", {})[tag] = time.monotonic() - t0
+    twenty(tag)
+
+
+def names_differ():
+    raises(lambda: hvd.allreduce(torch.ones(3), name=f"mine-{r}"), RuntimeError,
+           "allreduce names differ")
+
+
+def gather_names_differ():
+    raises(lambda: hvd.allgather(torch.ones(2), name=f"gather-{r}"), RuntimeError,
+           "allgather names differ")
+
+
+def raised_between():
+    """The last rank's own code raises between two collectives and it goes on with the
+    next one; the others wait in the one it skipped."""
+    if r == n - 1:
+        try:
+            raise KeyError("the user's own bug")
+        except KeyError:
+            pass
+        raises(lambda: hvd.allreduce(torch.ones(3), name="next"), RuntimeError,
+               "raised between")
+    else:
+        raises(lambda: hvd.allreduce(torch.ones(3), name="skipped-by-the-last-rank"),
+               RuntimeError, "raised between")
+
+
+def late():
+    if r == 0:
+        time.sleep(3)
+    raises(lambda: hvd.broadcast(torch.ones(3), 0, name="late"), RuntimeError, "late rank")
+
+
+with_timeout("different names", names_differ)
+with_timeout("different allgather names", gather_names_differ)
+with_timeout("a rank raised between two collectives", raised_between)
+with_timeout("a rank later than the timeout", late)
 
 hvd.barrier()
 Path(sys.argv[1], f"rank{r}.json").write_text(json.dumps(out))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from byteps.common.errors import BytePSError
 from byteps.core import state as _st
@@ -121,6 +122,33 @@ def leave(why: str) -> None:
     finally:
         if st.engine.fatal is None:
             st.engine.fatal = BytePSError(f"worker rank {st.rank} left the membership: {why}")
+
+
+class CollectiveTimeoutError(BytePSError, TimeoutError):
+    """A wait passed ``BYTEPS_COLLECTIVE_TIMEOUT_S``: a ``BytePSError`` and a
+    ``TimeoutError``."""
+
+
+def deadline(st) -> float | None:
+    """When a wait that starts now passes ``BYTEPS_COLLECTIVE_TIMEOUT_S`` (None: unset,
+    wait as long as it takes, as Horovod)."""
+    limit = getattr(getattr(st, "cfg", None), "collective_timeout_s", None)
+    return time.monotonic() + limit if limit else None
+
+
+def check_deadline(end: float | None, what: str, st) -> None:
+    """Raise :class:`CollectiveTimeoutError` when ``end`` (:func:`deadline`) has passed; the
+    caller's wait then treats it as an interruption (:func:`interrupted`: this rank leaves,
+    so the other ranks fail naming it instead of waiting on)."""
+    if end is None or time.monotonic() < end:
+        return
+    raise CollectiveTimeoutError(
+        f"worker rank {st.rank}: {what} waited {st.cfg.collective_timeout_s:g} s "
+        f"(BYTEPS_COLLECTIVE_TIMEOUT_S) for the other ranks: one of them is late, failed "
+        f"before this call, or called another collective or name here; this rank leaves the "
+        f"job's current membership, so the others fail naming it; catch the error and call "
+        f"shutdown() and init() on every rank to go on (or raise "
+        f"BYTEPS_COLLECTIVE_TIMEOUT_S if ranks may legitimately be this late)")
 
 
 def interrupted(exc: BaseException, what: str) -> None:

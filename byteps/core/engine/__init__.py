@@ -127,13 +127,17 @@ class Engine:
         except BlockingIOError:
             pass
 
-    def barrier(self, name: str) -> None:
+    def barrier(self, name: str, check=None) -> None:
+        """Wait until every worker reaches barrier ``name``; ``check()`` runs every 0.2 s
+        of the wait and may raise (the caller's timeout)."""
         ev = threading.Event()
         self.barriers[name] = ev
         self.request(("barrier", name))
         while not ev.wait(0.2):
             if self.fatal:
                 raise self.fatal
+            if check is not None:
+                check()
         if self.fatal:
             raise self.fatal
         err = self.barrier_errors.pop(name, None)
