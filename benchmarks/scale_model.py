@@ -8,7 +8,7 @@ data path with max-min fair full-duplex links, credits, partitions, per-message 
 CPU costs; closed-form ring all-reduce).  The CPU costs come from
 ``benchmarks/scale_calibrate.py`` (measured on this machine through bpslaunch).
 
-1. **Validation**: every byteps / byteps-coloc / gloo point of ``benchmarks/cluster/results*/``
+1. **Validation**: every byteps / byteps-coloc / gloo point of ``benchmarks/results/20261201-cluster-archive/*/``
    (2, 4 and 8 emulated hosts; 100 Mbit/s .. 1 Gbit/s), modelled with the link rate raw TCP
    reached in the same run, the run's partition size and credits, and this machine's 2 cores
    shared by all byteps processes; error per point.
@@ -88,7 +88,7 @@ def _env(args: dict, key: str, default: int) -> int:
 
 def validation_points() -> list[dict]:
     pts = []
-    for f in sorted(glob.glob(str(ROOT / "benchmarks/cluster/results*/results.json"))):
+    for f in sorted(glob.glob(str(ROOT / "benchmarks/results/20261201-cluster-archive/*/results.json"))):
         d = json.loads(Path(f).read_text())
         a = d["args"]
         part = _env(a, "BYTEPS_PARTITION_BYTES", 4096000)
