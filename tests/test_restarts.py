@@ -73,23 +73,44 @@ def test_max_restarts_needs_standalone():
 RESTART_STEPS = 200
 
 
-def test_scheduler_killed_three_times_does_not_end_the_job(tmp_path):
+def _kill_the_scheduler_three_times(p: subprocess.Popen, job: str, spare=()) -> list[int]:
+    """SIGKILL the job's scheduler three times, each time once it (or its successor) runs
+    and both workers train (``spare``: pids not to kill, the scheduler's bpslaunch)."""
+    killed = []
+    deadline = time.monotonic() + 90
+    while len(killed) < 3 and p.poll() is None and time.monotonic() < deadline:
+        sched = [x for x in job_pids(job, "scheduler") if x not in killed and x not in spare]
+        if sched and len(job_pids(job, "worker")) >= 2:     # (role mode: + bpslaunch)
+            time.sleep(0.7)             # formed (or re-formed) and training
+            os.kill(sched[0], signal.SIGKILL)
+            killed.append(sched[0])
+        time.sleep(0.05)
+    return killed
+
+
+def _check_parameters(out) -> None:
+    ref = reference(RESTART_STEPS)
+    got = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for g in got:
+        assert g["size"] == 2
+        np.testing.assert_allclose(np.array(g["w"], np.float32), ref, rtol=1e-4, atol=1e-5)
+    assert got[0]["w"] == got[1]["w"]
+
+
+@pytest.mark.parametrize("layout", ["standalone", "-H"])
+def test_scheduler_killed_three_times_does_not_end_the_job(tmp_path, layout):
+    # standalone: two emulated hosts; -H localhost:2: the bootstrap of bpslaunch -H
+    # (launcher/_remote.py) without ssh, which starts the new scheduler on the announced
+    # address (ssh.RemoteProc.respawn)
     job = f"resched-{os.getpid()}-{int(time.time())}"
-    cmd = BPSLAUNCH + ["--standalone", "-np", "2", "--hosts", "2", "--num-servers", "1",
-                       sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"),
-                       str(tmp_path), str(RESTART_STEPS)]
+    how = ["--standalone", "-np", "2", "--hosts", "2", "--num-servers", "1"] \
+        if layout == "standalone" else ["-H", "localhost:2"]
+    cmd = BPSLAUNCH + how + [sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"),
+                             str(tmp_path), str(RESTART_STEPS)]
     p = subprocess.Popen(cmd, env=job_env(BYTEPS_JOB_ID=job, BYTEPS_HEARTBEAT_INTERVAL=0.5),
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = []
     try:
-        while len(killed) < 3 and p.poll() is None:
-            sched = [x for x in job_pids(job, "scheduler") if x not in killed]
-            workers = job_pids(job, "worker")
-            if sched and len(workers) == 2:
-                time.sleep(0.7)             # formed (or re-formed) and training
-                os.kill(sched[0], signal.SIGKILL)
-                killed.append(sched[0])
-            time.sleep(0.05)
+        killed = _kill_the_scheduler_three_times(p, job)
         out, err = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
@@ -97,9 +118,34 @@ def test_scheduler_killed_three_times_does_not_end_the_job(tmp_path):
     assert len(killed) == 3, err[-3000:]
     assert p.returncode == 0, err[-4000:]
     assert err.count("started a new one") == 3, err[-3000:]
-    ref = reference(RESTART_STEPS)
-    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for g in got:
-        assert g["size"] == 2
-        np.testing.assert_allclose(np.array(g["w"], np.float32), ref, rtol=1e-4, atol=1e-5)
-    assert got[0]["w"] == got[1]["w"]
+    _check_parameters(tmp_path)
+
+
+def test_role_mode_restart_scheduler(tmp_path):
+    """Cluster role mode: every role's bpslaunch with --restart-scheduler; the scheduler's
+    bpslaunch starts a new scheduler on DMLC_PS_ROOT_URI:PORT (launcher/reschedule.py)."""
+    from byteps.launcher import free_port
+    job = f"resched-role-{os.getpid()}-{int(time.time())}"
+    env = job_env(BYTEPS_JOB_ID=job, BYTEPS_HEARTBEAT_INTERVAL=0.5, DMLC_NUM_WORKER=2,
+                  DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=free_port(),
+                  BYTEPS_JOB_SECRET="chaos-" + "ab" * 16)
+    work = [sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"), str(tmp_path),
+            str(RESTART_STEPS)]
+    roles = [("scheduler", {}, []), ("server", {}, []),
+             ("worker", {"DMLC_WORKER_ID": "0", "BYTEPS_EMULATED_HOST": "h0"}, work),
+             ("worker", {"DMLC_WORKER_ID": "1", "BYTEPS_EMULATED_HOST": "h1"}, work)]
+    procs = [subprocess.Popen(BPSLAUNCH + ["--restart-scheduler", *cmd],
+                              env=dict(env, DMLC_ROLE=role, **extra), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for role, extra, cmd in roles]
+    try:
+        killed = _kill_the_scheduler_three_times(procs[2], job, spare=(procs[0].pid,))
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert len(killed) == 3, outs[0][-3000:]
+    assert [p.returncode for p in procs] == [0] * 4, "\n---\n".join(o[-2000:] for o in outs)
+    assert outs[0].count("started a new one") == 3, outs[0][-3000:]
+    _check_parameters(tmp_path)

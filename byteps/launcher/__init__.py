@@ -270,6 +270,11 @@ def role_mode(args, cmd: list[str]) -> int:
     except ConfigError as exc:
         say(str(exc))
         return 2
+    if getattr(args, "restart_scheduler", False):     # (launcher/reschedule.py)
+        from byteps.launcher import reschedule
+        reschedule.wait_for_restarts()
+        if role == "scheduler":
+            return reschedule.run_scheduler(dict(os.environ, **{NAMES_CHECKED: "1"}))
     if role in ("scheduler", "server"):
         # this process becomes the role, started by its module's name (the launcher imports
         # no role: docs/architecture.md); the names were checked above
@@ -385,6 +390,10 @@ def parser() -> argparse.ArgumentParser:
                     help="standalone: start the whole job again after a failure, up to N "
                          "times (same job secret, new membership epoch; the script resumes "
                          "from its own checkpoint, see docs/fault_tolerance.md)")
+    ap.add_argument("--restart-scheduler", action="store_true",
+                    help="cluster role mode, given to every role's bpslaunch: a scheduler "
+                         "killed by a signal is started again on its address and the others "
+                         "wait for it (standalone and -H always do this)")
     from byteps.launcher import elastic, ssh
     ssh.add_arguments(ap)
     dashboard.add_argument(ap)              # --dashboard [PORT] (launcher/dashboard.py)

@@ -182,7 +182,21 @@ class RemoteProc:
                                     stderr=subprocess.PIPE, start_new_session=True,
                                     preexec_fn=_child_setup(None))
         self.p = _Session(self.ssh)
+        self.spec, self.address, self.pumped = (argv, spec), None, (False, None)
         self._send((json.dumps(spec) + "\n").encode())
+
+    def respawn(self, job: Job) -> RemoteProc:
+        """A new scheduler on the address this one announced (supervise.Job restarts a
+        scheduler killed by a signal; the nodes register again: scheduler/resume.py)."""
+        argv, spec = self.spec
+        uri, port = self.address
+        p = RemoteProc(self.role, argv, dict(spec, address=uri, env=dict(
+            spec["env"], DMLC_PS_ROOT_URI=uri, DMLC_PS_ROOT_PORT=port)))
+        job.procs.append(p)
+        p.address = self.address
+        p.handshake(time.monotonic() + STARTUP_S)
+        p.pump(*self.pumped)
+        return p
 
     def _send(self, data: bytes) -> bool:
         with self._lock:
@@ -223,7 +237,7 @@ class RemoteProc:
         """Copy the session's output to ours, lines prefixed ``[worker 3] ``; and to
         ``log_dir``/worker-3.log."""
         prefix = f"[{self.role.tag}] ".encode() if tag else b""
-        log = None
+        self.pumped, log = (tag, log_dir), None
         if log_dir:      # open while the pumps write to it, as long as bpslaunch runs
             log = open(os.path.join(log_dir, self.role.log_name), "ab")  # noqa: SIM115
         for src, dst, take in ((self.ssh.stdout, sys.stdout.buffer, self._take),
@@ -367,6 +381,10 @@ def run(args, cmd: list[str]) -> int:
         os.makedirs(args.log_dir, exist_ok=True)
     tag = args.tag_output is not False             # always, unless --no-tag-output
     job = Job(status_dir=None, in_cluster=False)
+    # a scheduler killed by a signal is started again on its address (supervise.py)
+    job.restart_scheduler = not getattr(args, "elastic", False)
+    if job.restart_scheduler:
+        base["BPSLAUNCH_SCHEDULER_RESTART"] = "1"
     job.workers = []            # Ctrl-C while starting: SIGINT to the workers started so far
     shosts = ",".join(dict.fromkeys(r.host for r in roles if r.kind == "server"))
     here = [h for h in names if h not in remote]
@@ -423,12 +441,12 @@ def start(args, job: Job, roles: list[Role], hosts: list[Host], base: dict, cmd:
         return launch(args, job, role, role_env(env, role, hosts), cmd, python, announce)
 
     sched = go(roles[0], base, announce=True)
-    job.scheduler = sched if getattr(args, "elastic", False) else None
+    job.scheduler = sched if getattr(args, "elastic", False) or job.restart_scheduler else None
     answer = sched.handshake(time.monotonic() + timeout)
     if len(answer) != 4 or answer[0] != "ADDRESS":
         sched.pump(tag, args.log_dir)      # its reason follows (tagged)
         raise LaunchError(f"{sched.what}: could not start it: {' '.join(answer)}", 1)
-    uri, port = answer[1], answer[2]
+    uri, port = sched.address = answer[1], answer[2]
     sched.pump(tag, args.log_dir)
     base = dict(base, DMLC_PS_ROOT_URI=uri, DMLC_PS_ROOT_PORT=port)
     per_host: dict[str, list[Role]] = {}

@@ -162,6 +162,12 @@ def describe_code(code: int) -> str:
     return f"exit code {code}"
 
 
+def _signal_death(p) -> bool:
+    """Did ``p`` die of a signal?  (A -H process's ssh client exits 128 + N: _remote.py.)"""
+    code = p.p.returncode
+    return code is not None and (code < 0 or (hasattr(p, "role") and 128 < code < 160))
+
+
 def _own_failure(code: int | None) -> bool:
     return code not in (None, 0, PEER_FAILED_EXIT)
 
@@ -258,8 +264,8 @@ class Job:
         while True:
             if self.interrupted is not None:
                 return self._interrupt(workers)
-            self._maybe_restart_scheduler(services)
             self._note_exits(order)
+            self._maybe_restart_scheduler(services, order)
             self._survive(order, spare)
             root = next((p for p in order if _own_failure(p.p.returncode)
                          and p not in self.survived), None)
@@ -276,18 +282,23 @@ class Job:
                 self.on_tick()
             time.sleep(0.05)
 
-    def _maybe_restart_scheduler(self, services: list[Proc]) -> None:
+    def _maybe_restart_scheduler(self, services: list[Proc], order: list[Proc]) -> None:
         """A scheduler killed by a signal: start a new one on the same address (the nodes
         register again and the job goes on), at most MAX_SCHEDULER_RESTARTS times."""
         old = self.scheduler
         if not self.restart_scheduler or old is None or old.p.poll() is None or \
-                old.p.returncode >= 0 or self.interrupted is not None or \
+                not _signal_death(old) or self.interrupted is not None or \
                 self.scheduler_restarts >= MAX_SCHEDULER_RESTARTS:
             return
         self.scheduler_restarts += 1
-        argv, env, cpus, tag = old.spec
-        new = self.start(old.what, argv, env, old.critical, cpus, tag)
+        if hasattr(old, "role"):            # bpslaunch -H: through its session (ssh.py)
+            new = old.respawn(self)
+        else:
+            argv, env, cpus, tag = old.spec
+            new = self.start(old.what, argv, env, old.critical, cpus, tag)
         self.procs.remove(old)
+        if old in order:
+            order.remove(old)
         if old in services:
             services[services.index(old)] = new
         self.scheduler = new
