@@ -10,6 +10,10 @@ allgather_object, named-parameter errors).  The whole suites take minutes:
 """
 from __future__ import annotations
 
+import re
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from tests.horovod import run as suites
@@ -32,6 +36,33 @@ def _check(tmp_path, layout, select=None, reverse=False, job_timeout=1500):
         assert not bad, f"{f.name}: {bad}"
         assert sum(s == "passed" for s, _ in got.values()) >= 1
     assert rc == 0
+
+
+def test_peer_script_changes_only_the_import_lines(tmp_path):
+    """tests/peer/run_horovod_suite.sh --prepare-only on a Horovod tree (rebuilt here from
+    the vendored files by turning their byteps imports back into horovod ones, so CI needs
+    no Horovod checkout) gives back the vendored files byte for byte, and names each changed
+    line; a tree without test/parallel is refused."""
+    vendored = Path(suites.HERE, "parallel")
+    src = tmp_path / "horovod" / "test" / "parallel"
+    src.mkdir(parents=True)
+    imports = re.compile(r"^(\s*(?:import|from)\s+)byteps\.", re.M)
+    changed = 0
+    for f in sorted(vendored.glob("*.py")):
+        text, n = imports.subn(r"\1horovod.", f.read_text())
+        changed += n
+        (src / f.name).write_text(text)
+    script = Path(suites.ROOT, "tests", "peer", "run_horovod_suite.sh")
+    res = subprocess.run(["bash", str(script), "--prepare-only", str(tmp_path / "horovod"),
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    for f in sorted(vendored.glob("*.py")):
+        assert (tmp_path / "out" / "parallel" / f.name).read_text() == f.read_text(), f.name
+    assert (tmp_path / "out" / "utils" / "common.py").exists()
+    assert changed >= 4 and len(res.stdout.splitlines()) == changed, res.stdout
+    bad = subprocess.run(["bash", str(script), "--prepare-only", str(tmp_path / "none"),
+                          str(tmp_path / "o2")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no test/parallel" in bad.stderr
 
 
 def test_horovod_torch_suite_subset(tmp_path):

@@ -5,12 +5,20 @@ only) in a byteps job, and print one table per suite and layout.
     python tests/horovod/run.py --layout local2       # 2 local ranks (shared memory)
     python tests/horovod/run.py --layout 3workers --reverse -k "join or sparse"
     python tests/horovod/run.py --suite test_torch.py --junit-dir /tmp/hvd
+    python tests/horovod/run.py --suite-dir /tmp/hvd-suites/parallel  # another copy
+                                                  # (tests/peer/run_horovod_suite.sh)
 
 Each worker runs ``pytest --timeout 60`` on the suite inside ``bpslaunch --standalone``
 (one process per rank, as Horovod's CI does with horovodrun); nothing is fetched.  The
 table counts every rank's passed, failed (test or teardown) and skipped tests and lists
 each failure with its first error line and, where known, its cause (:data:`KNOWN`).
 Exit status 0 when every failure is a known one.
+
+The job runs with ``BYTEPS_COLLECTIVE_TIMEOUT_S=20`` (``--collective-timeout``; an
+environment value wins): a test that fails on some ranks only (an assertion on one rank's
+own result) leaves the other ranks in its next collective; they then raise and leave
+after 20 s, so the failure stays in that test instead of reaching pytest's 60 s alarm
+(which, firing inside pytest's own reporting, ends the whole worker).
 """
 from __future__ import annotations
 
@@ -50,7 +58,8 @@ def known(name: str, layout: str) -> str | None:
 
 
 def run(suite: str, layout: str, out: Path, reverse: bool, select: str | None,
-        timeout: int, job_timeout: int) -> int:
+        timeout: int, job_timeout: int, suite_dir: Path = HERE / "parallel",
+        collective_timeout: float = 20.0) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(f"{Path(suite).stem}_{layout}_*.xml"):
         old.unlink()
@@ -58,14 +67,16 @@ def run(suite: str, layout: str, out: Path, reverse: bool, select: str | None,
     junit = f"{out}/{Path(suite).stem}_{layout}_" + "${DMLC_WORKER_ID}_${BYTEPS_LOCAL_RANK}.xml"
     sel = f" -k {subprocess.list2cmdline([select])}" if select else ""
     inner = (f"exec {py} -m pytest -q -c {HERE}/pytest.ini -p suite_order --timeout {timeout} "
-             f"--junitxml={junit}{sel} {HERE}/parallel/{suite}")
+             f"--junitxml={junit}{sel} {suite_dir}/{suite}")
     cmd = [py, "-m", "byteps.launcher", "--standalone", *LAYOUTS[layout], "--num-servers",
            "1", "bash", "-c", inner]
     env = dict(os.environ, HVD_SUITE_REVERSE="1" if reverse else "0",
+               BYTEPS_COLLECTIVE_TIMEOUT_S=os.environ.get("BYTEPS_COLLECTIVE_TIMEOUT_S",
+                                                          f"{collective_timeout:g}"),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]))
     t0 = time.monotonic()
     try:
-        res = subprocess.run(cmd, check=False, cwd=HERE / "parallel", env=env, capture_output=True,
+        res = subprocess.run(cmd, check=False, cwd=suite_dir, env=env, capture_output=True,
                              text=True, timeout=job_timeout)
         rc, log = res.returncode, res.stdout + res.stderr
     except subprocess.TimeoutExpired as exc:
@@ -116,8 +127,13 @@ def report(suite: str, layout: str, out: Path, rc: int, seconds: float) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--suite", action="append", help="file under tests/horovod/parallel "
+    ap.add_argument("--suite", action="append", help="file under --suite-dir "
                     "(default test_torch.py; repeatable)")
+    ap.add_argument("--suite-dir", type=Path, default=HERE / "parallel",
+                    help="folder of the suites (default: the vendored tests/horovod/parallel; "
+                    "a sibling utils/common.py is what the suites import)")
+    ap.add_argument("--collective-timeout", type=float, default=20.0,
+                    help="BYTEPS_COLLECTIVE_TIMEOUT_S of the job (default 20 s)")
     ap.add_argument("--layout", action="append", choices=sorted(LAYOUTS),
                     help="default 2hosts; repeatable")
     ap.add_argument("--reverse", action="store_true", help="run the tests in reverse order")
@@ -130,7 +146,7 @@ def main(argv=None) -> int:
     for suite in a.suite or ["test_torch.py"]:
         for layout in a.layout or ["2hosts"]:
             worst |= run(suite, layout, a.junit_dir, a.reverse, a.select, a.timeout,
-                         a.job_timeout)
+                         a.job_timeout, a.suite_dir.resolve(), a.collective_timeout)
     return worst
 
 
