@@ -207,11 +207,11 @@ def classify(spec, rc, hung, last, out: Path, target, applied) -> str:
     return "right error" if right else "wrong error"
 
 
-def table(runs: list[dict]) -> str:
+def table(runs: list[dict], kinds: list[str] = KINDS) -> str:
     cols = ["survived", "right error", "wrong error", "hang", "wrong result"]
     rows = [f"{'fault':16s} {'runs':>5s} " + " ".join(f"{c:>12s}" for c in cols)
             + f" {'leftovers':>9s}"]
-    for kind in KINDS + ["all"]:
+    for kind in kinds + ["all"]:
         rs = [r for r in runs if kind in ("all", r["kind"])]
         if not rs:
             continue
@@ -222,7 +222,7 @@ def table(runs: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def plot(runs: list[dict], path: Path) -> None:
+def plot(runs: list[dict], path: Path, kinds: list[str] = KINDS) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -230,7 +230,7 @@ def plot(runs: list[dict], path: Path) -> None:
     except ImportError:
         return
     cols = ["survived", "right error", "wrong error", "hang", "wrong result"]
-    kinds = [k for k in KINDS if any(r["kind"] == k for r in runs)]
+    kinds = [k for k in kinds if any(r["kind"] == k for r in runs)]
     fig, ax = plt.subplots(figsize=(8, 3.5))
     bottom = np.zeros(len(kinds))
     for c in cols:

@@ -1,0 +1,309 @@
+"""Seeded faults on the emulated cluster (network namespaces): every run must end, correctly.
+
+    sudo .venv/bin/python benchmarks/chaos_cluster.py [--faults 20] [--seed 1] [--only N]
+                                  [--max-freeze 30] [--kinds partition,slow-link,...]
+                                  [--shapes plain,elastic] [--out DIR]
+
+The job of benchmarks/chaos.py (benchmarks/chaos_job.py) as on a real cluster: one
+``bpslaunch`` per role per host, configured by ``DMLC_*`` (benchmarks/cluster/jobs.py),
+every host a network namespace on one bridge (benchmarks/cluster/netns.py); nothing
+touches the machine's own network or /dev/shm.  Two shapes, drawn with the fault:
+
+* ``plain``: 4 workers on 2 hosts (local size 2, shared-memory local reduction),
+  2 servers on 2 more hosts, the scheduler with the first server; every bpslaunch with
+  ``--restart-scheduler``;
+* ``elastic``: 4 workers on 4 hosts with ``BYTEPS_MIN_WORKERS=2``, 2 servers with
+  ``BYTEPS_SERVER_REPLICAS=1`` on 2 more hosts, the scheduler with the first server.
+
+The faults: those of benchmarks/chaos.py (SIGKILL of a role, SIGSTOP of a worker or
+server for 1 to ``--max-freeze`` s, a burst of 2-200 SIGINT/SIGTERM 0.5 ms apart to a
+worker host's bpslaunch, rank 0 raising mid-step), and:
+
+* ``partition``: one host's link down (its bridge port) for 1 to ``--max-freeze`` s, then up;
+* ``slow-link``: one host's link shaped to 1/50 of 1 Gbit/s (``tc tbf`` 20mbit, both
+  directions) for 1 to ``--max-freeze`` s;
+* ``full-shm``: the first worker host's bpslaunch runs in its own mount namespace with
+  a 1 MiB tmpfs on /dev/shm, full before the job starts.
+
+Outcomes, leftovers and the promise as in benchmarks/chaos.py: **survived** (the
+scheduler ended normally and every rank that finished holds a one-process run's
+parameters; the plain shape needs all 4 ranks, the elastic one at least 2), **right
+error** (every process ended within the bound and a bpslaunch's last line names the
+fault), **wrong error**, **hang**, **wrong result**; leftovers are processes of the job
+and /dev/shm files named after it.  Needs root (namespaces, tc, mount).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import chaos  # noqa: E402
+from chaos_job import reference  # noqa: E402
+
+from benchmarks.cluster import netns  # noqa: E402
+from benchmarks.cluster.jobs import Spec, base_env, byteps_job  # noqa: E402
+
+KINDS = chaos.KINDS + ["partition", "slow-link", "full-shm"]
+SLOW = "20mbit"                 # 1/50 of 1 Gbit/s
+SHM_KB = 1024
+BOUND_S = 90.0
+PORT = 9123
+STEPS = 300                 # about 7 s of training after a start-up of 1-3 s
+
+
+def role_pids(job: str, role: str) -> list[int]:
+    """The job's processes of ``role`` that are not a bpslaunch (its children)."""
+    out = []
+    for pid in chaos.job_pids(job, role):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"byteps.launcher" not in cmd:
+            out.append(pid)
+    return out
+
+
+def specs_for(plan: netns.Plan, shape: str, job: str, out: Path, extra: dict) -> list[Spec]:
+    h = plan.hosts
+    work = [sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"), str(out),
+            str(STEPS)]
+    env = dict(BYTEPS_HEARTBEAT_INTERVAL="0.5", BYTEPS_HEARTBEAT_TIMEOUT="5",
+               BYTEPS_STARTUP_TIMEOUT="30", **extra)
+    if shape == "plain":
+        specs = byteps_job(h[0:2], h[2:4], h[2], work, PORT, dict(env, BYTEPS_LOCAL_SIZE="2"))
+        for s in specs:             # every role's bpslaunch: a restartable scheduler
+            s.argv[3:3] = ["--restart-scheduler"]
+    else:
+        specs = byteps_job(h[0:4], h[4:6], h[4], work, PORT, dict(
+            env, BYTEPS_MIN_WORKERS="2", BYTEPS_ELASTIC_TIMEOUT="15",
+            BYTEPS_SERVER_REPLICAS="1"))
+    for s in specs:
+        s.env["BYTEPS_JOB_ID"] = job
+        s.env["BYTEPS_LOG_LEVEL"] = "WARNING"
+    return specs
+
+
+def command(plan: netns.Plan, spec: Spec, full_shm: bool) -> list[str]:
+    argv = spec.command(plan)
+    if not full_shm:
+        return argv
+    # `ip netns exec` runs the command in a mount namespace of its own (mounts do not
+    # propagate back): a small full tmpfs on /dev/shm for this host's bpslaunch only
+    fill = (f"mount -t tmpfs -o size={SHM_KB}k chaos-shm /dev/shm && "
+            f"(head -c {SHM_KB}k /dev/zero > /dev/shm/full || true) && exec \"$@\"")
+    return argv[:4] + ["sh", "-c", fill, "sh"] + argv[4:]
+
+
+def _link(plan: netns.Plan, host, what: str) -> None:
+    sw = plan.switch
+    if what in ("down", "up"):
+        cmds = [["ip", "-n", sw, "link", "set", host.port, what]]
+    elif what == "slow":
+        cmds = [["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root",
+                 *netns.tbf_args(SLOW)] for ns, dev in ((host.ns, host.dev), (sw, host.port))]
+    else:
+        cmds = [["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"]
+                for ns, dev in ((host.ns, host.dev), (sw, host.port))]
+    netns.run_cmds(cmds, check=False)
+
+
+def run_one(plan: netns.Plan, spec: dict) -> dict:
+    job = f"chaosc-{os.getpid()}-{spec['n']}"
+    out = Path(tempfile.mkdtemp(prefix="chaosc-"))
+    shape, kind = spec["shape"], spec["kind"]
+    extra = {"CHAOS_RAISE_AT": str(spec["raise_at"] * STEPS // chaos.STEPS)} \
+        if kind == "raise" else {}
+    specs = specs_for(plan, shape, job, out, extra)
+    used = sorted({s.host.index for s in specs})
+    logs, procs = [], []
+    t0 = time.monotonic()
+    for i, s in enumerate(specs):
+        f = tempfile.TemporaryFile("w+")    # noqa: SIM115 (closed below)
+        logs.append(f)
+        procs.append(subprocess.Popen(command(plan, s, kind == "full-shm" and i == 3),
+                                      stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                                      start_new_session=True))
+    bound = BOUND_S + (spec["freeze_s"] if kind in ("freeze-worker", "freeze-server",
+                                                     "partition", "slow-link") else 0)
+    target, applied = None, False
+    at = 2 * spec["at_s"]       # 0.4-10 s: start-up, formation, training (a longer job)
+    while time.monotonic() - t0 < at and any(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    workers = [p for s, p in zip(specs, procs) if s.env["DMLC_ROLE"] == "worker"]
+    if kind in ("partition", "slow-link"):
+        host = plan.hosts[used[int(spec["pick"] * len(used))]]
+        target = host.ip
+        _link(plan, host, "down" if kind == "partition" else "slow")
+        end = time.monotonic() + spec["freeze_s"]
+        while time.monotonic() < end and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        _link(plan, host, "up" if kind == "partition" else "unshape")
+        applied = True
+    elif kind == "burst":
+        victim = workers[int(spec["pick"] * len(workers))]
+        target = victim.pid
+        for i in range(spec["burst"]):
+            try:
+                os.kill(victim.pid, (signal.SIGINT, signal.SIGTERM)[
+                    i % 2 if spec["pick"] < .5 else 1])
+            except ProcessLookupError:
+                break
+            time.sleep(0.0005)
+        applied = True
+    elif kind.startswith(("kill", "freeze")):
+        role = kind.split("-")[1]
+        while any(p.poll() is None for p in procs) and time.monotonic() - t0 < at + 20:
+            pids = role_pids(job, role)
+            if pids:
+                target = pids[int(spec["pick"] * len(pids))]
+                break
+            time.sleep(0.05)
+        if target is not None:
+            try:
+                if kind.startswith("kill"):
+                    os.kill(target, signal.SIGKILL)
+                else:
+                    os.kill(target, signal.SIGSTOP)
+                    end = time.monotonic() + spec["freeze_s"]
+                    while time.monotonic() < end and any(p.poll() is None for p in procs):
+                        time.sleep(0.05)
+                    os.kill(target, signal.SIGCONT)
+                applied = True
+            except ProcessLookupError:
+                pass
+    else:
+        applied = True                      # raise, full-shm: set up at the start
+    hung = False
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() - t0 > bound:
+            hung = True
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:
+                p.wait(10)
+            break
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    texts = []
+    for f in logs:
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    time.sleep(0.5)
+    left = chaos.job_pids(job)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shm = [n for n in os.listdir("/dev/shm") if job in n]
+    for n in shm:
+        try:
+            os.unlink(f"/dev/shm/{n}")
+        except OSError:
+            pass
+    lasts = [(t.strip().splitlines() or [""])[-1] for t in texts]
+    codes = [p.returncode for p in procs]
+    outcome = classify(spec, codes, hung, lasts, out, target, specs)
+    return dict(spec, job=job, rcs=codes, took_s=round(took, 1), target=target,
+                applied=applied, outcome=outcome, last=" | ".join(lasts)[:600],
+                leftover_pids=left, leftover_shm=shm,
+                stderr_tail="\n---\n".join(t[-1200:] for t in texts)
+                if outcome in ("wrong error", "hang", "wrong result") else "")
+
+
+def classify(spec, codes, hung, lasts, out: Path, target, specs) -> str:
+    if hung:
+        return "hang"
+    sched = next(c for s, c in zip(specs, codes) if s.env["DMLC_ROLE"] == "scheduler")
+    got = [json.loads(f.read_text()) for f in sorted(out.glob("rank*.json"))]
+    need = 4 if spec["shape"] == "plain" else 2
+    if sched == 0 and (spec["shape"] == "elastic" or all(c == 0 for c in codes)):
+        ref = reference(STEPS)
+        import numpy as np
+        ok = len(got) >= need and all(
+            np.allclose(np.array(g["w"], np.float32), ref, rtol=1e-4, atol=1e-5) for g in got)
+        return "survived" if ok else "wrong result"
+    text = "\n".join(lasts)
+    kind = spec["kind"]
+    if kind == "burst":
+        right = any(w in text for w in ("interrupted", "SIGINT", "SIGTERM", f"pid {target}"))
+    elif kind == "raise":
+        right = "ChaosError" in text
+    elif kind == "full-shm":
+        right = "/dev/shm" in text or "BYTEPS_SHM_DIR" in text
+    elif kind in ("partition", "slow-link"):
+        right = str(target) in text or any(w in text for w in (
+            "presumed dead", "unreachable", "heartbeat", "did not come back"))
+    else:
+        role = kind.split("-")[1]
+        right = f"pid {target}" in text or role in text
+        if kind.startswith("freeze"):
+            right = right or "heartbeat" in text or "presumed dead" in text
+    return "right error" if right else "wrong error"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--faults", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-freeze", type=float, default=30.0)
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--shapes", default="plain,elastic")
+    ap.add_argument("--only", type=int, default=None, help="run the N-th fault alone (0-based)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    kinds = a.kinds.split(",")
+    if set(kinds) - set(KINDS):
+        ap.error(f"unknown fault kind(s) {sorted(set(kinds) - set(KINDS))}; known: "
+                 f"{','.join(KINDS)}")
+    shapes = tuple(a.shapes.split(","))
+    if set(shapes) - {"plain", "elastic"}:
+        ap.error(f"--shapes: plain and/or elastic, not {a.shapes!r}")
+    rnd = random.Random(a.seed)
+    specs = [dict(chaos.draw(rnd, kinds, a.max_freeze, shapes), seed=a.seed, n=i)
+             for i in range(a.faults)]
+    if a.only is not None:
+        specs = [specs[a.only]]
+    out = Path(a.out or ROOT / "benchmarks" / "results" /
+               f"chaos-cluster-{datetime.date.today():%Y%m%d}-{len(specs)}faults-seed{a.seed}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    t0 = time.monotonic()
+    with netns.Cluster(netns.Plan.new(6)) as cluster:
+        for s in specs:
+            r = run_one(cluster.plan, s)
+            runs.append(r)
+            print(f"#{r['n']:3d} {r['shape']:7s} {r['kind']:14s} at {r['at_s']:4.1f} s: "
+                  f"{r['outcome']:12s} rcs={r['rcs']} {r['took_s']:5.1f} s  {r['last'][:150]}",
+                  flush=True)
+    print(chaos.table(runs, KINDS))
+    load = os.getloadavg()
+    (out / "chaos.json").write_text(json.dumps(
+        {"command": " ".join(["benchmarks/chaos_cluster.py",
+                              *(argv if argv is not None else sys.argv[1:])]),
+         "seed": a.seed, "wall_s": round(time.monotonic() - t0), "loadavg": load,
+         "runs": runs}, indent=1))
+    chaos.plot(runs, out / "chaos.png", KINDS)
+    print(f"wrote {out / 'chaos.json'} (load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})")
+    bad = [r for r in runs if r["outcome"] in ("hang", "wrong result")
+           or r["leftover_pids"] or r["leftover_shm"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
