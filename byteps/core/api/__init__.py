@@ -22,6 +22,7 @@ from byteps.common.node import BytePSError, SchedulerLink
 from byteps.common.summary import write_summary
 from byteps.common.torchrun import warn_if_torchrun_without_byteps
 from byteps.core import autotune as _autotune
+from byteps.core.autotune import initial as _autotune_initial
 from byteps.core import local as _local
 from byteps.core import state as _st
 from byteps.core.api import worker_metrics
@@ -135,9 +136,8 @@ def init(lazy: bool = False) -> None:
             worker_metrics.start(cfg, st.rank, _st.current)
             from byteps.core.api import reporter    # heartbeats carry this worker's report
             reporter.attach(st)
-            from byteps.core.autotune import initial as _initial
-            if _initial.wanted(st):      # every worker of a newly formed job: a short probe
-                _initial.probe(st)
+            if _autotune_initial.wanted(st):    # every worker of a new job: a short probe
+                _autotune_initial.probe(st)
 
 
 def shutdown() -> None:
@@ -209,6 +209,7 @@ def join(device: int = -1) -> int:
         st.last_joined = last
     from byteps.core.collective.rules import reset_names
     reset_names()             # unnamed calls one rank skipped while another was joined
+    _autotune_initial.after_join(st)    # one setting on every rank; tuning ends
     for _, after in list(st.join_hooks):
         after()
     return last

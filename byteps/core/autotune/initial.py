@@ -122,3 +122,29 @@ def _use(st, cfg) -> None:
     st.engine.cfg = st.cfg = cfg
     if st.local is not None:
         st.local.cfg = cfg
+
+
+def after_join(st) -> None:
+    """``join()`` returned on every rank (rounds restart together).  The ranks took
+    different numbers of steps, so their tuners stand at different points: autotune ends
+    here with one setting for all, agreed in one sum over the ranks: the final choice if
+    every rank had made the same one, else the starting setting (the probe's, the same
+    on every rank).  Tensors are re-cut at their next push when the size changes."""
+    tu = st.tuner
+    if tu is None or st.engine is None:
+        return
+    mine = tu.choice if tu.choice is not None and tu.state in ("verify", "done") else (0, 0)
+    got = _at._exchange(st, np.array([1.0 if mine[0] else 0.0, *mine], np.float64),
+                        OWN + "join")
+    n = float(st.size)
+    keep = got[0] == n and got[1] == n * mine[0] and got[2] == n * mine[1]
+    part, credit = mine if keep else (tu.initial, tu.credit0)
+    tu.state = "done"
+    tu.set(tu.step, part, credit)
+    st.cfg = tu.engine.cfg
+    if st.local is not None:
+        st.local.cfg = st.cfg
+    tu.row(tu.step, "join", part, credit, note="after join(): " + (
+        "every rank's choice" if keep else "the ranks stood at different points: the "
+        "starting setting") + "; tuning ends")
+    tu.write()
