@@ -189,6 +189,23 @@ def test_rows_ratios_table_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_raw_mesh_and_the_steps_from_the_third_on():
+    """byteps as a fraction of the raw worker-server mesh next to its gloo ratio; a loop
+    without step marks is reported from its 3rd step on (the slowest rank per step)."""
+    recs = _recs("byteps", 2, 0.8)
+    recs[0]["all_times"] = [2.0, 1.2, 0.9, 0.8, 0.8]
+    recs[1]["all_times"] = [1.8, 1.4, 0.8, 1.0, 0.8]
+    row = report.make_row("byteps-nomarks", "1gbit", 2, 2, recs, 1.2, None, 0.9e9 / 8)
+    assert row["vs_mesh"] == pytest.approx(1.0 / 0.9)     # 1 Gbit/s per link of 0.9
+    assert row["step_times_s"] == [2.0, 1.4, 0.9, 1.0, 0.8]
+    assert row["first2_s"] == pytest.approx(1.7) and row["from3_s"] == pytest.approx(0.9)
+    assert row["vs_gloo_from3"] == pytest.approx(1.2 / 0.9)
+    text = report.table([row], {"1gbit": {"mesh_Gbps": 0.9}})
+    assert "byteps-nomarks" in text and "0.900 Gbit/s per worker link" in text
+    assert "1.11" in text and "1.33" in text       # vs mesh, from the 3rd step x gloo
+    assert report.make_row("gloo", "1gbit", 2, 2, _recs("gloo", 2, 1))["vs_mesh"] is None
+
+
 def test_trace_summary_reads_timelines(tmp_path):
     import types
     tl = Timeline(str(tmp_path), rank=0, size=2, start_step=0, end_step=5)
@@ -214,6 +231,10 @@ def test_cli_validation(capsys):
             run.parse_args(bad)
     a = run.parse_args(["--rates", "1gbit,100mbit", "--workers", "2,4"])
     assert a.rates == ["1gbit", "100mbit"] and a.workers == [2, 4]
+    assert "byteps-nomarks" in a.systems       # the loop without step_done(), by default
+    # a new folder per run under benchmarks/results/, named by date and content
+    assert a.out.parent == run.ROOT / "benchmarks" / "results"
+    assert a.out.name.endswith("-cluster-1gbit-100mbit-w2-4-2ms"), a.out.name
 
 
 # ------------------------------------------------------------------ real namespaces (root)

@@ -1,12 +1,18 @@
-"""One byteps worker of the cluster benchmark: push_pull one tensor ``iters`` times.
+"""One byteps worker of the cluster benchmark: push_pull one tensor ``warmup + iters``
+times.
 
-argv: size_bytes iters warmup.  Prints ``CLUSTER_RESULT {json}`` with the
-time of every timed iteration (seconds), this worker's telemetry and its CPU seconds
-(every thread of the process, the engine's included) over the timed iterations, with the
-bytes it moved meanwhile (pushed + pulled).  With autotune on (the default) the warm-up
-must cover its trials (1 + 5 x BYTEPS_AUTOTUNE_STEPS = 16 steps; each push_pull is one
-step here, marked with step_done()) for the timed iterations to run with the final
-choice.
+argv: size_bytes iters warmup [marks|nomarks].  Prints ``CLUSTER_RESULT {json}`` with the
+time of every timed iteration (seconds), of every iteration from the first
+(``all_times``, warm-up included), this worker's telemetry and its CPU seconds (every
+thread of the process, the engine's included) over the timed iterations, with the bytes
+it moved meanwhile (pushed + pulled).
+
+``marks`` (the default): each push_pull is one step, marked with ``step_done()`` (what
+every plugin's optimizer does); with autotune on (the default) the warm-up must cover
+its trials (about 20 steps) for the timed iterations to run with the final choice.
+``nomarks``: a numpy user's loop that never calls ``step_done()`` (autotune infers the
+steps from the repeated name: byteps/core/autotune/names.py); run with ``warmup`` 2 it
+measures from the 3rd step on, through autotune's trials.
 """
 import json
 import sys
@@ -20,12 +26,17 @@ from byteps.core import api as core
 
 def main() -> None:
     nbytes, iters, warmup = (int(a) for a in sys.argv[1:4])
+    marks = (sys.argv[4] if len(sys.argv) > 4 else "marks") == "marks"
     bps.init()
     x = np.full(max(1, nbytes // 4), float(bps.rank() + 1), dtype=np.float32)
     out = np.empty_like(x)
+    every = []
     for _ in range(warmup):
+        t = time.perf_counter()
         core.push_pull(x, "cluster.grad", average=True, out=out)
-        core.step_done()             # one training step (autotune counts these)
+        every.append(time.perf_counter() - t)
+        if marks:
+            core.step_done()             # one training step (autotune counts these)
     bps.barrier()
     times = []
     cpu0 = time.process_time()
@@ -33,18 +44,25 @@ def main() -> None:
         t = time.perf_counter()
         core.push_pull(x, "cluster.grad", average=True, out=out)
         times.append(time.perf_counter() - t)
-        core.step_done()
+        if marks:
+            core.step_done()
     cpu = time.process_time() - cpu0
     n = bps.size()
     expect = (n + 1) / 2.0
     if not np.allclose(out[:1000], expect):
         raise SystemExit(f"rank {bps.rank()}: wrong result {out[:3]} (expected {expect})")
+    tu = core._STATE.tuner
     print("CLUSTER_RESULT " + json.dumps({
         "system": "byteps", "rank": bps.rank(), "size": n, "bytes": int(x.nbytes),
-        "times": times, "speed_MBps": core.get_pushpull_speed()[1], "cpu_s": cpu,
+        "times": times, "all_times": every + times, "marks": marks,
+        "speed_MBps": core.get_pushpull_speed()[1], "cpu_s": cpu,
         "moved_bytes": 2 * int(x.nbytes) * iters, "warmup": warmup,
         "config": {"partition_bytes": core.get_config().partition_bytes,
-                   "credit_bytes": core.get_config().credit_bytes}}), flush=True)
+                   "credit_bytes": core.get_config().credit_bytes,
+                   "autotune_state": None if tu is None else tu.state,
+                   "autotune_steps": None if tu is None else tu.step,
+                   "probe": None if tu is None else
+                   [r[3:5] for r in tu.rows if r[2] == "probe"]}}), flush=True)
     bps.barrier()
 
 

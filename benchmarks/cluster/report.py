@@ -10,6 +10,7 @@ from benchmarks.cluster.netns import rate_bps
 # bytes each worker link carries per direction, as a multiple of the tensor size M
 TRAFFIC = {
     "byteps": lambda n: 1.0,                         # push M up, pull M down
+    "byteps-nomarks": lambda n: 1.0,                 # the same loop without step_done()
     "byteps-coloc": lambda n: 2.0 * (n - 1) / n,     # the local server's share stays local
     "gloo": lambda n: 2.0 * (n - 1) / n,             # ring: reduce-scatter + all-gather
 }
@@ -22,9 +23,20 @@ def job_time(records: list[dict]) -> float:
     return max(statistics.median(r["times"]) for r in records)
 
 
+def step_times(records: list[dict]) -> list[float]:
+    """Every iteration's time from the first (warm-up included), the slowest rank's."""
+    runs = [r["all_times"] for r in records if r.get("all_times")]
+    return [max(ts) for ts in zip(*runs)] if runs else []
+
+
 def make_row(system: str, rate: str, workers: int, servers: int, records: list[dict],
-             gloo_s: float | None = None, link_Bps: float | None = None) -> dict:
-    """One table row for ``system`` measured at ``rate`` with ``workers`` hosts."""
+             gloo_s: float | None = None, link_Bps: float | None = None,
+             mesh_Bps: float | None = None) -> dict:
+    """One table row for ``system`` measured at ``rate`` with ``workers`` hosts.
+    ``time_s``: the timed iterations (after the warm-up); ``from3_s``: the median from
+    the 3rd step on, ``first2_s``: the mean of steps 1-2 (byteps rows; the slowest rank
+    per step); ``vs_mesh``: the link rate as a fraction of the raw TCP worker-server mesh
+    measured in the same run (the same pattern moved by the kernel alone)."""
     t = job_time(records)
     nbytes = records[0]["bytes"]
     bps = rate_bps(rate) / 8
@@ -36,7 +48,14 @@ def make_row(system: str, rate: str, workers: int, servers: int, records: list[d
            "bound_s": nbytes / bps, "vs_bound": (nbytes / bps) / t,
            "vs_gloo": (gloo_s / t) if gloo_s else None,
            "vs_measured_tcp": (factor * nbytes / t / link_Bps) if link_Bps else None,
+           "vs_mesh": (factor * nbytes / t / mesh_Bps) if mesh_Bps else None,
            "per_rank_median_s": [statistics.median(r["times"]) for r in records]}
+    steps = step_times(records)
+    if len(steps) >= 3:
+        row["from3_s"] = statistics.median(steps[2:])
+        row["first2_s"] = sum(steps[:2]) / 2
+        row["vs_gloo_from3"] = gloo_s / row["from3_s"] if gloo_s else None
+        row["step_times_s"] = steps
     speeds = [r["speed_MBps"] for r in records if "speed_MBps" in r]
     if speeds:
         row["pushpull_speed_MBps"] = speeds
@@ -79,20 +98,27 @@ def table(rows: list[dict], probes: dict) -> str:
         p = probes.get(rate, {})
         lines.append(f"link {rate}: raw TCP per direction, one pair "
                      f"{_fmt(p.get('pair_Gbps'), '.3f')} Gbit/s; all worker links at once "
-                     f"{_fmt(p.get('all_Gbps'), '.3f')} Gbit/s each")
-        lines.append(f"{'system':<14}{'W':>3}{'S':>3}{'MB':>7}{'s/op':>8}{'s/100MB':>9}"
-                     f"{'Gb/s/link':>10}{'vs gloo':>9}{'vs M/B':>8}{'vs TCP':>8}{'drop%':>7}"
+                     f"{_fmt(p.get('all_Gbps'), '.3f')} Gbit/s each; the worker-server mesh "
+                     f"{_fmt(p.get('mesh_Gbps'), '.3f')} Gbit/s per worker link each way")
+        lines.append(f"{'system':<15}{'W':>3}{'S':>3}{'MB':>5}{'s/op':>7}{'Gb/s/link':>10}"
+                     f"{'vs gloo':>8}{'vs mesh':>8}{'vs M/B':>7}{'vs TCP':>7}{'drop%':>6}"
+                     f"{'steps1-2':>9}{'from3':>7}{'x gloo':>7}"
                      f"{'wCPU s/GB':>10}{'sCPU s/GB':>10}")
         for r in rows:
             if r["rate"] != rate:
                 continue
-            lines.append(f"{r['system']:<14}{r['workers']:>3}{r['servers']:>3}"
-                         f"{r['tensor_MB']:>7.0f}{r['time_s']:>8.3f}"
-                         f"{r['time_per_100MB_s']:>9.3f}{r['link_Gbps']:>10.3f}"
-                         f"{_fmt(r['vs_gloo'], '.2f'):>9}{r['vs_bound']:>8.2f}"
-                         f"{_fmt(r['vs_measured_tcp'], '.2f'):>8}{_fmt(drop_pct(r), '.2f'):>7}"
+            lines.append(f"{r['system']:<15}{r['workers']:>3}{r['servers']:>3}"
+                         f"{r['tensor_MB']:>5.0f}{r['time_s']:>7.3f}{r['link_Gbps']:>10.3f}"
+                         f"{_fmt(r['vs_gloo'], '.2f'):>8}{_fmt(r.get('vs_mesh'), '.2f'):>8}"
+                         f"{r['vs_bound']:>7.2f}"
+                         f"{_fmt(r['vs_measured_tcp'], '.2f'):>7}{_fmt(drop_pct(r), '.2f'):>6}"
+                         f"{_fmt(r.get('first2_s'), '.3f'):>9}{_fmt(r.get('from3_s'), '.3f'):>7}"
+                         f"{_fmt(r.get('vs_gloo_from3'), '.2f'):>7}"
                          f"{_fmt(r.get('worker_cpu_s_per_GB'), '.2f'):>10}"
                          f"{_fmt(r.get('server_cpu_s_per_GB'), '.2f'):>10}")
+        lines.append("s/op, vs gloo, vs mesh: the timed iterations after the warm-up; steps1-2: "
+                     "the mean of the first two steps; from3: the median from the 3rd step on "
+                     "(warm-up included), x gloo: its ratio to gloo's s/op")
         lines.append("")
     return "\n".join(lines)
 

@@ -7,13 +7,16 @@
 
 Builds W worker hosts and S server hosts as network namespaces on one
 bridge, shapes every host's link with tc tbf (both directions), and runs on
-them, for every rate and W: raw TCP (the physical limit), byteps with the
-servers on their own hosts, byteps with a server beside each worker, and
-torch.distributed gloo all_reduce over the worker hosts.  Prints a table,
-writes results.json, a PNG plot and one Chrome trace per byteps worker into a new
-folder per run (results/<UTC time>-<burst>ms/ unless --out is given; an existing
-results.json is never overwritten).  The table has each system's CPU seconds per GB
-moved: workers over the timed iterations, servers over their whole life.
+them, for every rate and W: raw TCP (the physical limit: one pair, every link at once,
+and the worker-server mesh, the PS pattern moved by the kernel alone), byteps with the
+servers on their own hosts (a loop marking its steps, and the same loop without
+step_done(), measured from its 3rd step), byteps with a server beside each worker, and
+torch.distributed gloo all_reduce over the worker hosts.  Prints a table with byteps
+as a fraction of the raw mesh next to its ratio to gloo, writes results.json, a PNG plot
+and one Chrome trace per byteps worker into a new folder per run
+(benchmarks/results/<UTC date-time>-cluster-<rates>-w<W>-<burst>ms/ unless --out is
+given; an existing results.json is never overwritten).  The table has each system's CPU
+seconds per GB moved: workers over the timed iterations, servers over their whole life.
 Everything is torn down at the end, on errors, on Ctrl-C and on SIGTERM.
 """
 from __future__ import annotations
@@ -32,7 +35,8 @@ from benchmarks.cluster.netns import (Cluster, NetnsError, Plan, cleanup, rate_b
                                       run_cmds, tcp_cc_name)
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("byteps", "byteps-coloc", "gloo")
+ROOT = HERE.parents[1]
+SYSTEMS = ("byteps", "byteps-nomarks", "byteps-coloc", "gloo")
 
 
 def _checked(kind):
@@ -99,9 +103,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     for kv in a.env:
         if "=" not in kv:
             ap.error(f"--env {kv!r}: expected KEY=VALUE")
-    if a.out is None:
-        a.out = HERE / "results" / (time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-                                    + f"-{a.burst_ms:g}ms")
+    if a.out is None:           # named by date and content (docs/cluster.md)
+        a.out = ROOT / "benchmarks" / "results" / (
+            time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-cluster-" + "-".join(a.rates)
+            + "-w" + "-".join(map(str, a.workers)) + ("-train" if a.train else "")
+            + f"-{a.burst_ms:g}ms")
     return a
 
 
@@ -117,7 +123,7 @@ def fresh(path: Path) -> Path:
 
 def server_hosts(a: argparse.Namespace) -> int:
     """Hosts that only run servers (the non-colocated runs and the training variant)."""
-    if "byteps" not in a.systems and not a.train:
+    if not {"byteps", "byteps-nomarks"} & set(a.systems) and not a.train:
         return 0
     return a.servers or max(a.workers + ([a.train_workers] if a.train else []))
 
@@ -186,17 +192,21 @@ class Runner:
         return int(mb * 1e6) // 4 * 4
 
     def bench(self, rate: str, w: int, system: str) -> list[dict]:
+        iters, warmup = self.a.iters, self.a.warmup
+        if system == "byteps-nomarks":     # as many steps, timed from the 3rd on
+            iters, warmup = iters + max(0, warmup - 2), min(2, warmup)
         argv = [sys.executable, str(HERE / ("bench_gloo.py" if system == "gloo"
                                              else "bench_pushpull.py")),
-                str(self.size_bytes(rate)), str(self.a.iters), str(self.a.warmup)]
+                str(self.size_bytes(rate)), str(iters), str(warmup)]
+        if system != "gloo":
+            argv.append("nomarks" if system == "byteps-nomarks" else "marks")
         workers = self.whosts[:w]
         if system == "gloo":
             return self.run(jobs.gloo_job(workers, argv, self.next_port()))
         tdir = self.a.out / "traces" / f"{system}-{rate}-w{w}"
         env = dict(self.extra_env, BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR=tdir,
-                   BYTEPS_TRACE_START_STEP=self.a.warmup,
-                   BYTEPS_TRACE_END_STEP=self.a.warmup + self.a.iters - 1)
-        if system == "byteps":
+                   BYTEPS_TRACE_START_STEP=warmup, BYTEPS_TRACE_END_STEP=warmup + iters - 1)
+        if system in ("byteps", "byteps-nomarks"):
             servers = self.shosts[:self.a.servers or w]
             specs = jobs.byteps_job(workers, servers, servers[0], argv, self.next_port(), env)
         else:
@@ -211,7 +221,7 @@ class Runner:
         cpu = [v for k, v in self.last_cpu.items() if k.startswith("server") and v is not None]
         if not cpu:
             return None
-        moved = 2 * w * self.size_bytes(rate) * (self.a.warmup + self.a.iters)
+        moved = 2 * w * self.size_bytes(rate) * (self.a.warmup + self.a.iters)  # every variant
         return sum(cpu) / (moved / 1e9)
 
     def sweep(self) -> None:
@@ -232,9 +242,12 @@ class Runner:
                           flush=True)
                 gloo = report.job_time(got["gloo"]) if "gloo" in got else None
                 link = (self.probes[rate].get("all_Gbps") or 0) * 1e9 / 8 or None
+                mesh = (self.probes[rate].get("mesh_Gbps") or 0) * 1e9 / 8 or None
                 for system, recs in got.items():
-                    s = (self.a.servers or w) if system == "byteps" else w
-                    self.rows.append(dict(report.make_row(system, rate, w, s, recs, gloo, link),
+                    s = (self.a.servers or w) if system != "byteps-coloc" and \
+                        system != "gloo" else w
+                    self.rows.append(dict(report.make_row(system, rate, w, s, recs, gloo, link,
+                                                          mesh),
                                           link_drops=drops[system],
                                           server_cpu_s_per_GB=server_cpu[system]))
         if self.a.train:
