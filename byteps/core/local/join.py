@@ -18,9 +18,16 @@ After ``join()`` the servers start every key's rounds at 0 again, while the coun
 the shared segments keep counting: the network round of a slice is its local round
 minus the local round at the last ``join()`` (:attr:`JoinState.base`), the same on every
 host.
+
+A joined rank can add zeros to a tensor it never pushed itself (Horovod's join tests: a
+rank joins at once while the others push new names): the first local rank to push an
+uncompressed, synchronous tensor writes its name, shape, dtype, op and average flag to
+``<prefix>n<key>`` (:func:`note`, JSON, validated field by field when read,
+:func:`learn`), and the joined rank declares the tensor from it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import mmap
 import os
@@ -28,6 +35,44 @@ import os
 import numpy as np
 
 log = logging.getLogger("byteps.local")
+
+
+_DTYPES = {np.dtype(t).str: np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64)}
+
+
+def note(path: str, tensor, average: bool, src: np.ndarray) -> None:
+    """Write, once per host, what a joined local rank needs to add zeros to ``tensor``
+    (an uncompressed, synchronous one; others are not described)."""
+    if os.path.exists(path) or tensor.asked is not None or tensor.wire_flags or \
+            src.dtype.str not in _DTYPES:
+        return
+    body = json.dumps({"name": tensor.name, "shape": list(src.shape), "dtype": src.dtype.str,
+                       "op": int(tensor.op), "average": bool(average)})
+    tmp = f"{path}.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except OSError as exc:          # a full /dev/shm: join falls back to known tensors
+        log.debug("cannot write %s: %s", path, exc)
+
+
+def learn(path: str) -> tuple | None:
+    """(name, shape, dtype, op, average) from :func:`note`'s file, checked field by field;
+    None when there is none or it is malformed."""
+    try:
+        with open(path) as f:
+            d = json.loads(f.read(65536))
+        name, shape, dt, op, avg = d["name"], d["shape"], d["dtype"], d["op"], d["average"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not (isinstance(name, str) and 0 < len(name) <= 4096 and isinstance(shape, list)
+            and len(shape) <= 32 and all(type(x) is int and 0 <= x < 1 << 40 for x in shape)
+            and dt in _DTYPES and type(op) is int and 0 <= op <= 3 and type(avg) is bool):
+        return None
+    return name, tuple(shape), _DTYPES[dt], op, avg
 
 
 class JoinFlags:
@@ -76,6 +121,38 @@ class JoinState:
         self.known: dict[int, tuple] = {}    # name key -> (tensor, average) of its last push
         self.base: dict[int, int] = {}       # layout key -> local round at the last join()
         self.failed: set[int] = set()        # keys it could not add zeros to (logged)
+        self.unseen: set[int] = set()        # keys other local ranks started, not in known
+
+    def saw(self, keys) -> None:
+        """Keys other local ranks announced: one not in :attr:`known` (a tensor this rank
+        never pushed) stays a candidate for zeros even when it came before this rank
+        joined."""
+        if len(self.unseen) < 65536:
+            self.unseen.update(k for k in keys if k not in self.known)
+
+    def candidates(self) -> set:
+        """Every key this joined rank may owe zeros to: what it pushed, what it saw."""
+        self.unseen.difference_update(self.known)
+        return set(self.known) | self.unseen
+
+    def learn(self, folder: str, prefix: str, key: int):
+        """A tensor this joined rank never pushed, declared from its :func:`note`:
+        ``(tensor, average, shape, dtype)`` as :attr:`known` keeps, or None."""
+        got = learn(os.path.join(folder, f"{prefix}n{key:016x}"))
+        if got is None:
+            return None
+        from byteps.common.errors import BytePSError
+        from byteps.core import state as _st
+        from byteps.core.pipeline.tensors import _tensor
+        name, shape, dtype, op, average = got
+        try:
+            tensor = _tensor(_st.current(), name, np.zeros(shape, dtype), None, op)
+        except BytePSError:
+            return None
+        if tensor.key != key:
+            return None
+        self.known[key] = (tensor, average, shape, dtype)
+        return self.known[key]
 
     def net_round(self, lkey: int, rnd: int) -> int:
         return rnd - self.base.get(lkey, 0)

@@ -32,7 +32,7 @@ import zmq
 
 from byteps.core.engine import Handle, Task, comp_pipeline  # noqa: F401 (old import place)
 from byteps.core.local.cuts import Cuts
-from byteps.core.local.join import JoinState
+from byteps.core.local.join import JoinState, note
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.common.shm_cleanup import remove_prefix
 from byteps.core.local.shm import Segment, SegmentMismatch, host_prefix, shm_dir, warn_once
@@ -178,6 +178,7 @@ class LocalReducer(ReduceStages, Cuts):
                 op.value = self.values[lkey] = np.zeros(n, src.dtype)
         if hid:                  # what a zero contribution after join() needs (.join)
             self.join.known[tensor.key] = (tensor, average, src.shape, src.dtype)
+            note(os.path.join(self.dir, f"{self.prefix}n{tensor.key:016x}"), tensor, average, src)
         if pre is not None and not self.two_level and len(self.groups) != 1:
             raise BytePSError("a pre-reduced contribution needs switch groups of more than one "
                               "local rank (see BYTEPS_PCIE_SWITCH_SIZE)")
@@ -281,8 +282,9 @@ class LocalReducer(ReduceStages, Cuts):
                     active.append(op)
                     self.by_key[op.tensor.key] = op
                     dirty.add(op.tensor.key)
+                self.join.saw(dirty)
                 if self.join.zeros:           # joined: zeros for the others' operations
-                    self._zeros(dirty if ready else set(self.join.known))
+                    self._zeros(dirty if ready else self.join.candidates())
                 active.sort()
                 while self.events:
                     nd = self.events.popleft()
@@ -327,14 +329,14 @@ class LocalReducer(ReduceStages, Cuts):
         for key in keys:
             if key in self.by_key:
                 continue
-            known = self.join.known.get(key)
+            known = self.join.known.get(key) or self.join.learn(self.dir, self.prefix, key)
             if known is None:
                 self._unknown(key)
                 continue
             tensor, average, shape, dtype = known
             lkey = self.layouts.get(tensor.name)
-            seg = self.segs.get(lkey)
-            if seg is not None and self.join.wanted(seg, self.me, self.rounds.get(lkey, 0)):
+            seg = self.segs.get(lkey)       # None: never pushed here (learned from its note)
+            if seg is None or self.join.wanted(seg, self.me, self.rounds.get(lkey, 0)):
                 z = identity(getattr(tensor, "op", 0), shape, dtype)
                 self.submit(0, tensor, z, np.empty_like(z), average, 0)
 
