@@ -71,12 +71,11 @@ def test_horovod_torch_suite_subset(tmp_path):
 
 
 @pytest.mark.horovod_full
-@pytest.mark.parametrize("layout", ["2hosts", "3workers", pytest.param("local2", marks=(
-    pytest.mark.xfail(reason="under local reduction: op=Min/Max/Product refused, join and "
-                      "the allreduce error tests fail in the local reducer (docs/torch.md)",
-                      strict=False)))])
-def test_horovod_torch_suite(tmp_path, layout):
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reversed"])
+@pytest.mark.parametrize("layout", ["2hosts", "3workers", "local2"])
+def test_horovod_torch_suite(tmp_path, layout, reverse):
     """Every test of Horovod's test_torch.py passes or is skipped by the suite itself
     (GPU, MPI, Adasum), except the known ones (suites.known: torch.optim.Muon; float16 sums
-    of three ranks at tolerance 0)."""
-    _check(tmp_path, layout)
+    of three ranks at tolerance 0), in file order and reversed, on 2 hosts, 3 workers and
+    2 local ranks reducing in shared memory."""
+    _check(tmp_path, layout, reverse=reverse)

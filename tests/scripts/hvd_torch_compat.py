@@ -158,6 +158,16 @@ if n > 1:
 close(hvd.allreduce(data(r, (3,)), op=hvd.Sum), sum(data(k, (3,)) for k in range(n)),
       "collectives work after errors")
 
+# 8b. join() at once while the others push names (and new layouts of a name) this rank
+# never pushed: it adds zeros to them (with --local-size 2: in the host's local reduction)
+for shape in ((4,), (2, 3)):
+    if r == 0:
+        hvd.join()
+    else:
+        got = hvd.allreduce(data(r, shape), name="join.new", op=hvd.Sum)
+        close(got, sum(data(k, shape) for k in range(1, n)), f"join zeros {len(shape)}-d")
+        hvd.join()
+
 # 9. process sets: 2 of the ranks (the first and the last)
 if n >= 3:
     members = [0, n - 1]
