@@ -30,6 +30,7 @@ import threading
 import numpy as np
 
 from byteps.core import api
+from byteps.core.collective import handles as _handles
 from byteps.core.node import BytePSError
 from byteps.transport.wire import DTYPES, dtype_code
 
@@ -241,7 +242,13 @@ def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what
     _worker[0].q.put(job)
 
     def wait():
-        done.wait()
+        end = _handles.deadline(st)          # BYTEPS_COLLECTIVE_TIMEOUT_S
+        try:
+            while not done.wait(0.5):
+                _handles.check_deadline(end, what, st)
+        except _handles.CollectiveTimeoutError as exc:
+            _handles.interrupted(exc, what)
+            raise
         if "e" in box:
             raise box["e"]
         return box["r"]
