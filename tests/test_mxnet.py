@@ -149,10 +149,17 @@ def test_distributed_optimizer_is_the_wrapped_class_and_pickles(bps, tmp_path):
 def test_bad_inputs_get_clear_errors(bps):
     with pytest.raises(TypeError, match="dict or a gluon ParameterDict"):
         bps.broadcast_parameters([mx.nd.ones(2)])
-    deferred = mx.gluon.nn.Dense(3)
-    deferred.initialize()
-    with pytest.raises(ValueError, match="deferred"):
-        bps.broadcast_parameters(deferred.collect_params())
+    with pytest.raises(ValueError, match="initialize"):
+        bps.broadcast_parameters(mx.gluon.nn.Dense(3, in_units=2).collect_params())
+    with pytest.raises(TypeError, match="prefix"):
+        bps.broadcast_parameters({"x": mx.nd.ones(2)}, prefix=3)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        bps.DistributedOptimizer(mx.optimizer.SGD(), gradient_predivide_factor=0)
+    with pytest.raises(TypeError, match="Compression.none and Compression.fp16"):
+        bps.DistributedTrainer(_net().collect_params(), "sgd", compression=object)
+    with pytest.raises(ValueError, match="both given"):
+        bps.DistributedTrainer(_net().collect_params(), "sgd", compression=bps.Compression.fp16,
+                               compression_params={"compressor": "onebit"})
     with pytest.raises(TypeError, match="byteps.numpy"):
         bps.byteps_push_pull(np.ones(3), name="np")
     with pytest.raises(ValueError, match="root_rank"):

@@ -26,12 +26,12 @@ from byteps.core.api.basics import *  # noqa: F401,F403  (build info, cross_rank
 from byteps.core.api.basics import init, shutdown
 from byteps.mxnet.collectives import __all__ as _coll_names
 from byteps.mxnet.collectives import *  # noqa: F401,F403  (Horovod's collectives)
-from byteps.mxnet.compression import parse_compression
+from byteps.mxnet.compression import Compression, parse_compression
 from byteps.mxnet.ops import broadcast_parameters, byteps_declare_tensor, byteps_push_pull
 from byteps.mxnet.optimizer import DistributedOptimizer
 from byteps.mxnet.trainer import DistributedTrainer
 
-__all__ = ["BytePSError", "DistributedOptimizer", "DistributedTrainer", "broadcast_parameters",
+__all__ = ["BytePSError", "Compression", "DistributedOptimizer", "DistributedTrainer", "broadcast_parameters",
            "byteps_declare_tensor", "byteps_push_pull", "init", "is_initialized",
            "join", "local_rank", "local_size", "parse_compression", "rank", "shutdown", "size",
            "nccl_built", "cuda_built", "rocm_built"] + list(_coll_names) + \

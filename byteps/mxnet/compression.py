@@ -1,4 +1,5 @@
-"""``compression_params`` of DistributedTrainer (the original BytePS keys).
+"""``compression_params`` of DistributedTrainer (the original BytePS keys), and Horovod's
+``Compression`` (``compression=Compression.fp16``: the core's fp16 compressor).
 
 The compressors themselves live in the core (:mod:`byteps.compression`) and run
 for every plugin; this module only adapts MXNet's conventions: ``{"fp16": True}``
@@ -40,3 +41,71 @@ def parse_compression(compression_params, optimizer_params=None):
         opt.pop("momentum", None)
         optimizer_params = opt
     return params, optimizer_params
+
+
+class Compressor:
+    """Horovod's interface: ``compress(tensor) -> (tensor, ctx)``,
+    ``decompress(tensor, ctx) -> tensor``."""
+
+    @staticmethod
+    def compress(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Send tensors as they are (the default)."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Floating-point NDArrays as float16; other dtypes are left alone (Horovod)."""
+
+    @staticmethod
+    def compress(tensor):
+        out = tensor
+        if "float" in str(tensor.dtype):
+            out = tensor.astype("float16", copy=False)
+        return out, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        if "float" in str(ctx):
+            return tensor.astype(ctx, copy=False)
+        return tensor
+
+
+class Compression:
+    """Horovod's gradient compression choices for ``DistributedTrainer(compression=)``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+def horovod_compression(compression, compression_params):
+    """``compression_params`` for Horovod's ``compression=`` argument: ``Compression.fp16``
+    is the core's fp16 compressor (``{"fp16": True}``); ``Compression.none`` or None adds
+    nothing.  Raises ValueError when both arguments ask for compression, TypeError for a
+    compressor the core cannot run."""
+    if compression is None or compression is NoneCompressor:
+        return compression_params
+    if compression is not FP16Compressor:
+        raise TypeError(f"DistributedTrainer(compression={compression!r}): only "
+                        f"Compression.none and Compression.fp16 are Horovod's; for other "
+                        f"compressors pass compression_params (e.g. {{'compressor': "
+                        f"'onebit', 'ef': 'vanilla'}}, docs/compression.md)")
+    if compression_params:
+        raise ValueError(f"DistributedTrainer: compression=Compression.fp16 and "
+                         f"compression_params={compression_params!r} both given; pass one "
+                         f"(compression_params={{'fp16': True}} is the same as the first)")
+    return {"fp16": True}

@@ -77,6 +77,14 @@ def writer(arrays: list, view=None):
     return write
 
 
+def postscale(write, factor: float):
+    """``write`` of the result multiplied by Horovod's ``gradient_predivide_factor``."""
+    def scaled(res):
+        res *= res.dtype.type(factor)
+        write(res)
+    return scaled
+
+
 def wait_all(pending: list) -> None:
     """Synchronize every ``(handle, write)`` pair, calling ``write(result)``; all handles
     are drained even after a failure, then the first error is raised."""
@@ -100,6 +108,39 @@ def drain(pending: list) -> None:
             core.synchronize(handle)
         except core.BytePSError:
             pass
+
+
+def gradient_set(process_set):
+    """``(set, outside)`` for a DistributedOptimizer/Trainer's ``process_set`` (Horovod's
+    rule, as byteps.torch): the registered non-global set or None (every rank), and True
+    on a rank outside the set, which then trains on its own gradients."""
+    if process_set is None or getattr(process_set, "process_set_id", 0) == 0:
+        return None, False
+    included = getattr(process_set, "included", None)
+    if callable(included) and not included():
+        return None, True
+    return coll._set(process_set), False
+
+
+def predivide(factor, subject: str) -> float:
+    """Horovod's ``gradient_predivide_factor``: gradients are divided by it before the sum
+    and multiplied by it after (with the average's ``1/size``)."""
+    try:
+        f = float(factor)
+    except (TypeError, ValueError):
+        f = 0.0
+    if not f > 0:
+        raise ValueError(f"{subject}: gradient_predivide_factor must be a number > 0, got "
+                         f"{factor!r}")
+    return f
+
+
+def set_allreduce(arrays: list, names: list, ps, factor: float = 1.0) -> None:
+    """Average each NDArray of ``arrays`` in place over the process set ``ps``."""
+    for a, name in zip(arrays, names):
+        res = coll.allreduce(a.asnumpy(), name, op=coll.AVERAGE, prescale_factor=1.0 / factor,
+                             postscale_factor=factor, process_set=ps)
+        a[:] = res.reshape(a.shape)
 
 
 def byteps_push_pull(tensor, version: int = 0, priority: int = 0, name: str | None = None,
@@ -141,42 +182,67 @@ def broadcast_arrays(items: list, root_rank: int) -> None:
     wait_all(pending)
 
 
-def broadcast_parameters(params, root_rank: int = 0) -> None:
+def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None) -> None:
     """Make every rank's parameters equal to rank ``root_rank``'s.
 
     ``params`` is a dict of name -> NDArray (e.g. Module's ``arg_params``), a dict
     of name -> gluon Parameter, or a Gluon ``ParameterDict``
     (``net.collect_params()``).  Every rank must call it with the same structure.
+    A parameter whose initialisation is deferred (no input size yet) is broadcast the
+    moment the first forward pass initialises it (Horovod).  ``prefix`` (Horovod's)
+    names this group of parameters; without it the group is named by the order in which
+    this process first broadcast it, which every rank shares.
     """
     if isinstance(params, (mx.gluon.ParameterDict, dict)):
         entries = list(params.items())
     else:
         raise TypeError(f"broadcast_parameters needs a dict or a gluon ParameterDict, got "
                         f"{type(params).__name__}")
+    if prefix is not None and not isinstance(prefix, str):
+        raise TypeError(f"broadcast_parameters: prefix must be a string, got {prefix!r}")
     items, sig = [], []
     for key, value in entries:
         if isinstance(value, mx.gluon.Parameter):
-            arrays = param_arrays(value)
+            arrays = None if value._deferred_init else param_arrays(value)
         else:
             arrays = [check_dense(value, f"broadcast_parameters: parameter {key!r}")]
         items.append(arrays)
-        sig.append((plain_name(key), tuple(arrays[0].shape)))
-    prefix = group_prefix(("broadcast", tuple(sig)))
-    named = [(f"{prefix}parameter_{i}_{plain_name(key)}", arrays)
-             for i, ((key, _), arrays) in enumerate(zip(entries, items))]
+        sig.append((plain_name(key), tuple(value.shape)))
+    if prefix:
+        prefix = f"{prefix}."
+    else:
+        prefix = group_prefix(("broadcast", tuple(sig)))
+    named = []
+    for i, ((key, value), arrays) in enumerate(zip(entries, items)):
+        name = f"{prefix}parameter_{i}_{plain_name(key)}"
+        if arrays is None:
+            broadcast_when_initialised(value, name, root_rank)
+        else:
+            named.append((name, arrays))
     broadcast_arrays(named, root_rank)
-    for arrays in items:
+    for _, arrays in named:
         for a in arrays:
             a.wait_to_read()
 
 
+def broadcast_when_initialised(param, name: str, root_rank: int) -> None:
+    """Broadcast ``param`` from ``root_rank`` under ``name`` right after its deferred
+    initialisation (the first forward pass, on every rank in the same order)."""
+    root = coll.check_root(root_rank, "broadcast_parameters")
+    finish = param._finish_deferred_init
+
+    def finish_and_broadcast(*args, **kwargs):
+        pending = bool(param._deferred_init)
+        finish(*args, **kwargs)
+        if pending:
+            with mx.autograd.pause():
+                broadcast_arrays([(name, param.list_data())], root)
+
+    param._finish_deferred_init = finish_and_broadcast
+
+
 def param_arrays(param) -> list:
     """The data arrays of an initialised gluon Parameter (one per context)."""
-    if param._deferred_init:
-        raise ValueError(
-            f"parameter {param.name!r} is not initialised yet (deferred initialisation): run "
-            f"one forward pass first, give the layer its input size (e.g. in_units=), or let "
-            f"DistributedTrainer broadcast it at its first step")
     try:
         return param.list_data()
     except RuntimeError as exc:

@@ -28,7 +28,11 @@ from byteps.mxnet.ops import (
     drain,
     group_prefix,
     host_array,
+    gradient_set,
     plain_name,
+    postscale,
+    predivide,
+    set_allreduce,
     wait_all,
     writer,
 )
@@ -66,9 +70,16 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             optimizer, DistributedOptimizer) else type(optimizer)
         return object.__new__(_subclass(inner))
 
-    def __init__(self, optimizer):  # pylint: disable=super-init-not-called
+    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
+                 process_set=None):  # pylint: disable=super-init-not-called
         self.__dict__.update({k: v for k, v in optimizer.__dict__.items()
                               if not k.startswith("_bps_")})
+        # Horovod's arguments: gradients divided by the factor before the sum and multiplied
+        # after; num_groups is a fusion hint (each gradient is pushed on its own anyway);
+        # a rank outside process_set trains on its own gradients
+        self._bps_factor = predivide(gradient_predivide_factor, "DistributedOptimizer")
+        self._bps_groups = int(num_groups)
+        self._bps_set, self._bps_outside = gradient_set(process_set)
         self._bps_busy = False
         self._bps_ctx: dict = {}
         self._bps_names: dict = {}
@@ -119,6 +130,11 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def _bps_algorithm(self):
         """The core's AsyncPS when BYTEPS_ENABLE_ASYNC=1 and there are other workers."""
         if self._bps_alg is None and core.size() > 1 and core.get_config().enable_async:
+            if self._bps_set is not None:
+                from byteps.core import compat
+                compat.refuse("process-set-algorithm", f"DistributedOptimizer(process_set="
+                                                       f"{self._bps_set!r}) under "
+                                                       f"BYTEPS_ENABLE_ASYNC=1 (AsyncPS)")
             self._bps_alg = _algorithms.default()
             self._bps_alg.bind(None, 1, subject="byteps.mxnet.DistributedOptimizer")
         return self._bps_alg
@@ -182,12 +198,17 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return name
 
     def _bps_reduce(self, index, weight, grad) -> None:
-        if core.size() == 1:
+        if core.size() == 1 or self._bps_outside:
             return
         if isinstance(index, (list, tuple)):
             items = list(zip(index, weight, grad))
         else:
             items = [(index, weight, grad)]
+        if self._bps_set is not None:
+            names = [self._bps_name(i) for i, _, _ in items]
+            set_allreduce([check_dense(g, f"gradient {n!r}") for n, (_, _, g) in
+                           zip(names, items)], names, self._bps_set, self._bps_factor)
+            return
         pending = []
         try:
             self._bps_submit(items, pending)
@@ -208,5 +229,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                     f"bps.DistributedTrainer, which sums the devices' gradients first")
             arr, shared = host_array(g)
             prio = -idx if isinstance(idx, int) else 0
+            write = writer([g], arr if shared else None)
+            if self._bps_factor != 1.0:      # in place: the result overwrites it
+                arr /= arr.dtype.type(self._bps_factor)
+                write = postscale(write, self._bps_factor)
             pending.append((core.push_pull_async(arr, name, average=True, priority=prio,
-                                                 out=arr), writer([g], arr if shared else None)))
+                                                 out=arr), write))
+

@@ -8,14 +8,19 @@ import numpy as np
 from byteps.core import algorithms as _algorithms
 from byteps.core import api as core
 from byteps.mxnet._mx import mx
-from byteps.mxnet.compression import parse_compression
+from byteps.mxnet.compression import horovod_compression, parse_compression
 from byteps.mxnet.ops import (
     broadcast_arrays,
+    broadcast_when_initialised,
     check_dense,
     drain,
+    gradient_set,
     group_prefix,
     host_array,
     plain_name,
+    postscale,
+    predivide,
+    set_allreduce,
     wait_all,
     writer,
 )
@@ -44,16 +49,32 @@ class DistributedTrainer(mx.gluon.Trainer):
     them first.  ``compression_params`` takes the original BytePS keys (e.g.
     ``{"compressor": "onebit", "ef": "vanilla"}``, or ``{"fp16": True}``): gradients are
     compressed in the core on their way to the servers and back (docs/compression.md).
+
+    Horovod's keywords work too: ``compression=bps.Compression.fp16`` (the core's fp16
+    compressor), ``gradient_predivide_factor`` (gradients divided by it before the sum,
+    multiplied after), ``prefix`` (names this trainer's tensors: two trainers over
+    different parameters need different prefixes in Horovod; here they are told apart
+    without one too), ``num_groups`` (a fusion hint; every gradient is pushed on its
+    own as soon as it is ready) and ``process_set`` (gradients averaged over that set;
+    a rank outside it trains on its own gradients).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
-                 compression_params=None, algorithm=None):
+                 compression_params=None, algorithm=None, compression=None,
+                 gradient_predivide_factor=1.0, prefix=None, num_groups=0, process_set=None):
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._bps_unwrap()
             warnings.warn("DistributedTrainer does not take DistributedOptimizer as its "
                           "optimizer. We have unwrapped it for you.", stacklevel=2)
+        compression_params = horovod_compression(compression, compression_params)
         self._bps_cparams, optimizer_params = parse_compression(compression_params,
                                                                 optimizer_params)
+        # Horovod's arguments (see the class docstring)
+        self._bps_factor = predivide(gradient_predivide_factor, "DistributedTrainer")
+        self._bps_groups = int(num_groups)
+        self._bps_set, self._bps_outside = gradient_set(process_set)
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(f"DistributedTrainer: prefix must be a string, got {prefix!r}")
         # a core algorithm other than SyncPS (BYTEPS_ENABLE_ASYNC=1: AsyncPS, every plugin's
         # rule; Decentralized, AsyncModelAverage...; docs/algorithms.md) runs after the step
         alg = _algorithms.resolve(algorithm, "DistributedTrainer")
@@ -62,6 +83,11 @@ class DistributedTrainer(mx.gluon.Trainer):
             raise core.BytePSError(f"DistributedTrainer: {alg.describe()} combines gradients "
                                    f"(reduce_gradients), which DistributedTrainer does not "
                                    f"call; combine parameters in after_step instead")
+        if self._bps_set is not None and not alg.plugin_gradients:
+            from byteps.core import compat
+            compat.refuse("process-set-algorithm", f"DistributedTrainer(process_set="
+                                                   f"{self._bps_set!r}, algorithm="
+                                                   f"{alg.describe()})")
         if not alg.plugin_gradients:
             # the core's one rule: the algorithm compresses what it exchanges
             alg.bind(self._bps_cparams, 1, subject=f"DistributedTrainer: {alg.describe()}")
@@ -74,7 +100,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         self.root_rank = check_root(root_rank, "DistributedTrainer")
         self._bps_size = size = core.size()
         self._bps_index = {id(p): i for i, p in enumerate(self._params)}
-        prefix = group_prefix(("params", tuple(p.name for p in self._params)))
+        prefix = f"{prefix}." if prefix else \
+            group_prefix(("params", tuple(p.name for p in self._params)))
         plain = [plain_name(p.name) for p in self._params]
         self._bps_grad_names = [f"{prefix}gradient_{i}_{n}" for i, n in enumerate(plain)]
         self._bps_param_names = [f"{prefix}parameter_{i}_{n}" for i, n in enumerate(plain)]
@@ -89,21 +116,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         # checkpoint on the root rank after making the trainer).
         for param in self._params:
             if param._deferred_init:
-                self._bps_hook_deferred(param)
+                broadcast_when_initialised(
+                    param, self._bps_param_names[self._bps_index[id(param)]], self.root_rank)
         self._bps_broadcast([p for p in self._params if not p._deferred_init])
-
-    def _bps_hook_deferred(self, param) -> None:
-        finish = param._finish_deferred_init
-        name = self._bps_param_names[self._bps_index[id(param)]]
-
-        def finish_and_broadcast():
-            pending = bool(param._deferred_init)
-            finish()
-            if pending:
-                with mx.autograd.pause():
-                    broadcast_arrays([(name, param.list_data())], self.root_rank)
-
-        param._finish_deferred_init = finish_and_broadcast
 
     def step(self, batch_size, ignore_stale_grad=False):
         """Average the gradients across workers, then update the parameters;
@@ -159,6 +174,8 @@ class DistributedTrainer(mx.gluon.Trainer):
     def _allreduce_grads(self):
         if self._bps_alg is not None or (self._bps_size == 1 and len(self._contexts) == 1):
             return
+        if self._bps_set is not None or self._bps_outside:
+            return self._bps_set_allreduce()
         pending = []
         if self._bps_cparams:
             core.set_compression_lr(float(self.learning_rate))   # lr-aware error feedback
@@ -174,10 +191,30 @@ class DistributedTrainer(mx.gluon.Trainer):
                 view, shared = host_array(check_dense(grads[0], f"gradient {name!r}"))
                 for g in grads[1:]:
                     np.add(view, g.asnumpy(), out=view)
-                arr = view
-                handle = core.push_pull_async(arr, name, average=True, priority=-i, out=arr)
-                pending.append((handle, writer(grads, view if shared else None)))
+                write = writer(grads, view if shared else None)
+                if self._bps_factor != 1.0:       # in place: the result overwrites it
+                    view /= view.dtype.type(self._bps_factor)
+                    write = postscale(write, self._bps_factor)
+                handle = core.push_pull_async(view, name, average=True, priority=-i, out=view)
+                pending.append((handle, write))
         except BaseException:
             drain(pending)
             raise
         wait_all(pending)
+
+    def _bps_set_allreduce(self) -> None:
+        """Average the gradients over the trainer's process set (a rank outside it trains
+        on its own gradients, as in Horovod)."""
+        params = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
+        grads = []
+        for _, p in params:
+            gs = p.list_grad()
+            for g in gs[1:]:
+                gs[0] += g.as_in_context(gs[0].context)
+            grads.append(gs)
+        if not self._bps_outside:
+            set_allreduce([gs[0] for gs in grads], [self._bps_grad_names[i] for i, _ in params],
+                          self._bps_set, self._bps_factor)
+        for gs in grads:
+            for g in gs[1:]:
+                g[:] = gs[0].as_in_context(g.context)
