@@ -16,7 +16,7 @@ import tensorflow as tf
 from byteps.core import api as core
 from byteps.core.collective.rules import sum_or_average
 from byteps.tensorflow import _exchange
-from byteps.tensorflow._plumbing import from_wire, to_wire
+from byteps.tensorflow._plumbing import from_wire, graph_fn, to_wire
 
 Average, Sum = "Average", "Sum"
 
@@ -62,7 +62,8 @@ def start_dense(t, name: str, average: bool, priority: int = 0, shape_in_name=Fa
 
     def fn(x):
         return np.int64(_exchange.start_dense(x, name, average, priority, shape_in_name))
-    out = tf.numpy_function(fn, [t], tf.int64, stateful=True, name="BytePSPushPull")
+    out = tf.numpy_function(graph_fn(fn), [t], tf.int64, stateful=True,
+                            name="BytePSPushPull")
     out.set_shape([])
     return out
 
@@ -73,7 +74,7 @@ def start_sparse(values, indices, name: str, average: bool, priority: int = 0):
 
     def fn(v, i):
         return np.int64(_exchange.start_sparse(v, i, name, average, priority))
-    out = tf.numpy_function(fn, [values, indices], tf.int64, stateful=True,
+    out = tf.numpy_function(graph_fn(fn), [values, indices], tf.int64, stateful=True,
                             name="BytePSSparsePushPull")
     out.set_shape([])
     return out
@@ -87,7 +88,7 @@ def wait(tickets: list, specs: list, step: bool = False) -> list:
     fn = _exchange.wait_step if step else _exchange.wait
     if eager():
         return [tf.convert_to_tensor(a) for a in fn(*tickets)]
-    outs = tf.numpy_function(fn, list(tickets), [d for d, _ in specs],
+    outs = tf.numpy_function(graph_fn(fn), list(tickets), [d for d, _ in specs],
                              stateful=True, name="BytePSWait")
     for o, (_, shape) in zip(outs, specs):
         o.set_shape(shape)
@@ -158,7 +159,8 @@ def broadcast_tensors(tensors: list, names: list[str], root_rank: int) -> list:
     if eager():
         res = [tf.convert_to_tensor(a) for a in run(*[w.numpy() for w, _ in wired])]
     else:
-        res = tf.numpy_function(run, [w for w, _ in wired], [w.dtype for w, _ in wired],
+        res = tf.numpy_function(graph_fn(run), [w for w, _ in wired],
+                                [w.dtype for w, _ in wired],
                                 stateful=True, name="BytePSBroadcast")
         for r, (w, _) in zip(res, wired):
             r.set_shape(w.shape)

@@ -7,17 +7,24 @@ An operation is a function of numpy arrays (calling :mod:`byteps.core.collective
 * dtypes: the core's collectives take every dtype of :mod:`byteps.core.collective.carry`'s table as
   numpy arrays and give results back in that dtype; :func:`to_wire` only casts the small
   floats (bfloat16, float8) as the table says, for exchanges that take wire dtypes;
-* errors: when eager, a disagreement between ranks (the core's BytePSError) is raised as
+* errors: a disagreement between ranks (the core's BytePSError) is raised as
   :class:`CollectiveError`, a ``tf.errors.FailedPreconditionError`` that is also a
   BytePSError, and an invalid argument found during the exchange (e.g. alltoall splits
   that do not fit, reported by the core on every rank) as :class:`InvalidArgument`, a
-  ``tf.errors.InvalidArgumentError`` that is also a ValueError (Horovod's classes).
-  Inside a graph TensorFlow turns a ValueError into InvalidArgumentError and anything
-  else into UnknownError, keeping the message;
-* order: in a TF1 graph every byteps op gets a control dependency on the previous one,
-  so that every rank runs them in creation order (``tf.function`` already runs stateful
-  ops in program order); ops that wait for other ranks could otherwise deadlock when two
-  ranks pick different orders.
+  ``tf.errors.InvalidArgumentError`` that is also a ValueError (Horovod's classes), eager,
+  in ``tf.function`` and in TF1 sessions.  Inside a graph TensorFlow's ``numpy_function``
+  kernel turns a ValueError into InvalidArgumentError but every other exception into
+  UnknownError (it ignores an OpError's code), so :func:`graph_fn` marks a BytePSError's
+  message and :func:`_install_error_mapping` makes TensorFlow create a CollectiveError
+  instead of an UnknownError for a marked message (and only then);
+* order: in a TF1 graph every byteps op gets a control dependency on the previous one
+  created since the graph last ran a byteps op, so every rank runs them in creation
+  order (``tf.function`` already runs stateful ops in program order).  Each op waits for
+  the other ranks inside a ``numpy_function``, which holds one of TensorFlow's inter-op
+  threads (two on a 2-core machine): unordered, ranks that pick different ops first
+  could each hold every thread waiting for an op the other has not started.  The chain
+  restarts after a run, so an op built after ``session.run`` does not re-run (or need
+  the feeds of) the ops evaluated before it.
 """
 from __future__ import annotations
 
@@ -32,12 +39,64 @@ from byteps.core.collective.carry import wire_dtype
 _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+_MARK = "[byteps: collective failed] "
+
+
 class CollectiveError(tf.errors.FailedPreconditionError, BytePSError):
     """The ranks disagree (shapes, dtypes, root ranks, ...) or the job failed; the message
-    names the tensor and the ranks."""
+    names the tensor and the ranks.  ``CollectiveError(message)`` or, as TensorFlow builds
+    its errors, ``CollectiveError(node_def, op, message)``."""
 
-    def __init__(self, message: str):
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+    def __init__(self, *args):
+        node_def, op, message = (None, None, args[0]) if len(args) == 1 else args[:3]
+        tf.errors.FailedPreconditionError.__init__(self, node_def, op,
+                                                   str(message).replace(_MARK, ""))
+
+
+class GraphCollectiveError(CollectiveError, tf.errors.UnknownError):
+    """A :class:`CollectiveError` raised by a graph op (a session or ``tf.function``): also
+    the UnknownError that TensorFlow's ``numpy_function`` kernel reports."""
+
+
+class CollectiveFailed(Exception):
+    """A BytePSError raised inside a graph op, its message marked for the mapping."""
+
+
+def graph_fn(fn):
+    """``fn`` for a ``numpy_function``: a BytePSError that is no ValueError leaves it
+    marked, so that the session or ``tf.function`` raises a :class:`CollectiveError`."""
+    _install_error_mapping()
+
+    def call(*arrays):
+        try:
+            return fn(*arrays)
+        except BytePSError as exc:
+            if isinstance(exc, ValueError):
+                raise
+            raise CollectiveFailed(_MARK + str(exc)) from None
+    return call
+
+
+def _install_error_mapping() -> None:
+    """Make ``tf.errors.UnknownError(node_def, op, message)`` a
+    :class:`GraphCollectiveError` when ``message`` carries :data:`_MARK` (TensorFlow builds
+    the errors of a failed op from its status code through this class, in sessions and in
+    ``tf.function`` alike); every other UnknownError is built as before."""
+    cls = tf.errors.UnknownError
+    if cls.__dict__.get("_byteps_mapped"):
+        return
+    base_new = cls.__new__
+
+    def __new__(klass, *args, **kwargs):
+        if klass is cls:
+            message = args[2] if len(args) > 2 else kwargs.get("message")
+            if isinstance(message, str) and _MARK in message:
+                klass = GraphCollectiveError       # __init__ follows with the same arguments
+        if base_new is object.__new__:
+            return base_new(klass)
+        return base_new(klass, *args, **kwargs)
+    cls.__new__ = __new__
+    cls._byteps_mapped = True
 
 
 class InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
@@ -95,18 +154,20 @@ def run(fn, inputs: list, specs: list, kind: str) -> list:
         return [tf.convert_to_tensor(np.asarray(o, d.as_numpy_dtype))
                 for o, (d, _) in zip(outs, specs)]
 
-    def call(*arrays):
-        return [np.asarray(o, d.as_numpy_dtype) for o, (d, _) in zip(fn(*arrays), specs)]
     graph = tf.compat.v1.get_default_graph()
-    deps = []
-    if _in_v1_graph() and graph in _last_op:
-        deps = [_last_op[graph]]
+    v1 = _in_v1_graph()
+
+    def call(*arrays):
+        if v1:
+            _last_op.pop(graph, None)      # the graph ran: the next op starts a new chain
+        return [np.asarray(o, d.as_numpy_dtype) for o, (d, _) in zip(fn(*arrays), specs)]
+    deps = [_last_op[graph]] if v1 and graph in _last_op else []
     with tf.control_dependencies(deps):
-        outs = tf.numpy_function(call, list(inputs), [d for d, _ in specs], stateful=True,
-                                 name="BytePS" + kind)
+        outs = tf.numpy_function(graph_fn(call), list(inputs), [d for d, _ in specs],
+                                 stateful=True, name="BytePS" + kind)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
-    if outs and _in_v1_graph():
+    if outs and v1:
         _last_op[graph] = outs[0].op
     for o, (_, shape) in zip(outs, specs):
         o.set_shape(shape)

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from byteps.core import api as core
 from byteps.core.collective import ops as coll
+from byteps.core.collective.rules import check_unscaled
 from byteps.core.api.basics import process_set_kw
 from byteps.tensorflow import _plumbing as P
 from byteps.tensorflow.compression import Compression
@@ -91,29 +92,47 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     (values and indices; divided by the size for Average), as Horovod does.
     Differentiable."""
     kw = process_set_kw(process_set, "allreduce")
-    sparse = isinstance(tensor, tf.IndexedSlices)
-    op = _op(average, op, "allreduce of tf.IndexedSlices" if sparse else "allreduce")
+    if isinstance(tensor, tf.IndexedSlices):
+        (out,) = _sparse_allreduce([tensor], average, device_sparse, compression, op,
+                                   prescale_factor, postscale_factor, name, process_set,
+                                   "allreduce")
+        return out
+    op = _op(average, op, "allreduce")
     name = _name(name, "allreduce", kw)
-    if sparse:
-        with tf.device(device_sparse):
-            vals, ctx = compression.compress(tensor.values)
-            values = allgather(vals, name=name + ".values", process_set=process_set)
-            values = compression.decompress(values, ctx)
-            indices = allgather(tensor.indices, name=name + ".indices",
-                                process_set=process_set)
-            factor = prescale_factor * postscale_factor
-            if coll.resolve_op(None, op) == (0, True):        # Average
-                factor /= _members(kw)[0]
-            if factor != 1.0:
-                values = values * tf.cast(factor, values.dtype) if values.dtype.is_floating \
-                    else tf.cast(tf.cast(values, tf.float64) * factor, values.dtype)
-            return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     tensor = _tensor(tensor, "allreduce")
     with tf.device(device_dense):
         c, ctx = compression.compress(tensor)
         out = _allreduce_dense(c, name, op, float(prescale_factor), float(postscale_factor),
                                kw)
         return compression.decompress(out, ctx)
+
+
+_SPARSE = "allreduce of tf.IndexedSlices"
+
+
+def _sparse_allreduce(slices, average, device, compression, op, pre, post, name, process_set,
+                      kind):
+    """Allreduce of ``tf.IndexedSlices``, as Horovod: the values and the indices of every
+    rank are allgathered (one grouped allgather each); Average divides the values by the
+    number of ranks (``/``: integers become floats, as Horovod's).  Only Sum and Average,
+    without scale factors (NotImplementedError, the core's rules)."""
+    op = _op(average, op, _SPARSE)
+    check_unscaled(_SPARSE, pre, post)
+    kw = process_set_kw(process_set, kind)
+    base = _name(name, kind, kw)
+    with tf.device(device):
+        pairs = [compression.compress(s.values) for s in slices]
+        values = grouped_allgather([v for v, _ in pairs], name=base + ".values",
+                                   process_set=process_set)
+        indices = grouped_allgather([s.indices for s in slices], name=base + ".indices",
+                                    process_set=process_set)
+        out = []
+        for s, v, (_, ctx), i in zip(slices, values, pairs, indices):
+            v = compression.decompress(v, ctx)
+            if coll.resolve_op(None, op) == (0, True):        # Average
+                v = v / tf.cast(_members(kw)[0], v.dtype)
+            out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
+        return out
 
 
 def _grouped_dense(tensors, name, op, pre, post, kw):
@@ -142,14 +161,28 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       name=None):
     """Reduce every tensor of ``tensors`` in one operation (a list); differentiable."""
     kw = process_set_kw(process_set, "grouped_allreduce")
-    op = _op(average, op)
-    name = _name(name, "grouped_allreduce", kw)
-    tensors = [_tensor(t, "grouped_allreduce") for t in tensors]
-    with tf.device(device_dense):
-        pairs = [compression.compress(t) for t in tensors]
-        outs = _grouped_dense([c for c, _ in pairs], name, op, float(prescale_factor),
-                              float(postscale_factor), kw)
-        return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i in range(len(tensors)) if i not in set(sparse)]
+    out = [None] * len(tensors)
+    if sparse:        # as Horovod: grouped allgathers of their values and indices
+        for i, r in zip(sparse, _sparse_allreduce(
+                [tensors[i] for i in sparse], average, device_sparse, compression, op,
+                prescale_factor, postscale_factor, None, process_set, "grouped_allreduce")):
+            out[i] = r
+    if dense:
+        op = _op(average, op)
+        gname = _name(name, "grouped_allreduce", kw)
+        ts = [_tensor(tensors[i], "grouped_allreduce") for i in dense]
+        with tf.device(device_dense):
+            pairs = [compression.compress(t) for t in ts]
+            outs = _grouped_dense([c for c, _ in pairs], gname, op, float(prescale_factor),
+                                  float(postscale_factor), kw)
+            for i, o, (_, ctx) in zip(dense, outs, pairs):
+                out[i] = compression.decompress(o, ctx)
+    return out
 
 
 # ------------------------------------------------------------------ allgather

@@ -22,8 +22,8 @@ import itertools
 import threading
 
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "SUM_OR_AVERAGE", "ReduceOp",
-           "auto_name", "check_name", "check_root", "position_name", "reset_names", "resolve_op",
-           "sum_or_average"]
+           "auto_name", "check_name", "check_root", "check_unscaled", "position_name",
+           "reset_names", "resolve_op", "sum_or_average"]
 
 
 class ReduceOp:
@@ -52,9 +52,10 @@ SUM_OR_AVERAGE = frozenset({"reducescatter", "grouped_reducescatter", "push_pull
                             "DistributedGradientTape", "allreduce of tf.IndexedSlices"})
 
 
-class UnsupportedOpError(ValueError, RuntimeError):
-    """An op byteps cannot apply (Adasum): a ValueError, and the RuntimeError Horovod raises
-    for it in reducescatter."""
+class UnsupportedOpError(ValueError, NotImplementedError):
+    """An op byteps cannot apply (Adasum), or one a kind of operation does not take (Min on
+    tf.IndexedSlices): a ValueError, and the RuntimeError Horovod raises for Adasum in
+    reducescatter, which is the NotImplementedError it raises for IndexedSlices."""
 
 
 def _op_by_name(name: str) -> ReduceOp:
@@ -80,9 +81,17 @@ def resolve_op(average=None, op=None, kind: str = "allreduce") -> tuple[int, boo
         raise UnsupportedOpError(f"{kind}: op=Adasum is not supported by byteps (a parameter server "
                          f"reduces element-wise); use Average, Sum, Min, Max or Product")
     if kind in SUM_OR_AVERAGE and key not in ("sum", "average"):
-        raise ValueError(f"{kind}: op={_OPS_BY_NAME[key]!r} is not supported; use Average "
-                         f"or Sum (as Horovod)")
+        raise UnsupportedOpError(f"{kind}: op={_OPS_BY_NAME[key]!r} is not supported; use Average "
+                                 f"or Sum (as Horovod)")
     return _WIRE[key], key == "average"
+
+
+def check_unscaled(kind: str, prescale_factor=1.0, postscale_factor=1.0) -> None:
+    """A ``kind`` of operation that takes no scale factors (Horovod: tf.IndexedSlices)
+    refuses them with an :class:`UnsupportedOpError` (NotImplementedError, as Horovod)."""
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise UnsupportedOpError(f"{kind}: prescale_factor/postscale_factor are not supported "
+                                 f"(as Horovod); scale the values before or after the call")
 
 
 def sum_or_average(average=None, op=None, kind: str = "push_pull") -> bool:

@@ -1,0 +1,152 @@
+"""Graph-mode collectives of byteps.tensorflow in a 2-worker job (tests/test_tensorflow_graph.py).
+
+* order: a TF1 graph with a grouped allreduce, a grouped reducescatter and five independent
+  collectives (three allreduces, an allgather, a broadcast) run 50 times in a session with
+  inter-op parallelism (2 threads); the ranks fetch them in opposite orders; every result
+  is checked every time.  The same ops in a ``tf.function``, 5 calls.
+* errors: a shape mismatch in a session and in a ``tf.function`` raises Horovod's
+  ``tf.errors.FailedPreconditionError`` (also a BytePSError) naming both ranks, alltoall
+  splits no rank can use raise InvalidArgumentError, IndexedSlices with op=Min or with a
+  prescale factor NotImplementedError; collectives work after each.
+* an op built after a ``session.run`` does not re-run the ops evaluated before it (or
+  need their feeds).
+Writes rank<r>.json with the checks passed and the seconds the 50 runs took."""
+import json
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import byteps.tensorflow as hvd
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+done: dict = {}
+v1 = tf.compat.v1
+
+
+def _late(a):
+    time.sleep(0.005)
+    return a
+
+
+def build(x):
+    """The collectives of one step on ``x`` (a [4, 3] float32), by name.  Every other one
+    gets its input 5 ms late, the even ones on even ranks and the odd ones on odd ranks,
+    so that the runtime, free to, would start them in different orders on the ranks."""
+    late = tf.numpy_function(_late, [x], tf.float32, stateful=False)
+    late.set_shape(x.shape)
+    xs = [late if i % 2 == r % 2 else x for i in range(7)]
+    g = hvd.grouped_allreduce([xs[0], xs[0] * 2.0, tf.cast(xs[0], tf.int32)], op=hvd.Sum)
+    s = hvd.grouped_reducescatter([xs[1], xs[1] + 1.0], op=hvd.Sum)
+    ops = {"grouped0": g[0], "grouped1": g[1], "grouped2": g[2], "scatter0": s[0],
+           "scatter1": s[1], "sum": hvd.allreduce(xs[2], op=hvd.Sum),
+           "max": hvd.allreduce(xs[3], op=hvd.Max), "avg": hvd.allreduce(xs[4] * 3.0),
+           "gather": hvd.allgather(xs[5]), "bcast": hvd.broadcast(xs[6], 1)}
+    return ops
+
+
+def expected(vals):
+    tot = sum(vals)
+    rows = 4 // n
+    return {"grouped0": tot, "grouped1": 2 * tot, "grouped2": tot.astype(np.int32),
+            "scatter0": tot[r * rows:(r + 1) * rows],
+            "scatter1": (tot + n)[r * rows:(r + 1) * rows], "sum": tot,
+            "max": np.max(vals, axis=0), "avg": 3 * tot / n,
+            "gather": np.concatenate(vals), "bcast": vals[1]}
+
+
+def value(rank, step):
+    return np.arange(12, dtype=np.float32).reshape(4, 3) * (rank + 1) + step
+
+
+def check(got, step, what):
+    exp = expected([value(k, step) for k in range(n)])
+    for k, v in got.items():
+        if not np.allclose(v, exp[k]):
+            raise AssertionError(f"{what} step {step} {k}: {v} != {exp[k]}")
+
+
+# ---- a TF1 graph, 50 runs, inter-op parallelism, opposite fetch orders
+with tf.Graph().as_default():
+    x = v1.placeholder(tf.float32, [4, 3])
+    ops = build(x)
+    keys = sorted(ops) if r % 2 == 0 else sorted(ops, reverse=True)
+    cfg = v1.ConfigProto(inter_op_parallelism_threads=2, intra_op_parallelism_threads=2)
+    with v1.Session(config=cfg) as sess:
+        t0 = time.monotonic()
+        for step in range(50):
+            out = sess.run([ops[k] for k in keys], feed_dict={x: value(r, step)})
+            check(dict(zip(keys, out)), step, "session")
+        done["graph 50 runs"] = round(time.monotonic() - t0, 2)
+
+        # an op built after a run neither re-runs the ops before it nor needs their feeds
+        y = hvd.allreduce(tf.constant([float(r)]), op=hvd.Sum, name="after_run")
+        assert sess.run(y).tolist() == [float(sum(range(n)))]
+        done["op after run needs no earlier feeds"] = 1
+
+        # errors in a session: Horovod's classes, every rank, then collectives work
+        bad = hvd.allreduce(tf.ones([3 + r]), name="shape_mismatch")
+        try:
+            sess.run(bad)
+            raise AssertionError("session: no error for a shape mismatch")
+        except tf.errors.FailedPreconditionError as exc:
+            assert isinstance(exc, hvd.BytePSError), type(exc).__mro__
+            assert "rank 1" in str(exc) and "rank 0" in str(exc), str(exc)
+        done["session FailedPreconditionError"] = 1
+        bad = hvd.alltoall(tf.ones([3]), splits=tf.constant([4, 0][:n] + [0] * (n - 2)))
+        try:
+            sess.run(bad)
+            raise AssertionError("session: no error for bad splits")
+        except tf.errors.InvalidArgumentError:
+            pass
+        done["session InvalidArgumentError"] = 1
+        out = sess.run(ops["sum"], feed_dict={x: value(r, 7)})
+        check({"sum": out}, 7, "session after errors")
+        done["session works after errors"] = 1
+
+
+# ---- tf.function: the same collectives, 50 calls
+@tf.function
+def step_fn(x):
+    return build(x)
+
+
+t0 = time.monotonic()
+for step in range(5):
+    got = {k: v.numpy() for k, v in step_fn(tf.constant(value(r, step))).items()}
+    check(got, step, "tf.function")
+done["function 5 calls"] = round(time.monotonic() - t0, 2)
+
+
+@tf.function
+def bad_fn():
+    return hvd.allgather(tf.ones([2, 2 + r]), name="function_mismatch")
+
+
+try:
+    bad_fn()
+    raise AssertionError("tf.function: no error for a shape mismatch")
+except tf.errors.FailedPreconditionError as exc:
+    assert isinstance(exc, hvd.BytePSError) and "rank 1" in str(exc), str(exc)
+done["function FailedPreconditionError"] = 1
+
+# ---- IndexedSlices: Horovod's NotImplementedError for other ops and scale factors
+sl = tf.IndexedSlices(tf.ones([1, 3]), tf.constant([r]))
+for kw in ({"op": hvd.Min}, {"op": hvd.Adasum}, {"op": hvd.Sum, "prescale_factor": 0.5}):
+    try:
+        hvd.allreduce(sl, **kw)
+        raise AssertionError(f"IndexedSlices {kw}: no error")
+    except NotImplementedError:
+        pass
+avg = hvd.allreduce(tf.IndexedSlices(tf.fill([1, 3], 2 * (r + 1)), tf.constant([r])))
+assert avg.values.dtype == tf.float64 and np.allclose(
+    np.sort(avg.values.numpy()[:, 0]), [2 * (k + 1) / n for k in range(n)]), avg.values
+done["IndexedSlices as Horovod"] = 1
+check({"sum": hvd.allreduce(tf.constant(value(r, 3)), op=hvd.Sum).numpy()}, 3, "eager after")
+done["eager works after errors"] = 1
+
+with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+    json.dump(done, f)
+hvd.shutdown()
