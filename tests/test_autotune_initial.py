@@ -27,6 +27,14 @@ def test_a_step_ends_where_a_name_repeats_whatever_the_order():
     # autotune's own push_pulls never count, not even repeated
     c = NameSteps()
     assert _ends(c, ["x", autotune.NAME + ".plan", autotune.NAME + ".plan", "y"]) == []
+    # a background thread's pushes (a stage's own timing, different on every rank) neither
+    # end a step nor count as the step's names
+    import threading
+    d, got = NameSteps(), []
+    th = threading.Thread(target=lambda: got.extend(_ends(d, ["x", "x", "y", "x"])))
+    th.start()
+    th.join()
+    assert got == [] and _ends(d, ["x", "y", "x"]) == [2]
     # after an explicit step_done the marks are the steps
     c.explicit = True
     assert _ends(c, ["x", "x", "x"]) == []
