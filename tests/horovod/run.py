@@ -18,7 +18,11 @@ The job runs with ``BYTEPS_COLLECTIVE_TIMEOUT_S=20`` (``--collective-timeout``; 
 environment value wins): a test that fails on some ranks only (an assertion on one rank's
 own result) leaves the other ranks in its next collective; they then raise and leave
 after 20 s, so the failure stays in that test instead of reaching pytest's 60 s alarm
-(which, firing inside pytest's own reporting, ends the whole worker).
+(which, firing inside pytest's own reporting, ends the whole worker).  And with
+``BYTEPS_REINIT_WAIT_S=30`` (an environment value wins): every test calls ``shutdown()``
+in its tearDown and ``init()`` in the next test, and on a loaded machine that gap passed
+the default 2 s after which a job whose workers all left ends (seen with 2 local ranks:
+every later test then waited 60 s in ``init()``).
 """
 from __future__ import annotations
 
@@ -75,6 +79,7 @@ def run(suite: str, layout: str, out: Path, reverse: bool, select: str | None,
     env = dict(os.environ, HVD_SUITE_REVERSE="1" if reverse else "0",
                BYTEPS_COLLECTIVE_TIMEOUT_S=os.environ.get("BYTEPS_COLLECTIVE_TIMEOUT_S",
                                                           f"{collective_timeout:g}"),
+               BYTEPS_REINIT_WAIT_S=os.environ.get("BYTEPS_REINIT_WAIT_S", "30"),
                PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]))
     t0 = time.monotonic()
     try:
