@@ -6,7 +6,7 @@
 #   tests/peer/run_horovod_suite.sh HOROVOD_DIR [SUITE...]
 #   tests/peer/run_horovod_suite.sh --prepare-only HOROVOD_DIR OUT_DIR   # copies only
 #
-# SUITE: torch, tensorflow, keras, mxnet (default: all four).  Each runs in a byteps job
+# SUITE: torch, tensorflow, keras, tf2keras, mxnet (default: all five).  Each runs in a byteps job
 # of 2 workers on 2 hosts and of 2 local ranks (--local-size 2) through
 # tests/horovod/run.py (HVD_LAYOUTS="2hosts local2 3workers" to change; HVD_SELECT: a
 # pytest -k expression; HVD_REVERSE=1: the tests in reverse order; HVD_JUNIT_DIR: where
@@ -32,21 +32,20 @@ files_of() {
     torch) echo "test_torch.py" ;;
     tensorflow) echo "test_tensorflow.py base_test_tensorflow.py" ;;
     keras) echo "test_keras.py" ;;
+    tf2keras) echo "test_tensorflow2_keras.py" ;;
     mxnet) echo "test_mxnet1.py test_mxnet2.py base_test_mxnet.py" ;;
-    *) echo "unknown suite '$1' (torch, tensorflow, keras, mxnet)" >&2; return 2 ;;
+    *) echo "unknown suite '$1' (torch, tensorflow, keras, tf2keras, mxnet)" >&2; return 2 ;;
   esac
 }
 
-# copy test/parallel/<files> to $2/parallel with `import horovod.X` / `from horovod.X`
+# copy every test/parallel/*.py to $2/parallel with `import horovod.X` / `from horovod.X`
 # lines changed to byteps.X (nothing else), and the helpers to $2/utils
 prepare() {
   local src="$1/test/parallel" out="$2" f
   [ -d "$src" ] || { echo "$1: no test/parallel (a Horovod checkout?)" >&2; return 2; }
   mkdir -p "$out/parallel" "$out/utils"
   cp "$ROOT/tests/horovod/utils/common.py" "$out/utils/common.py"
-  for f in test_torch.py test_tensorflow.py base_test_tensorflow.py test_keras.py \
-           test_mxnet1.py test_mxnet2.py base_test_mxnet.py; do
-    [ -f "$src/$f" ] || continue
+  for f in $(cd "$src" && ls ./*.py | sed 's|^\./||'); do
     sed -E '/^[[:space:]]*(import|from)[[:space:]]+horovod\./s/(^|[^.[:alnum:]_])horovod\./\1byteps./' \
       "$src/$f" > "$out/parallel/$f"
     # report every changed line, so a reader sees that nothing else changed
@@ -61,7 +60,7 @@ if [ "${1:-}" = "--prepare-only" ]; then
 fi
 [ $# -ge 1 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 HVD="$1"; shift
-SUITES=("$@"); [ ${#SUITES[@]} -gt 0 ] || SUITES=(torch tensorflow keras mxnet)
+SUITES=("$@"); [ ${#SUITES[@]} -gt 0 ] || SUITES=(torch tensorflow keras tf2keras mxnet)
 TMP="$(mktemp -d /tmp/hvd-suites.XXXXXX)"
 trap 'rm -rf "$TMP"' EXIT
 echo "Horovod checkout: $HVD ($(git -C "$HVD" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
