@@ -44,3 +44,31 @@ def test_an_elastic_job_that_cannot_form_names_the_killed_worker(tmp_path):
     last = res.stderr.strip().splitlines()[-1]
     assert "root cause: worker rank 2" in last and "signal SIGKILL" in last, res.stderr[-3000:]
     assert "exit code 86" not in last, last
+
+
+def test_a_cluster_elastic_job_forms_without_a_worker_that_never_registered(monkeypatch):
+    """On a cluster no bpslaunch tells the scheduler that a worker died before it registered
+    (benchmarks/chaos_cluster.py found the job ending after BYTEPS_STARTUP_TIMEOUT): with
+    --min-workers registered and no other for min(BYTEPS_ELASTIC_TIMEOUT, half the start-up
+    timeout), the job forms with them."""
+    import time
+
+    from test_elastic import _books, _close, _reg, _scheduler
+    s = _scheduler(monkeypatch, workers=3)          # BYTEPS_ELASTIC_TIMEOUT=1, minimum 2
+    try:
+        _reg(s, b"srv", "server", "s0", 10)
+        _reg(s, b"w0", "worker", "host0", 100)
+        s.maybe_form()
+        time.sleep(1.1)
+        s.maybe_form()
+        assert not s.formed                         # one worker: below the minimum
+        _reg(s, b"w1", "worker", "host1", 101)
+        assert not s.formed                         # the third may still come
+        time.sleep(1.1)
+        s.maybe_form()
+        assert s.formed and s.epoch == 1
+        books = _books(s)
+        assert {s.workers[i]["rank"] for i in s.workers} == {0, 1}
+        assert all(b.get("size") == 2 for i, b in books.items() if i != b"srv"), books
+    finally:
+        _close(s)

@@ -90,6 +90,7 @@ class Elastic:
         self._dead: set[int] = set()        # workers dead before formation (dead_at_start)
         self._dead_read = float("-inf")
         self._told_dead = False
+        self._start = (0, time.monotonic())     # (workers registered, since): start-up
         log.info("elastic membership: %d to %d worker(s), %g s to get back above the minimum",
                  min_workers, max_workers, timeout)
 
@@ -253,7 +254,21 @@ class Elastic:
             log.warning("elastic: %d worker(s) died during start-up; the job forms with the "
                         "%d others once they registered (--min-workers %d)", len(dead),
                         s.cfg.num_worker - len(dead), self.min)
-        return max(self.min, s.cfg.num_worker - len(dead))
+        want = max(self.min, s.cfg.num_worker - len(dead))
+        # a worker that died before it registered on a cluster (no bpslaunch to tell us):
+        # with --min-workers registered and no other for a while, form with them; a late
+        # worker joins later like any newcomer
+        have, now = len(s.hosts), time.monotonic()
+        if have != self._start[0]:
+            self._start = (have, now)
+        wait = min(self.timeout, s.cfg.startup_timeout / 2)
+        if self.min <= have < want and now - self._start[1] >= wait and \
+                len(s.servers) == s.cfg.num_server:
+            log.warning("elastic: %d of %d worker(s) registered and no other for %g s (one "
+                        "died or did not start); the job forms with them (--min-workers %d)",
+                        have, want, wait, self.min)
+            return have
+        return want
 
     def tick(self, now: float) -> None:
         """Refuse newcomers held past their time; end the job when too few workers stay
