@@ -21,9 +21,19 @@ def _ends(names, order):
 
 def test_a_step_ends_where_a_name_repeats_whatever_the_order():
     a, b = NameSteps(), NameSteps()
-    # two ranks push the same names per step in different orders: the same boundaries
-    assert _ends(a, ["x", "y", "z"] * 3) == _ends(b, ["z", "x", "y"] * 3) == [3, 6]
+    # two ranks push the same names per step in different orders: the same boundaries,
+    # reported from the first step that repeats the one before it (a steady loop)
+    assert _ends(a, ["x", "y", "z"] * 4) == _ends(b, ["z", "x", "y"] * 4) == [6, 9]
     assert a.count == b.count == 2
+    # a step unlike the one before it is not reported (nor the next one)
+    assert _ends(NameSteps(), ["x", "y", "x", "y", "z", "x", "y", "z", "x"]) == [8]
+    # a name pushed again while something is in flight (e.g. twice at once: an error)
+    # ends no step; the next idle repeat does
+    def run(last_idle):
+        e = NameSteps()
+        return [e.pushed(n, i) for n, i in [("x", 1), ("y", 1), ("x", 1), ("y", 1),
+                                            ("x", last_idle)]]
+    assert run(True) == [False] * 4 + [True] and run(False) == [False] * 5
     # autotune's own push_pulls never count, not even repeated
     c = NameSteps()
     assert _ends(c, ["x", autotune.NAME + ".plan", autotune.NAME + ".plan", "y"]) == []
@@ -34,7 +44,7 @@ def test_a_step_ends_where_a_name_repeats_whatever_the_order():
     th = threading.Thread(target=lambda: got.extend(_ends(d, ["x", "x", "y", "x"])))
     th.start()
     th.join()
-    assert got == [] and _ends(d, ["x", "y", "x"]) == [2]
+    assert got == [] and _ends(d, ["x", "y", "x", "y", "x"]) == [4]
     # after an explicit step_done the marks are the steps
     c.explicit = True
     assert _ends(c, ["x", "x", "x"]) == []
@@ -85,8 +95,8 @@ def test_a_loop_without_step_marks_is_probed_and_tuned_alike_on_every_rank(tmp_p
         _, _, _, part, credit, *_ = doc["probe"]["rows"][0]
         assert (part, credit) == (doc["probe"]["initial"], doc["probe"]["credit"])
         assert part in autotune.CANDIDATES, part
-        # every repeated name ended a step (the first push of each later step)
-        assert doc["inferred"] == doc["step"] == steps - 1 and not doc["explicit"], doc
+        # every step from the 3rd on began with a step end (the 2nd repeated the 1st)
+        assert doc["inferred"] == doc["step"] == steps - 2 and not doc["explicit"], doc
         assert doc["choice"] is not None and doc["state"] in ("verify", "done"), doc
     # the same starting point, the same settings at the same steps, the same cuts
     assert out[0]["probe"] == {**out[1]["probe"], "rows": out[0]["probe"]["rows"]}

@@ -43,7 +43,8 @@ def infer_boundary(st, name: str, asynchronous: bool) -> None:
     """Before the push of ``name``: end an inferred step if the name repeats (called by
     ``push_pull_async`` outside any lock)."""
     tu = st.tuner
-    if tu is None or asynchronous or tu.names is None or not tu.names.pushed(name):
+    if tu is None or asynchronous or tu.names is None or \
+            not tu.names.pushed(name, idle=not st.handles):
         return
     _at.boundary(st, inferred=True)
 

@@ -1,6 +1,13 @@
 """Steps of a job that marks none (``step_done()`` never called: a numpy or JAX loop
 calling push_pull): a step ends when a name is pushed again since the last step ended,
-just before that push (docs/scaling.md, "Autotune").
+just before that push, if this rank has nothing in flight then (every handle
+synchronized: a clean point between two steps, the same on every rank running the same
+program; a name pushed again while operations are pending, e.g. twice in flight, ends no
+step).  Autotune hears of a step end (and runs its exchanges there, which every rank
+must reach) only once the loop is steady: the step that ended pushed the same names in
+the same order as the one before it.  A program whose ranks push a name at different
+points (e.g. one rank before a barrier, the others after it) thus never reaches an
+exchange it could wait in forever (docs/scaling.md, "Autotune").
 
 The same rule on every rank: every synchronous push_pull is pushed by every rank, so each
 rank sees the same names per step (in any order) and ends its steps at the same pushes;
@@ -24,19 +31,24 @@ class NameSteps:
     def __init__(self):
         self.explicit = False       # a step_done() was seen: the marks are the steps
         self.seen: set = set()
-        self.count = 0              # steps ended by a repeated name
+        self.cur: list = []         # the names of the current step, in order
+        self.prev: list | None = None
+        self.count = 0              # steady step ends reported
         self.lock = threading.Lock()
 
-    def pushed(self, name: str) -> bool:
-        """A synchronous push_pull of ``name`` is about to start: True when it ends a step
-        (the caller then runs autotune's boundary before pushing it)."""
+    def pushed(self, name: str, idle: bool = True) -> bool:
+        """A synchronous push_pull of ``name`` is about to start, ``idle``: nothing else of
+        this rank's is in flight.  True when it ends a step (the caller then runs
+        autotune's boundary before pushing it)."""
         if self.explicit or name.startswith(OWN) or \
                 threading.current_thread() is not threading.main_thread():
             return False
         with self.lock:
-            if name not in self.seen:
+            if name not in self.seen or not idle:
                 self.seen.add(name)
+                self.cur.append(name)
                 return False
-            self.seen = {name}
-            self.count += 1
-            return True
+            steady = self.cur == self.prev
+            self.prev, self.cur, self.seen = self.cur, [name], {name}
+            self.count += steady
+            return steady
