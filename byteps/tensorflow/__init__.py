@@ -56,7 +56,7 @@ from byteps.core.api.basics import *  # noqa: F401,F403  (process sets, where th
 from byteps.tensorflow import _ops, util  # noqa: F401  (hvd.util._executing_eagerly)
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn
-from byteps.tensorflow.tape import DistributedGradientTape, finish
+from byteps.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape, finish
 from byteps.tensorflow.mpi_ops import (
     Adasum,
     Average,
@@ -84,6 +84,7 @@ from byteps.tensorflow.util import _executing_eagerly  # noqa: F401  (Horovod ha
 
 __all__ = [
     "BytePSError", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "PartialDistributedGradientTape",
     "QAdamOptimizer", "barrier", "broadcast_global_variables", "broadcast_variables", "finish",
     "init", "is_initialized", "join", "local_rank", "local_size", "push_pull", "rank", "shutdown",
     "size",

@@ -106,6 +106,12 @@ def _is_variable(s) -> bool:
     return isinstance(s, tf.Variable) or (hasattr(s, "assign") and hasattr(s, "numpy"))
 
 
+def _key(source):
+    """A hashable identity of a variable (tf.Variable.ref(); a Keras 3 variable has none)."""
+    ref = getattr(source, "ref", None)
+    return ref() if callable(ref) else id(source)
+
+
 def _after(tensors: list, op) -> list:
     """``tensors`` (gradients, None or IndexedSlices) ordered after ``op``."""
     out = []
@@ -124,16 +130,46 @@ class _DistributedGradientTape(tf.GradientTape):
     """A GradientTape whose ``gradient()`` takes part in distributed training."""
 
     def __init__(self, tape, device_dense, device_sparse, compression, sparse_as_dense, op,
-                 algorithm, optimizer, persistent=False, watch_accessed_variables=True):
+                 algorithm, optimizer, persistent=False, watch_accessed_variables=True,
+                 scale_local_gradients=True):
         super().__init__(persistent, watch_accessed_variables)
         self._tape = tape._tape                 # share what the user's tape recorded
         self._bps = (device_dense, device_sparse, compression, sparse_as_dense, op)
         self._bps_alg, self._bps_opt = algorithm, optimizer
+        self._bps_local: dict = {}              # key -> source (kept alive: its key is its id)
+        self._bps_scale_local = scale_local_gradients
+
+    def register_local_source(self, source) -> None:
+        """Horovod's: ``source``'s gradient stays this worker's own (no exchange), divided
+        by the number of workers unless ``scale_local_gradients=False``."""
+        self._bps_local[_key(source)] = source
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = super().gradient(target, sources, output_gradients, **kwargs)
-        dd, ds, comp, sad, op = self._bps
         flat, srcs = tf.nest.flatten(grads), tf.nest.flatten(sources)
+        if not self._bps_local:
+            return tf.nest.pack_sequence_as(grads, self._reduce(flat, srcs))
+        glob = [i for i, s in enumerate(srcs) if _key(s) not in self._bps_local]
+        out = list(flat)
+        for i, g in zip(glob, self._reduce([flat[i] for i in glob], [srcs[i] for i in glob])):
+            out[i] = g
+        n = float(core.size())
+        for i in set(range(len(srcs))) - set(glob):
+            g = out[i]
+            if g is not None and self._bps_scale_local:
+                out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape) \
+                    if isinstance(g, tf.IndexedSlices) else g / n
+        return tf.nest.pack_sequence_as(grads, out)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, **kw):
+        """Horovod's: ``(local, global)`` lists of (source, gradient) pairs."""
+        grads = self.gradient(target, sources, output_gradients, **kw)
+        pairs = list(zip(tf.nest.flatten(sources), tf.nest.flatten(grads)))
+        return ([p for p in pairs if _key(p[0]) in self._bps_local],
+                [p for p in pairs if _key(p[0]) not in self._bps_local])
+
+    def _reduce(self, flat: list, srcs: list) -> list:
+        dd, ds, comp, sad, op = self._bps
         if self._bps_alg is not None:
             reduced = self._algorithm_step(flat, srcs)
         else:
@@ -146,7 +182,7 @@ class _DistributedGradientTape(tf.GradientTape):
                 reduced = exchange(flat, srcs, st)
             else:
                 reduced = _ops.push_pull_grads(flat, srcs, PREFIX, comp, sad, op, dd, ds)
-        return tf.nest.pack_sequence_as(grads, reduced)
+        return reduced
 
     def _algorithm_step(self, grads: list, sources: list) -> list:
         all_names = [n[len(PREFIX):] for n in _ops.unique_names(PREFIX, sources)]
@@ -191,7 +227,7 @@ class _DistributedGradientTape(tf.GradientTape):
 def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
                             compression=Compression.none, sparse_as_dense: bool = False,
                             op=_ops.Average, compression_params: dict | None = None,
-                            algorithm=None, optimizer=None):
+                            algorithm=None, optimizer=None, scale_local_gradients=True):
     """Wrap a recorded ``tf.GradientTape``: its gradients are averaged over workers.
 
     Each gradient's push_pull starts as soon as backpropagation produces it (first
@@ -203,7 +239,9 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     and the algorithm runs on the variables among the sources (call ``bps.finish()``
     on every rank at the end; module docstring).  ``optimizer``: the Keras optimizer
     that applies the gradients (its learning rate drives lr-aware error feedback; a
-    ``bps.QAdamOptimizer`` gets its momentum exchange).
+    ``bps.QAdamOptimizer`` gets its momentum exchange).  ``register_local_source(v)`` on
+    the result keeps ``v``'s gradient local (Horovod's model parallelism), divided by the
+    number of workers unless ``scale_local_gradients=False``.
     """
     op = _ops.resolve_op(op, None)
     compression = with_params(compression, compression_params)
@@ -214,4 +252,33 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
                                          f"{alg.describe()} and {type(optimizer).__name__}")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, alg,
-               optimizer, gradtape._persistent, gradtape._watch_accessed_variables)
+               optimizer, gradtape._persistent, gradtape._watch_accessed_variables,
+               scale_local_gradients)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
+                                   compression=Compression.none, sparse_as_dense: bool = False,
+                                   op=_ops.Average, gradient_predivide_factor: float = 1.0,
+                                   num_groups: int = 0, groups=None, process_set=None,
+                                   local_layers=None, scale_local_gradients: bool = True):
+    """Horovod's: a :func:`DistributedGradientTape` whose ``local_layers`` (Keras layers)
+    keep their gradients local (``register_local_source`` for each of their trainable
+    weights).  ``gradient_predivide_factor``, ``num_groups``/``groups`` and ``process_set``
+    take their defaults only (byteps exchanges each gradient on its own, over every
+    worker)."""
+    if gradient_predivide_factor != 1.0 or num_groups or groups or process_set is not None:
+        raise ValueError("PartialDistributedGradientTape: gradient_predivide_factor, "
+                         "num_groups, groups and process_set take their defaults only in "
+                         "byteps; leave them out")
+    layers = [] if local_layers is None else local_layers
+    if not isinstance(layers, (list, tuple)):
+        layers = [layers]
+    if not all(hasattr(layer, "trainable_weights") for layer in layers):
+        raise ValueError("PartialDistributedGradientTape: local_layers must be Keras layers")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op,
+                                   scale_local_gradients=scale_local_gradients)
+    for layer in layers:
+        for v in layer.trainable_weights:
+            tape.register_local_source(v)
+    return tape
