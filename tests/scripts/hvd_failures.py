@@ -136,6 +136,13 @@ def with_timeout(tag, fn):
     hvd.init()
     out.setdefault("timeout_s", {})[tag] = time.monotonic() - t0
     twenty(tag)
+    # no half-finished round is left: the names of the failed calls work again
+    for name in [f"mine-{k}" for k in range(n)] + ["skipped-by-the-last-rank", "next"]:
+        x = data(r, (3,))
+        assert torch.equal(hvd.allreduce(x, name=name, op=hvd.Sum),
+                           sum(data(k, (3,)) for k in range(n))), (tag, name)
+    x = data(r, (2, 2))
+    assert torch.equal(hvd.broadcast(x, 1, name="late"), data(1, (2, 2))), tag
 
 
 def names_differ():
