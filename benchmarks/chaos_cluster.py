@@ -84,12 +84,12 @@ def specs_for(plan: netns.Plan, shape: str, job: str, out: Path, extra: dict) ->
                BYTEPS_STARTUP_TIMEOUT="30", **extra)
     if shape == "plain":
         specs = byteps_job(h[0:2], h[2:4], h[2], work, PORT, dict(env, BYTEPS_LOCAL_SIZE="2"))
-        for s in specs:             # every role's bpslaunch: a restartable scheduler
-            s.argv[3:3] = ["--restart-scheduler"]
     else:
         specs = byteps_job(h[0:4], h[4:6], h[4], work, PORT, dict(
             env, BYTEPS_MIN_WORKERS="2", BYTEPS_ELASTIC_TIMEOUT="15",
             BYTEPS_SERVER_REPLICAS="1"))
+    for s in specs:                 # every role's bpslaunch: a restartable scheduler
+        s.argv[3:3] = ["--restart-scheduler"]
     for s in specs:
         s.env["BYTEPS_JOB_ID"] = job
         s.env["BYTEPS_LOG_LEVEL"] = "WARNING"

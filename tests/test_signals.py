@@ -262,3 +262,94 @@ def test_a_burst_during_a_max_restarts_restart(tmp_path):
             break
     _out, err = _finish(p, job)
     assert p.returncode == 143, err[-3000:]
+
+
+# --- bursts at the other moments of a job's life (issue 28): shutdown, a scheduler restart --
+
+def _chaos_job(tmp_path, job: str, steps: int, *launcher):
+    cmd = BPSLAUNCH + ["--standalone", "-np", "2", "--hosts", "2", "--num-servers", "1",
+                       "--grace-period", "2", *launcher, sys.executable,
+                       str(ROOT / "benchmarks" / "chaos_job.py"), str(tmp_path), str(steps)]
+    return subprocess.Popen(cmd, env=job_env(BYTEPS_JOB_ID=job, BYTEPS_HEARTBEAT_INTERVAL=0.5),
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _ends_cleanly(p, job, t0, lines=()):
+    _out, err = _finish(p, job)
+    err = "".join(lines) + err
+    assert time.monotonic() - t0 < 25, err[-3000:]
+    # the job may have finished before the burst reached a handler: 0 is no hang either
+    assert p.returncode in (0, 130, 143), (p.returncode, err[-3000:])
+    return err
+
+
+@pytest.mark.chaos_full
+@pytest.mark.parametrize("moment", ["a worker finished", "summaries"])
+def test_a_burst_at_shutdown(tmp_path, moment):
+    """Not in CI: 200 signals 0.5 ms apart while the job ends (a worker has written its
+    result and is in shutdown(), or bpslaunch prints the end-of-job summaries)."""
+    job = f"burst-end-{secrets.token_hex(4)}"
+    p = _chaos_job(tmp_path, job, 60)
+    lines = []
+    if moment == "summaries":
+        for line in p.stderr:
+            lines.append(line)
+            if "push_pull(s)" in line:
+                break
+    else:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("rank*.json")) and p.poll() is None and \
+                time.monotonic() < deadline:
+            time.sleep(0.005)
+    t0 = time.monotonic()
+    _burst(p.pid, [signal.SIGTERM, signal.SIGINT] * 100)
+    _ends_cleanly(p, job, t0, lines)
+
+
+@pytest.mark.chaos_full
+def test_a_burst_while_a_killed_scheduler_is_restarted(tmp_path):
+    """Not in CI: the scheduler SIGKILLed, then 200 signals the moment bpslaunch says it
+    started a new one: the job ends, the new scheduler with it."""
+    job = f"burst-resched-{secrets.token_hex(4)}"
+    p = _chaos_job(tmp_path, job, 400)
+    deadline = time.monotonic() + 60
+    lines = []
+    while time.monotonic() < deadline:
+        sched = [x for x in _job_pids(job) if b"DMLC_ROLE=scheduler" in
+                 Path(f"/proc/{x}/environ").read_bytes()]
+        if sched and len(list(_job_pids(job))) >= 5:
+            time.sleep(1.0)
+            os.kill(sched[0], signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    for line in p.stderr:
+        lines.append(line)
+        if "started a new one" in line:
+            break
+    t0 = time.monotonic()
+    _burst(p.pid, [signal.SIGTERM] * 200)
+    err = _ends_cleanly(p, job, t0, lines)
+    assert p.returncode == 143, err[-3000:]
+
+
+@pytest.mark.chaos_full
+def test_a_burst_to_a_role_mode_scheduler_with_restarts(tmp_path):
+    """Not in CI: ``DMLC_ROLE=scheduler bpslaunch --restart-scheduler`` (it stays the
+    scheduler's parent) gets 200 SIGTERMs: it ends, and its scheduler with it."""
+    from byteps.launcher import free_port
+    job = f"burst-role-{secrets.token_hex(4)}"
+    env = job_env(BYTEPS_JOB_ID=job, DMLC_ROLE="scheduler", DMLC_NUM_WORKER=1,
+                  DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1",
+                  DMLC_PS_ROOT_PORT=free_port(), BYTEPS_AUTH_DISABLE=1)
+    p = subprocess.Popen(BPSLAUNCH + ["--restart-scheduler"], env=env, cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(_job_pids(job)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    _burst(p.pid, [signal.SIGTERM] * 200)
+    _out, err = _finish(p, job)
+    assert time.monotonic() - t0 < 15, err[-3000:]
+    assert p.returncode == 143, err[-3000:]
