@@ -102,18 +102,26 @@ class _Settings:
             for a in self.accs:
                 if a is not None:
                     a.assign(tf.zeros_like(a))
+            self.counter.assign(0)          # passes since the last exchange (Horovod's)
             return tf.constant(True)
 
         if tf.executing_eagerly():
-            if int(count) % self.passes == 0:
+            if int(count) >= self.passes:
                 flush()
         else:
-            tf.cond(tf.equal(count % self.passes, 0), flush, lambda: tf.constant(False))
+            tf.cond(count >= self.passes, flush, lambda: tf.constant(False))
 
 
 class _Distributed:
     """Marker base of every byteps-wrapped Keras optimizer."""
     _bps: _Settings
+
+    @property
+    def _agg_helper(self) -> _Settings:
+        """Horovod's name for the local gradient aggregation state: ``counter`` (a
+        variable, created at the first step with ``backward_passes_per_step > 1``) holds
+        the backward passes since the last exchange."""
+        return self._bps
 
     def finish(self) -> None:
         """End of training: the algorithm's final exchange, so every rank ends with
