@@ -188,6 +188,7 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
         if job.interrupted is not None:
             return job._interrupt(workers)
         job._note_exits(order)
+        job._maybe_restart_scheduler(services, order)      # (killed: a new one, same address)
         # (a worker's death is not the job's failure here: only services count for _survive)
         job._survive([p for p in order if p in services], spare)
         for p in order:

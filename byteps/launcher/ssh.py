@@ -382,9 +382,8 @@ def run(args, cmd: list[str]) -> int:
     tag = args.tag_output is not False             # always, unless --no-tag-output
     job = Job(status_dir=None, in_cluster=False)
     # a scheduler killed by a signal is started again on its address (supervise.py)
-    job.restart_scheduler = not getattr(args, "elastic", False)
-    if job.restart_scheduler:
-        base["BPSLAUNCH_SCHEDULER_RESTART"] = "1"
+    job.restart_scheduler = True
+    base["BPSLAUNCH_SCHEDULER_RESTART"] = "1"
     job.workers = []            # Ctrl-C while starting: SIGINT to the workers started so far
     shosts = ",".join(dict.fromkeys(r.host for r in roles if r.kind == "server"))
     here = [h for h in names if h not in remote]
@@ -441,7 +440,7 @@ def start(args, job: Job, roles: list[Role], hosts: list[Host], base: dict, cmd:
         return launch(args, job, role, role_env(env, role, hosts), cmd, python, announce)
 
     sched = go(roles[0], base, announce=True)
-    job.scheduler = sched if getattr(args, "elastic", False) or job.restart_scheduler else None
+    job.scheduler = sched
     answer = sched.handshake(time.monotonic() + timeout)
     if len(answer) != 4 or answer[0] != "ADDRESS":
         sched.pump(tag, args.log_dir)      # its reason follows (tagged)
