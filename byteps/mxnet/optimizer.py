@@ -198,12 +198,16 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return name
 
     def _bps_reduce(self, index, weight, grad) -> None:
-        if core.size() == 1 or self._bps_outside:
+        if core.size() == 1:
             return
         if isinstance(index, (list, tuple)):
             items = list(zip(index, weight, grad))
         else:
             items = [(index, weight, grad)]
+        if self._bps_outside:       # named all the same: group prefixes follow every rank's
+            for i, _, _ in items:   # order of first use (ops.group_prefix)
+                self._bps_name(i)
+            return
         if self._bps_set is not None:
             names = [self._bps_name(i) for i, _, _ in items]
             set_allreduce([check_dense(g, f"gradient {n!r}") for n, (_, _, g) in
