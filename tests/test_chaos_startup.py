@@ -54,17 +54,18 @@ def test_a_cluster_elastic_job_forms_without_a_worker_that_never_registered(monk
     import time
 
     from test_elastic import _books, _close, _reg, _scheduler
-    s = _scheduler(monkeypatch, workers=3)          # BYTEPS_ELASTIC_TIMEOUT=1, minimum 2
+    s = _scheduler(monkeypatch, workers=3)          # minimum 2
+    s.elastic.timeout = 0.5                         # (BYTEPS_ELASTIC_TIMEOUT's least value)
     try:
         _reg(s, b"srv", "server", "s0", 10)
         _reg(s, b"w0", "worker", "host0", 100)
         s.maybe_form()
-        time.sleep(1.1)
+        time.sleep(0.6)
         s.maybe_form()
         assert not s.formed                         # one worker: below the minimum
         _reg(s, b"w1", "worker", "host1", 101)
         assert not s.formed                         # the third may still come
-        time.sleep(1.1)
+        time.sleep(0.6)
         s.maybe_form()
         assert s.formed and s.epoch == 1
         books = _books(s)
