@@ -104,3 +104,20 @@ def test_a_loop_without_step_marks_is_probed_and_tuned_alike_on_every_rank(tmp_p
     assert out[0]["changes"] and out[0]["changes"] == out[1]["changes"], out
     assert out[0]["cuts"] == out[1]["cuts"]
     assert res.stderr.count("starting with partitions of") == 2, res.stderr[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_step_end_one_rank_reaches_before_a_barrier_waits_for_nobody(tmp_path):
+    """Rank 0 pushes a name again before a barrier, rank 1 after it (as in Horovod's
+    duplicate-name test): both end an inferred step there, at different points of the
+    program; autotune's exchange runs beside the program (steps.py), so nothing waits for
+    the collective timeout and every sum stays right."""
+    res = run_script("autotune_infer_job.py", tmp_path, 6, 400_000, "skew", workers=2,
+                     servers=1, timeout=50, BYTEPS_AUTOTUNE_STEPS=1, BYTEPS_ENABLE_IPC=0,
+                     BYTEPS_COLLECTIVE_TIMEOUT_S=30)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1]
+    for doc in out.values():
+        assert doc["failures"] == [] and doc["inferred"] >= 4, doc
+    assert out[0]["changes"] == out[1]["changes"] and out[0]["step"] == out[1]["step"]

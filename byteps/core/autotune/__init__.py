@@ -43,6 +43,7 @@ import time
 
 import numpy as np
 
+from byteps.core.autotune import steps
 from byteps.core.autotune.names import NameSteps
 from byteps.core.pipeline import partitions
 
@@ -70,10 +71,8 @@ class Probe:
 
     def reset(self) -> None:
         n = self.n
-        self.bytes = [0] * n
-        self.busy = [0.0] * n
+        self.bytes, self.inflight, self.busy = [0] * n, [0] * n, [0.0] * n
         self.since = [0.0] * n            # when this server's in-flight bytes left zero
-        self.inflight = [0] * n
         self.ahead: list[collections.deque] = [collections.deque() for _ in range(n)]
         self.samples: list[list] = [[] for _ in range(n)]    # (latency, bytes, ahead)
 
@@ -227,8 +226,7 @@ class Tuner:
         self.cfg, self.rank, self.nservers, self.engine = cfg, rank, nservers, engine
         self.k = cfg.autotune_steps
         self.tune_partitions = tune_partitions and not cfg.partition_explicit
-        self.initial = cfg.partition_bytes
-        self.partition = cfg.partition_bytes
+        self.initial = self.partition = cfg.partition_bytes
         self.credit0 = cfg.credit_bytes
         self.layout = 0                  # bumped whenever the partition size changes
         self.saved: dict = {}            # (name, key) -> next round, for a key left behind
@@ -240,19 +238,18 @@ class Tuner:
         self.plan: Plan | None = None
         self.trial = 0
         self.choice: tuple | None = None         # (partition bytes, credit bytes)
-        self.applied_step: int | None = None
+        self.applied_step: int | None = None     # ... applied at this step
         self.changes: list[tuple] = []           # (step, partition bytes, credit bytes)
         self.rows: list[list] = []
         self.retire = None               # retire.Retirer, after the final choice
-        # deferred sending: tasks pushed while ``hold`` wait until the next wait
-        # (synchronize, poll, barrier, join, step_done); chosen when measured faster
-        self.hold = False
-        self.held: list = []
+        # tasks pushed while ``hold`` wait for the next wait (synchronize, poll, barrier...)
+        self.hold, self.held = False, []
         self.lock = threading.Lock()
         self.held_t, self.sent_t = [], []     # defer trial: step times held / sent at once
         self.names = None if elastic else NameSteps()   # steps from names (not elastic)
-        path = cfg.autotune_log
-        self.log_path = path.replace("{rank}", str(rank)) if path else None
+        self.queue, self.pending, self.failed, self.discard = None, None, None, False
+        self.log_path = cfg.autotune_log.replace("{rank}", str(rank)) \
+            if cfg.autotune_log else None
 
     def pushed(self, nbytes: int) -> None:
         if self.state == "measure":
@@ -265,6 +262,8 @@ class Tuner:
             return
         self.step, now = n, time.monotonic()
         dt, self.t_step = now - self.t_step, now
+        if self.discard:              # steps.py: ran before the inferred step's settings
+            return setattr(self, "discard", False)
         st = self.state
         if st == "wait":
             self.state, self.start = "measure", n
@@ -288,7 +287,8 @@ class Tuner:
             else:
                 scores = np.array([statistics.median(t) if t else math.inf
                                    for t in self.times], np.float64)
-                self.choose(np.asarray(exchange(scores, NAME + ".choice"), np.float64), n)
+                got = np.asarray(exchange(scores, NAME + ".choice"), np.float64)
+                self.finish(pick(got), n, list(got))
         elif st == "defer":
             (self.held_t if self.hold else self.sent_t).append(dt)
             if min(len(self.held_t), len(self.sent_t)) < self.k:
@@ -338,9 +338,6 @@ class Tuner:
         self.set(n, *p.trials[1])
         self.write()
 
-    def choose(self, scores: np.ndarray, n: int) -> None:
-        self.finish(pick(scores), n, list(scores))
-
     def finish(self, best: int, n: int, scores: list) -> None:
         """Apply trial ``best``; then try holding partitions until the wait (k steps)."""
         choice = self.plan.trials[best]
@@ -381,7 +378,10 @@ class Tuner:
             self.engine.submit(tasks)
 
     def set(self, n: int, partition: int, credit: int) -> None:
-        """Switch to a setting (at a step boundary: the API re-cuts tensors lazily)."""
+        """Switch to a setting (at a step boundary: the API re-cuts tensors lazily; queued
+        until the next one on an inferred step's thread: steps.py)."""
+        if self.queue is not None:
+            return self.queue.append((n, partition, credit))
         if partition != self.partition:
             self.partition = partition
             self.layout += 1
@@ -423,14 +423,15 @@ def start(cfg, st) -> Tuner | None:
 
 
 def boundary(st, inferred: bool = False) -> None:
-    """A step ended: ``step_done()`` (outside the step counter's lock), or ``inferred``
-    from a repeated name (``initial.infer_boundary``); the first explicit one ends the
-    inference."""
+    """A step ended: ``step_done()`` (outside the step counter's lock; the first ends the
+    inference), or ``inferred`` from a repeated name (names.py; its step: steps.py)."""
     tu = st.tuner
     if not inferred and tu.names is not None:
         tu.names.explicit = True
     tu.release()
-    tu.at_step(tu.step + 1, lambda x, name=None: _exchange(st, x, name))
+    steps.settle(tu)               # the last inferred step's settings apply from here
+    ex = lambda x, name=None: _exchange(st, x, name)    # noqa: E731
+    steps.start(tu, tu.step + 1, ex) if inferred else tu.at_step(tu.step + 1, ex)
     if st.cfg is not tu.engine.cfg:
         st.cfg = tu.engine.cfg
         if st.local is not None:
@@ -492,8 +493,7 @@ def key_for(st, t, nbytes: int) -> tuple[int, int]:
 
 
 def settings(cfg) -> list:
-    """What every worker must agree on, sent at registration (the scheduler refuses a
-    worker whose list differs): [autotune on, explicit partition bytes or 0, explicit
-    credit or 0]."""
+    """What every worker must agree on (sent at registration; the scheduler refuses a
+    worker whose list differs): [autotune on, explicit partition or 0, explicit credit or 0]."""
     return [int(bool(cfg.autotune)), cfg.partition_bytes if cfg.partition_explicit else 0,
             cfg.scheduling_credit if cfg.credit_explicit else 0]

@@ -134,6 +134,7 @@ def after_join(st) -> None:
     tu = st.tuner
     if tu is None or st.engine is None:
         return
+    _at.steps.settle(tu)          # an inferred step's exchange: every rank pushed it
     mine = tu.choice if tu.choice is not None and tu.state in ("verify", "done") else (0, 0)
     got = _at._exchange(st, np.array([1.0 if mine[0] else 0.0, *mine], np.float64),
                         OWN + "join")
