@@ -84,7 +84,7 @@ from byteps.tensorflow.util import _executing_eagerly  # noqa: F401  (Horovod ha
 
 __all__ = [
     "BytePSError", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-    "PartialDistributedGradientTape",
+    "PartialDistributedGradientTape", "SyncBatchNormalization",
     "QAdamOptimizer", "barrier", "broadcast_global_variables", "broadcast_variables", "finish",
     "init", "is_initialized", "join", "local_rank", "local_size", "push_pull", "rank", "shutdown",
     "size",
@@ -215,3 +215,11 @@ __all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]
 from byteps.tensorflow import elastic  # noqa: E402  (bps.elastic.run, TensorFlowKerasState)
 
 __all__ = list(__all__) + ["elastic"]
+
+
+def __getattr__(name: str):
+    """``SyncBatchNormalization`` is built on first use (it imports Keras)."""
+    if name == "SyncBatchNormalization":
+        from byteps.tensorflow.sync_batch_norm import sync_batch_norm_class
+        return sync_batch_norm_class()
+    raise AttributeError(f"module 'byteps.tensorflow' has no attribute {name!r}")
