@@ -24,11 +24,13 @@ SUBSET = ("test_horovod_join_allgather or test_horovod_join_broadcast or "
           "test_horovod_allreduce_average or test_horovod_reinit")
 
 
-def _check(tmp_path, layout, select=None, reverse=False, job_timeout=1500):
-    rc = suites.run("test_torch.py", layout, tmp_path, reverse, select, 60, job_timeout)
-    files = sorted(tmp_path.glob(f"test_torch_{layout}_*.xml"))
+def _check(tmp_path, layout, select=None, reverse=False, job_timeout=1500,
+           suite="test_torch.py"):
+    rc = suites.run(suite, layout, tmp_path, reverse, select, 60, job_timeout)
+    stem = Path(suite).stem
+    files = sorted(tmp_path.glob(f"{stem}_{layout}_*.xml"))
     assert len(files) == (3 if layout == "3workers" else 2), \
-        (tmp_path / f"test_torch_{layout}.log").read_text()[-4000:]
+        (tmp_path / f"{stem}_{layout}.log").read_text()[-4000:]
     for f in files:
         got = suites.results(f)
         bad = {n: m for n, (s, m) in got.items()
@@ -79,3 +81,12 @@ def test_horovod_torch_suite(tmp_path, layout, reverse):
     of three ranks at tolerance 0), in file order and reversed, on 2 hosts, 3 workers and
     2 local ranks reducing in shared memory."""
     _check(tmp_path, layout, reverse=reverse)
+
+
+@pytest.mark.horovod_full
+@pytest.mark.parametrize("layout", ["2hosts", "3workers", "local2"])
+def test_horovod_tensorflow_suite(tmp_path, layout):
+    """Horovod's test_tensorflow.py (143 tests, graph and eager mode each): every test passes
+    or is skipped by the suite itself (GPU, MPI, CCL), except the known ones (suites.known:
+    Keras 3 refusing what the test itself passes), in under 15 minutes."""
+    _check(tmp_path, layout, suite="test_tensorflow.py", job_timeout=900)

@@ -44,6 +44,12 @@ KNOWN = {
                             "suite builds every optimizer in torch.optim (Horovod fails it too)",
     "test_broadcast_state_options": "torch.optim.Muon, as test_broadcast_state",
     "test_force_allreduce": "torch.optim.Muon, as test_broadcast_state",
+    "test_horovod_syncbn_cpu": "Keras 3 (TensorFlow >= 2.16) refuses the fused=False the test "
+                               "passes to its reference BatchNormalization (Horovod fails it "
+                               "too; passes with TF_USE_LEGACY_KERAS=1)",
+    "test_partial_distributed_gradient_tape": "Keras 3 variables have no .ref(), which the test "
+                                              "calls itself (Horovod fails it too; passes with "
+                                              "TF_USE_LEGACY_KERAS=1)",
     "test_global_barrier_op": "a timing race in the test under load: each rank measures the 5 s "
                               "from its own allreduce result, and a rank that got it later "
                               "than rank 0 waits less (passes on a quiet machine)",
