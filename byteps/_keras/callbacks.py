@@ -33,9 +33,11 @@ class BroadcastGlobalVariablesCallbackImpl:
     callback dispatch.
     """
 
-    def __init__(self, backend, root_rank: int, device: str = "", *args):
+    def __init__(self, backend, root_rank: int, device: str = "", *args, local_variables=None):
         super().__init__(*args)
         self.backend, self.root_rank, self.device = backend, root_rank, device
+        # Horovod's local_variables: each rank keeps its own values of these
+        self.local_ids = {id(v) for v in (local_variables or [])}
         self.broadcast_done = False
         self._train = None          # the model's own train_function while ours wraps it
 
@@ -53,7 +55,7 @@ class BroadcastGlobalVariablesCallbackImpl:
 
     def _broadcast(self) -> None:
         opt = getattr(self.model, "optimizer", None)
-        seen, variables = set(), []
+        seen, variables = set(self.local_ids), []
         for v in self._model_variables() + optimizer_variables(opt):
             if id(v) not in seen:
                 seen.add(id(v))
@@ -271,10 +273,10 @@ def populate(ns: dict, keras) -> None:
                                                              BroadcastAfterFirstBatchMixin),
                                            base):
         """Broadcast rank ``root_rank``'s model and optimizer variables when training
-        starts."""
+        starts, except ``local_variables`` (Horovod's: each rank keeps its own)."""
 
-        def __init__(self, root_rank, device=""):
-            super().__init__(keras.backend, root_rank, device)
+        def __init__(self, root_rank, device="", local_variables=None):
+            super().__init__(keras.backend, root_rank, device, local_variables=local_variables)
 
     class MetricAverageCallback(MetricAverageCallbackImpl, base):
         """Average the metrics logged at the end of each epoch over all workers."""
