@@ -101,6 +101,33 @@ def draw(rnd: random.Random, kinds: list[str], max_freeze: float,
             "pick": rnd.random()}
 
 
+def strike(spec: dict, pids, running, until: float) -> tuple[int | None, bool]:
+    """A kill-* or freeze-* fault: wait for a process (``pids()``, until ``until``), pick
+    one with ``spec["pick"]``, SIGKILL it or SIGSTOP it for ``spec["freeze_s"]`` seconds
+    (while ``running()``) and SIGCONT it.  Returns (its pid or None, applied)."""
+    target = None
+    while running() and time.monotonic() < until:
+        found = pids()
+        if found:
+            target = found[int(spec["pick"] * len(found))]
+            break
+        time.sleep(0.05)
+    if target is None:
+        return None, False
+    try:
+        if spec["kind"].startswith("kill"):
+            os.kill(target, signal.SIGKILL)
+        else:
+            os.kill(target, signal.SIGSTOP)
+            end = time.monotonic() + spec["freeze_s"]
+            while time.monotonic() < end and running():
+                time.sleep(0.05)
+            os.kill(target, signal.SIGCONT)
+    except ProcessLookupError:
+        return target, False
+    return target, True
+
+
 def run_one(spec: dict) -> dict:
     """Run one job with the fault ``spec``; classify how it ended."""
     job = f"chaos-{secrets.token_hex(4)}"
@@ -130,26 +157,8 @@ def run_one(spec: dict) -> dict:
             time.sleep(0.0005)
         applied = True
     elif kind.startswith(("kill", "freeze")):
-        role = kind.split("-")[1]
-        while p.poll() is None and time.monotonic() - t0 < spec["at_s"] + 15:
-            pids = job_pids(job, role)
-            if pids:
-                target = pids[int(spec["pick"] * len(pids))]
-                break
-            time.sleep(0.05)
-        if target is not None:
-            try:
-                if kind.startswith("kill"):
-                    os.kill(target, signal.SIGKILL)
-                else:
-                    os.kill(target, signal.SIGSTOP)
-                    end = time.monotonic() + spec["freeze_s"]
-                    while time.monotonic() < end and p.poll() is None:
-                        time.sleep(0.05)
-                    os.kill(target, signal.SIGCONT)
-                applied = True
-            except ProcessLookupError:
-                pass
+        target, applied = strike(spec, lambda: job_pids(job, kind.split("-")[1]),
+                                 lambda: p.poll() is None, t0 + spec["at_s"] + 15)
     elif kind == "raise":
         applied = True
     hung = False

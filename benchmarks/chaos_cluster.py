@@ -164,26 +164,8 @@ def run_one(plan: netns.Plan, spec: dict) -> dict:
             time.sleep(0.0005)
         applied = True
     elif kind.startswith(("kill", "freeze")):
-        role = kind.split("-")[1]
-        while any(p.poll() is None for p in procs) and time.monotonic() - t0 < at + 20:
-            pids = role_pids(job, role)
-            if pids:
-                target = pids[int(spec["pick"] * len(pids))]
-                break
-            time.sleep(0.05)
-        if target is not None:
-            try:
-                if kind.startswith("kill"):
-                    os.kill(target, signal.SIGKILL)
-                else:
-                    os.kill(target, signal.SIGSTOP)
-                    end = time.monotonic() + spec["freeze_s"]
-                    while time.monotonic() < end and any(p.poll() is None for p in procs):
-                        time.sleep(0.05)
-                    os.kill(target, signal.SIGCONT)
-                applied = True
-            except ProcessLookupError:
-                pass
+        target, applied = chaos.strike(spec, lambda: role_pids(job, kind.split("-")[1]),
+                                       lambda: any(p.poll() is None for p in procs), t0 + at + 20)
     else:
         applied = True                      # raise, full-shm: set up at the start
     hung = False
@@ -266,6 +248,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="plain,elastic")
     ap.add_argument("--only", type=int, default=None, help="run the N-th fault alone (0-based)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--until", default=None, metavar="HH:MM",
+                    help="start no fault after this time (UTC): as many of the drawn faults "
+                         "as fit, in order (chaos.json is written after every run)")
     a = ap.parse_args(argv)
     kinds = a.kinds.split(",")
     if set(kinds) - set(KINDS):
@@ -282,22 +267,35 @@ def main(argv=None) -> int:
     out = Path(a.out or ROOT / "benchmarks" / "results" /
                f"chaos-cluster-{datetime.date.today():%Y%m%d}-{len(specs)}faults-seed{a.seed}")
     out.mkdir(parents=True, exist_ok=True)
-    runs = []
+    until = None
+    if a.until:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        hh, mm = map(int, a.until.split(":"))
+        until = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+    runs, loads = [], []
     t0 = time.monotonic()
+
+    def write() -> None:
+        (out / "chaos.json").write_text(json.dumps(
+            {"command": " ".join(["benchmarks/chaos_cluster.py",
+                                  *(argv if argv is not None else sys.argv[1:])]),
+             "seed": a.seed, "drawn": len(specs), "wall_s": round(time.monotonic() - t0),
+             "loadavg_per_run": loads, "runs": runs}, indent=1))
     with netns.Cluster(netns.Plan.new(6)) as cluster:
         for s in specs:
+            if until is not None and datetime.datetime.now(datetime.timezone.utc) >= until:
+                print(f"--until {a.until}: stopped after {len(runs)} of {len(specs)} faults")
+                break
             r = run_one(cluster.plan, s)
             runs.append(r)
+            loads.append(round(os.getloadavg()[0], 1))
             print(f"#{r['n']:3d} {r['shape']:7s} {r['kind']:14s} at {r['at_s']:4.1f} s: "
                   f"{r['outcome']:12s} rcs={r['rcs']} {r['took_s']:5.1f} s  {r['last'][:150]}",
                   flush=True)
+            write()
     print(chaos.table(runs, KINDS))
+    write()
     load = os.getloadavg()
-    (out / "chaos.json").write_text(json.dumps(
-        {"command": " ".join(["benchmarks/chaos_cluster.py",
-                              *(argv if argv is not None else sys.argv[1:])]),
-         "seed": a.seed, "wall_s": round(time.monotonic() - t0), "loadavg": load,
-         "runs": runs}, indent=1))
     chaos.plot(runs, out / "chaos.png", KINDS)
     print(f"wrote {out / 'chaos.json'} (load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})")
     bad = [r for r in runs if r["outcome"] in ("hang", "wrong result")

@@ -4,26 +4,18 @@ down (partition), a link slowed to 1/50 and a full /dev/shm.  Every run must sur
 the right parameters or end in bounded time with an error naming the fault; no hang, no
 silent wrong result, no process or shared-memory file left.  Root only (namespaces, tc,
 mount); long, so ``pytest -m chaos_full``."""
-import json
 import os
 import sys
 
 import pytest
 from conftest import ROOT
+from test_chaos import _check
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 pytestmark = [pytest.mark.chaos_full, pytest.mark.root, pytest.mark.timeout(1500),
               pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")]
-
-
-def _check(out):
-    runs = json.loads((out / "chaos.json").read_text())["runs"]
-    for r in runs:
-        assert r["outcome"] in ("survived", "right error"), r
-        assert not r["leftover_pids"] and not r["leftover_shm"], r
-    return runs
 
 
 def test_new_fault_kinds_on_the_emulated_cluster(tmp_path):
