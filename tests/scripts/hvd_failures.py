@@ -176,6 +176,19 @@ def late():
     raises(lambda: hvd.broadcast(torch.ones(3), 0, name="late"), RuntimeError, "late rank")
 
 
+def orphan():
+    """A handle left unsynchronized at shutdown() whose other ranks never made the call
+    (Horovod's duplicate-name tests leave their first handle so): its thread's wait,
+    past the timeout, must not touch the next membership (seen in the suite)."""
+    if r == 0:
+        hvd.allgather_async(torch.ones(2), name="orphan")
+    done.append("handle left in flight")
+    hvd.barrier()
+
+
+with_timeout("a handle left in flight at shutdown()", orphan)
+time.sleep(2)           # that handle's 1.5 s has passed; the next collectives are unharmed
+twenty("a handle left in flight at shutdown() and its timeout")
 with_timeout("different names", names_differ)
 with_timeout("different allgather names", gather_names_differ)
 with_timeout("a rank raised between two collectives", raised_between)

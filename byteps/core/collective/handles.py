@@ -140,8 +140,8 @@ def check_deadline(end: float | None, what: str, st) -> None:
     """Raise :class:`CollectiveTimeoutError` when ``end`` (:func:`deadline`) has passed; the
     caller's wait then treats it as an interruption (:func:`interrupted`: this rank leaves,
     so the other ranks fail naming it instead of waiting on)."""
-    if end is None or time.monotonic() < end:
-        return
+    if end is None or time.monotonic() < end or _st.current() is not st:
+        return                # (a wait of an ended membership: its own check fails it)
     raise CollectiveTimeoutError(
         f"worker rank {st.rank}: {what} waited {st.cfg.collective_timeout_s:g} s "
         f"(BYTEPS_COLLECTIVE_TIMEOUT_S) for the other ranks: one of them is late, failed "
@@ -151,13 +151,16 @@ def check_deadline(end: float | None, what: str, st) -> None:
         f"BYTEPS_COLLECTIVE_TIMEOUT_S if ranks may legitimately be this late)")
 
 
-def interrupted(exc: BaseException, what: str) -> None:
+def interrupted(exc: BaseException, what: str, st=None) -> None:
     """A wait for ``what`` was interrupted by ``exc`` (raised inside the wait: a test's
     timeout, a signal handler's exception): the other ranks would wait for this rank's
     part forever, so this rank leaves the membership at once (they fail naming it, and
     every rank's next init() forms the group again).  Ctrl-C and sys.exit keep their own
-    path (the launcher ends the job)."""
+    path (the launcher ends the job).  ``st``: the state the wait belongs to; a wait left
+    over from a membership that shutdown() ended never touches the current one."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        return
+    if st is not None and _st.current() is not st:
         return
     try:
         leave(f"its wait for {what} was interrupted by {type(exc).__name__}: {exc}"[:500])

@@ -247,7 +247,7 @@ def run(ps: ProcessSet, row: np.ndarray, data: np.ndarray, compute, finish, what
             while not done.wait(0.5):
                 _handles.check_deadline(end, what, st)
         except _handles.CollectiveTimeoutError as exc:
-            _handles.interrupted(exc, what)
+            _handles.interrupted(exc, what, st)
             raise
         if "e" in box:
             raise box["e"]

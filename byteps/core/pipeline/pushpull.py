@@ -159,10 +159,14 @@ def synchronize(handle: int) -> np.ndarray:
         while not h.event.wait(0.5):
             if st.engine is not None and st.engine.fatal:
                 st.engine.fail_handle(h, st.engine.fatal)
+            elif st.engine is not None and _st.current() is not st:   # shutdown() ended it
+                st.engine.fail_handle(h, BytePSError(
+                    f"push_pull of {getattr(h.tensor, 'name', '')!r}: shutdown() ended the "
+                    f"membership it was started in"))
             elif not h.event.is_set():
                 _coll.check_deadline(end, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
     except BaseException as exc:      # interrupted: this rank leaves (collective/handles)
-        _coll.interrupted(exc, f"push_pull of {getattr(h.tensor, 'name', '')!r}")
+        _coll.interrupted(exc, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
         raise
     st.steps.waited(getattr(h.tensor, "name", ""), time.monotonic() - t0)   # compute/wait split (reporter)
     st.handles.pop(handle, None)
@@ -237,10 +241,10 @@ def barrier() -> None:
             st.engine.barrier(f"barrier.{next(st.barrier_n)}",
                               lambda: _coll.check_deadline(end, "a barrier", st))
         except _coll.CollectiveTimeoutError as exc:
-            _coll.interrupted(exc, "a barrier")
+            _coll.interrupted(exc, "a barrier", st)
             raise
         except BytePSError:
             raise
         except BaseException as exc:  # interrupted: this rank leaves (collective/handles)
-            _coll.interrupted(exc, "a barrier")
+            _coll.interrupted(exc, "a barrier", st)
             raise
