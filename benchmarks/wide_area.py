@@ -1,13 +1,14 @@
-"""DiLoCo against synchronous training over an emulated wide-area network (not a test).
+"""Training across regions (issue 26): DiLoCo against synchronous training over an
+emulated wide-area network (not a test).
 
-    sudo .venv/bin/python -m benchmarks.diloco                      # the full run
-    sudo .venv/bin/python -m benchmarks.diloco --steps 40 --inner-steps 10 --dim 32 \\
+    sudo .venv/bin/python -m benchmarks.wide_area                   # the full run
+    sudo .venv/bin/python -m benchmarks.wide_area --steps 40 --inner-steps 10 --dim 32 \\
         --algos sync,diloco_int8,streaming,ddp                       # a short smoke run
-    sudo .venv/bin/python -m benchmarks.diloco --cleanup            # remove leftovers
+    sudo .venv/bin/python -m benchmarks.wide_area --cleanup         # remove leftovers
 
 W worker hosts (default 4) and one server host (which also runs the scheduler) are
 network namespaces on one bridge (benchmarks/cluster/netns.py).  Every worker trains the
-same character-level transformer (benchmarks/diloco_worker.py) on the Python standard
+same character-level transformer (benchmarks/wide_area_worker.py) on the Python standard
 library's source for the same number of tokens, with one method:
 
 * ``ddp``: torch.distributed gloo allreduce of the gradients every step;
@@ -19,9 +20,12 @@ The network: every worker's connections to the server go through the user-space 
 (benchmarks/cluster/delay_proxy.py; this kernel has no ``netem``) that holds each chunk
 ``--delay-ms`` one way and serialises each direction at ``--rate-mbit``, i.e. a link of
 that speed and latency to the server's region.  DDP's gloo connects worker to worker on
-ephemeral ports, which the proxy cannot carry: DDP runs over the bridge shaped with tc
+ephemeral ports, which the proxy does not carry: DDP runs over the bridge shaped with tc
 tbf at the same rate and **without the added delay**, so its times are a lower bound and
-the speed-up reported against it is conservative.
+the speed-up reported against it is conservative.  (Tried: every other worker's address
+made local in each worker namespace, the ephemeral port range narrowed so that the proxy
+can listen on gloo's ports; the TCPStore then connects through the proxy, but gloo's pairs
+did not connect within 60 s, cause not found.)
 
 Reported, per method: training seconds, bytes sent per worker (training only: the
 initial broadcast and seed excluded) and the ratio against SyncPS float32, the bytes
@@ -29,8 +33,8 @@ received (DiLoCo pulls the global parameters in full precision once per round), 
 rate over 0.5 s windows against the link's rate (the physical limit), the time rank 0
 first reached the final validation loss of SyncPS (its own model), that ratio against
 DDP, and the final validation loss after ``finish()`` against SyncPS's.  A table on
-stdout, results.json, table.txt and diloco.png in a new folder
-(benchmarks/results/diloco-<steps>steps-<workers>w-<UTC time>/ unless --out).
+stdout, results.json, table.txt and wide_area.png in a new folder
+(benchmarks/results/<YYYYMMDD>-wide-area-<steps>steps-<workers>w-<HHMM>/ unless --out).
 """
 from __future__ import annotations
 
@@ -54,7 +58,7 @@ PORTS = {"scheduler": 9700, "gloo": 9650, "server": PROXIED["server"],
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="benchmarks.diloco", description=__doc__,
+    ap = argparse.ArgumentParser(prog="benchmarks.wide_area", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--algos", default=",".join(ALGOS))
@@ -64,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--inner-steps", type=int, default=50)
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16, help="sequences per step and worker")
+    ap.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer_lr")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     ap.add_argument("--out", type=Path, default=None)
@@ -72,9 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def worker_argv(a, algo: str) -> list[str]:
-    return [sys.executable, str(HERE / "diloco_worker.py"), "--algo", algo, "--steps",
+    return [sys.executable, str(HERE / "wide_area_worker.py"), "--algo", algo, "--steps",
             str(a.steps), "--inner-steps", str(a.inner_steps), "--fragments",
-            str(a.fragments), "--dim", str(a.dim), "--eval-every", str(a.eval_every)]
+            str(a.fragments), "--dim", str(a.dim), "--eval-every", str(a.eval_every),
+            "--batch", str(a.batch), "--outer-lr", str(a.outer_lr)]
 
 
 def specs_for(plan: Plan, a, algo: str, run: int) -> list:
@@ -209,19 +216,19 @@ def main(argv=None) -> int:
         print("removed:", cleanup(include_live=False))
         return 0
     out_dir = a.out or HERE / "results" / time.strftime(
-        f"diloco-{a.steps}steps-{a.workers}w-%Y%m%dT%H%M%SZ", time.gmtime())
+        f"%Y%m%d-wide-area-{a.steps}steps-{a.workers}w-%H%M", time.gmtime())
     try:
         doc = run_all(a)
     except (NetnsError, jobs.JobError) as exc:
-        print(f"benchmarks.diloco: {exc}", file=sys.stderr)
+        print(f"benchmarks.wide_area: {exc}", file=sys.stderr)
         return 1
     out_dir.mkdir(parents=True, exist_ok=True)
     text = table(doc)
     print(text)
     (out_dir / "table.txt").write_text(text + "\n")
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
-    plot(doc, out_dir / "diloco.png")
-    print(f"wrote {out_dir}/results.json, table.txt, diloco.png")
+    plot(doc, out_dir / "wide_area.png")
+    print(f"wrote {out_dir}/results.json, table.txt, wide_area.png")
     return 0
 
 

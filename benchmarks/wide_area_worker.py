@@ -1,9 +1,9 @@
-"""One worker of benchmarks/diloco.py: a small character-level transformer language model
+"""One worker of benchmarks/wide_area.py: a small character-level transformer language model
 (PyTorch, CPU) on the Python standard library's own source, trained by one method.
 
-    python -m byteps.launcher python benchmarks/diloco_worker.py --algo ALGO [--steps 600]
+    python -m byteps.launcher python benchmarks/wide_area_worker.py --algo ALGO [--steps 600]
     # ALGO: sync | sync_onebit | diloco | diloco_int8 | streaming  (byteps, through the servers)
-    python benchmarks/diloco_worker.py --algo ddp ...    # torch.distributed gloo allreduce
+    python benchmarks/wide_area_worker.py --algo ddp ...    # torch.distributed gloo allreduce
 
 Every worker trains ``--steps`` steps of ``--batch`` x ``--ctx`` characters (the same
 tokens for every method), each rank its own random windows of the training text (the
@@ -13,7 +13,7 @@ inner (or only) optimizer is AdamW.  Rank 0 measures the validation loss of its 
 curve [[seconds, val loss], ...], the final validation loss after ``finish()``, the bytes
 this worker sent and received (byteps: every push and pull on the wire, compressed or not;
 DDP: a ring allreduce's 2 (n - 1) / n of the gradients per step, each way) and its peak
-send rate over 0.5 s windows.
+send rate: the most bytes sent between two step ends at least 0.5 s apart, per second.
 """
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--text-mb", type=float, default=4.0)
@@ -98,12 +99,14 @@ def main() -> None:
         rank, size = bps.rank(), bps.size()
         A = bps.algorithms
         int8 = {"compressor": "int8", "ef": "vanilla"}
+        H, olr = a.inner_steps, a.outer_lr
         alg, comp = {
             "sync": (A.SyncPS(), None),
             "sync_onebit": (A.SyncPS(), {"compressor": "onebit", "ef": "vanilla"}),
-            "diloco": (A.DiLoCo(inner_steps=a.inner_steps), None),
-            "diloco_int8": (A.DiLoCo(inner_steps=a.inner_steps, compression_params=int8), None),
-            "streaming": (A.DiLoCo(inner_steps=a.inner_steps, compression_params=int8,
+            "diloco": (A.DiLoCo(inner_steps=H, outer_lr=olr), None),
+            "diloco_int8": (A.DiLoCo(inner_steps=H, outer_lr=olr, compression_params=int8),
+                            None),
+            "streaming": (A.DiLoCo(inner_steps=H, outer_lr=olr, compression_params=int8,
                                    fragments=a.fragments, overlap=True), None),
         }[a.algo]
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -152,11 +155,12 @@ def main() -> None:
     train_s = time.monotonic() - t0 - eval_s
     final = val_loss()
     peak, j = 0.0, 0
-    for i, (t, b) in enumerate(samples):          # peak over 0.5 s windows
-        while samples[j][0] < t - 0.5:
+    samples.insert(0, (0.0, 0))
+    for t, b in samples[1:]:      # peak over windows of at least 0.5 s (step ends)
+        while j + 1 < len(samples) and samples[j + 1][0] <= t - 0.5:
             j += 1
-        if t - samples[j][0] > 0:
-            peak = max(peak, (b - samples[j][1]) / max(0.5, t - samples[j][0]))
+        if t - samples[j][0] >= 0.5:
+            peak = max(peak, (b - samples[j][1]) / (t - samples[j][0]))
     print("CLUSTER_RESULT " + json.dumps({
         "algo": a.algo, "rank": rank, "size": size, "steps": a.steps, "params": nparams,
         "tokens": a.steps * a.batch * a.ctx, "train_s": train_s, "curve": curve,

@@ -3,7 +3,7 @@ servers, the wire's outer field, and one real 2-worker job (tests/scripts/diloco
 whose phases are checked against a one-process numpy replay of the same algorithm.
 
 The numbers of the benchmark (bytes, time to a loss over an emulated wide-area network)
-come from ``benchmarks/diloco.py``, which is not a test.
+come from ``benchmarks/wide_area.py``, which is not a test.
 """
 import json
 import sys
