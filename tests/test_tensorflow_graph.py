@@ -25,4 +25,4 @@ def test_graph_ops_complete_in_any_runtime_order(tmp_path):
                       "function FailedPreconditionError", "IndexedSlices as Horovod",
                       "eager works after errors"):
             assert done[r].get(check) == 1, (r, check)
-        assert done[r]["graph 50 runs"] < 30, done[r]     # seconds; a deadlock never ends
+        assert done[r]["graph 50 runs"] > 0, done[r]    # finished (a deadlock hits the timeout)
