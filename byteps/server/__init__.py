@@ -38,6 +38,10 @@ from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Entry, O
                                    WireError, decode, entry_array, frame_bytes, payload_count)
 
 log = logging.getLogger("byteps.server")
+# heartbeats, connection and backup checks run at most this often (seconds), not after
+# every message: each reads a monitor socket (a syscall); 256 KB partitions arrive every
+# few hundred microseconds
+TICK_S = 0.01
 
 
 class Server(TensorChecks, StallReports, Records, KeyRetirement):
@@ -128,6 +132,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         poller.register(self.replies.wake_r, zmq.POLLIN)
         self.replica.watch(poller)
         next_scan = time.monotonic() + 1.0
+        next_tick = 0.0
         try:
             while self.exit_code is None:
                 for sock, _ in poller.poll(200):
@@ -146,6 +151,9 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                         self.replies.woken()
                 self.replies.flush()
                 now = time.monotonic()
+                if now < next_tick:        # not after every message: each check is a syscall
+                    continue
+                next_tick = now + TICK_S
                 try:
                     self.link.tick(now)
                 except BytePSError as exc:
@@ -376,7 +384,8 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                     self.drops.warn("shared-memory result segment", str(exc))
                     slot.segs = []
             if arr is not None:
-                out.setdefault(ident, []).append((e._replace(flags=ACK), None))
+                out.setdefault(ident, []).append(
+                    (Entry(e.key, e.part, e.round, ACK, e.dtype, e.length), None))
                 self.bytes_received += arr.nbytes
                 hid = w.get("host_id") or "?"
                 self.bytes_by_host[hid] = self.bytes_by_host.get(hid, 0) + arr.nbytes

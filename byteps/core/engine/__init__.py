@@ -37,6 +37,7 @@ from byteps.transport.wire import (ACK, ASYNC, AVG, COMP, PULL, PUSH, SHM, Entry
 log = logging.getLogger("byteps.worker")
 MAX_FUSED_ENTRIES = 256
 MAX_FUSED_BYTES = 4 << 20
+TICK_S = 0.01     # the scheduler link's heartbeat and connection check, at most this often
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
@@ -67,7 +68,7 @@ class Engine:
         self.links = ServerLinks(cfg, link, self.server_info, servers, self.rank, self.drops,
                                  watch=start)
         self.dropper = transport.Dropper(cfg.test_drop_rate, 104729 * link.node_id + 1)
-        self.next_check = 0.0
+        self.next_check = self.next_tick = 0.0
         # BYTEPS_SERVER_REPLICAS: dead servers' keys
         self.failover = WorkerFailover(cfg, self.server_info, self.rank, self.drops)
         self.comp = Compression(self.rank)
@@ -193,6 +194,9 @@ class Engine:
                 self.take_pending()
                 self.dispatch()
                 now = time.monotonic()
+                if now < self.next_tick:     # not after every message: a syscall each
+                    continue
+                self.next_tick = now + TICK_S
                 self.link.tick(now)
                 if now >= self.next_check:
                     self.next_check = now + 0.2
