@@ -105,7 +105,7 @@ def test_keras_fit_callbacks(res):
 def test_keras_apply_and_backward_passes(res):
     for v in get(res, "keras_apply"):
         assert v["rel_one"] < TOL and v["rel_passes"] < TOL
-        assert v["iterations"] == 2
+        assert v["iterations"] == 4      # every backward pass counts (Horovod), 2 applied
 
 
 def test_v1_optimizer(res):

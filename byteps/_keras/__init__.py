@@ -65,18 +65,39 @@ class _Settings:
         self.op, self.device_dense, self.device_sparse = op, device_dense, device_sparse
         self.passes, self.average_aggregated = int(passes), average_aggregated
         self.counter, self.accs = None, None
+        self.local: dict = {}       # id -> variable whose gradient stays local (Horovod's)
+        self.scale_local = True     # ... divided by the number of workers
+        self.reduced = None         # gradients _compute_gradients reduced already
         self.alg = None           # byteps._keras.algorithm.KerasAlgorithm (non-SyncPS)
         self.variables: list = []  # SyncPS: the variables of the latest step (finish())
         if self.passes < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
 
     def reduce(self, grads: list, variables: list) -> list:
-        return _ops.push_pull_grads(grads, variables, self.prefix, self.compression,
-                                    self.sparse_as_dense, self.op, self.device_dense,
-                                    self.device_sparse)
+        """Average ``grads`` across workers, except those of the local variables, which are
+        divided by the number of workers (Horovod's ``scale_local_gradients``); gradients
+        that ``_compute_gradients`` returned reduced already pass through."""
+        done, self.reduced = self.reduced, None
+        if done is not None and len(done) == len(grads) and \
+                all(a is b for a, b in zip(done, grads)):
+            return list(grads)
+        shared = [i for i, v in enumerate(variables) if id(v) not in self.local]
+        out = list(grads)
+        red = _ops.push_pull_grads([grads[i] for i in shared], [variables[i] for i in shared],
+                                   self.prefix, self.compression, self.sparse_as_dense,
+                                   self.op, self.device_dense, self.device_sparse)
+        for i, g in zip(shared, red):
+            out[i] = g
+        if self.scale_local and len(shared) < len(out):
+            n = float(core.size())
+            for i, v in enumerate(variables):
+                if id(v) in self.local and out[i] is not None:
+                    out[i] = _scaled(out[i], 1.0 / n)
+        return out
 
-    def aggregate(self, grads: list, variables: list, apply_fn) -> None:
-        """Sum gradients locally; every ``passes`` calls push_pull the sum and apply it."""
+    def aggregate(self, grads: list, variables: list, apply_fn, iterations=None) -> None:
+        """Sum gradients locally; every ``passes`` calls push_pull the sum and apply it.  The
+        other calls advance ``iterations`` only (Horovod: it counts backward passes)."""
         with tf.init_scope():
             if self.accs is None:
                 self.counter = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -105,16 +126,48 @@ class _Settings:
             self.counter.assign(0)          # passes since the last exchange (Horovod's)
             return tf.constant(True)
 
+        def skip():
+            if iterations is not None:
+                iterations.assign_add(1)
+            return tf.constant(False)
+
         if tf.executing_eagerly():
-            if int(count) >= self.passes:
-                flush()
+            flush() if int(count) >= self.passes else skip()
         else:
-            tf.cond(count >= self.passes, flush, lambda: tf.constant(False))
+            tf.cond(count >= self.passes, flush, skip)
 
 
 class _Distributed:
     """Marker base of every byteps-wrapped Keras optimizer."""
     _bps: _Settings
+
+    def register_local_var(self, var) -> None:
+        """Horovod's: ``var``'s gradient stays on this worker (divided by the number of
+        workers unless ``scale_local_gradients=False``); every rank registers the same."""
+        self._bps.local[id(var)] = var
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        """Gradients of ``loss`` averaged across workers, as ``[(grad, var), ...]``."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's: ``loss`` (a tensor, or a callable run under ``tape``) differentiated
+        and, with one backward pass per step, averaged across workers (the following
+        ``apply_gradients`` of these gradients does not average them again; with
+        ``backward_passes_per_step > 1`` ``apply_gradients`` aggregates, then averages)."""
+        tape = tf.GradientTape() if tape is None else tape
+        if callable(loss):
+            with tape:
+                if not callable(var_list):
+                    tape.watch(var_list)
+                loss = loss()
+        var_list = list(var_list() if callable(var_list) else var_list)
+        grads = list(tape.gradient(loss, var_list, grad_loss))
+        st = self._bps
+        if st.passes == 1 and st.alg is None and not hasattr(self, "_bps_exchange"):
+            grads = st.reduce(grads, var_list)
+            st.reduced = grads
+        return list(zip(grads, var_list))
 
     @property
     def _agg_helper(self) -> _Settings:
@@ -162,7 +215,8 @@ class _Keras3(_Distributed):
             return super().apply(_qadam_exchange(self, grads, variables, st), variables)
         if st.passes == 1:
             return super().apply(st.reduce(grads, variables), variables)
-        st.aggregate(grads, variables, lambda g: super(_Keras3, self).apply(g, variables))
+        st.aggregate(grads, variables, lambda g: super(_Keras3, self).apply(g, variables),
+                     self.iterations)
         return None
 
 
@@ -190,8 +244,16 @@ class _Keras2(_Distributed):
             return super().apply_gradients(list(zip(st.reduce(grads, variables), variables)),
                                            *args, **kwargs)
         st.aggregate(grads, variables, lambda g: super(_Keras2, self).apply_gradients(
-            list(zip(g, variables)), *args, **kwargs))
+            list(zip(g, variables)), *args, **kwargs), self.iterations)
         return self.iterations
+
+
+def _scaled(grad, factor: float):
+    """``grad * factor`` in its dtype (an IndexedSlices stays one)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype),
+                                grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
 
 
 def _report_lr(opt, st) -> None:
@@ -218,7 +280,8 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
                                  compression=Compression.none, sparse_as_dense=False,
                                  op=_ops.Average, backward_passes_per_step=1,
                                  average_aggregated_gradients=False, in_place=None,
-                                 compression_params=None, algorithm=None):
+                                 compression_params=None, algorithm=None,
+                                 scale_local_gradients=True):
     """Wrap a Keras optimizer: same class name and config, gradients averaged across workers.
 
     An unbuilt optimizer is re-created from its config (the original stays
@@ -255,6 +318,7 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
     settings = _Settings(prefix, compression, sparse_as_dense, _ops.resolve_op(op, None),
                          device_dense, device_sparse, backward_passes_per_step,
                          average_aggregated_gradients)
+    settings.scale_local = bool(scale_local_gradients)
     from byteps._keras.algorithm import resolve
     settings.alg = resolve(algorithm, settings)    # AsyncPS with BYTEPS_ENABLE_ASYNC=1, ...
     if settings.alg is not None and hasattr(opt, "_bps_exchange"):

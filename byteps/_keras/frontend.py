@@ -125,7 +125,7 @@ def populate(ns: dict, keras) -> None:
                              compression=compression_none, sparse_as_dense=False,
                              backward_passes_per_step=1, op=_tf_bps.Average,
                              average_aggregated_gradients=False, compression_params=None,
-                             algorithm=None):
+                             algorithm=None, scale_local_gradients=True):
         """Wrap a Keras optimizer so that gradients are averaged across workers before use.
 
         Works with ``model.compile``/``model.fit`` and with ``apply_gradients``.
@@ -136,13 +136,32 @@ def populate(ns: dict, keras) -> None:
         ``"momentum": "nesterov"`` the optimizer's momentum moves into the compressor.
         ``algorithm``: a ``bps.algorithms`` instance (AsyncPS with
         ``BYTEPS_ENABLE_ASYNC=1``; docs/algorithms.md); call ``opt.finish()`` on every
-        rank at the end.
+        rank at the end.  ``opt.register_local_var(v)`` (Horovod's) keeps ``v``'s gradient
+        on this worker, divided by the number of workers unless
+        ``scale_local_gradients=False``.
         """
         return _impl.create_distributed_optimizer(
             _impl.keras_of(optimizer), optimizer, name, device_dense, device_sparse,
             compression, sparse_as_dense, op, backward_passes_per_step,
             average_aggregated_gradients, compression_params=compression_params,
-            algorithm=algorithm)
+            algorithm=algorithm, scale_local_gradients=scale_local_gradients)
+
+    def PartialDistributedOptimizer(optimizer, local_layers=None, **kwargs):
+        """Horovod's: a DistributedOptimizer (same keywords) whose ``local_layers`` (a
+        Keras layer or a list of them) keep their gradients on each worker."""
+        if local_layers is None:
+            local_layers = []
+        elif isinstance(local_layers, keras.layers.Layer):
+            local_layers = [local_layers]
+        bad = [type(x).__name__ for x in local_layers if not isinstance(x, keras.layers.Layer)]
+        if bad:
+            raise ValueError(f"PartialDistributedOptimizer: local_layers must be Keras layers "
+                             f"of {keras.__name__}, got {bad}")
+        opt = DistributedOptimizer(optimizer, **kwargs)
+        for layer in local_layers:
+            for var in layer.trainable_weights:
+                opt.register_local_var(var)
+        return opt
 
     def broadcast_global_variables(root_rank: int):
         """Broadcast the variables of every Keras model in this process (and their
@@ -157,13 +176,15 @@ def populate(ns: dict, keras) -> None:
 
     module = ns["__name__"]
     made = {"keras": keras, "DistributedOptimizer": DistributedOptimizer,
+            "PartialDistributedOptimizer": PartialDistributedOptimizer,
             "broadcast_global_variables": broadcast_global_variables,
             "load_model": load_model, "QAdamOptimizer": qadam_factory(keras)}
     made.update({f.__name__: f for f in _HELPERS})
     for n in _SHARED:
         if hasattr(_tf_bps, n):
             made[n] = getattr(_tf_bps, n)
-    for f in (DistributedOptimizer, broadcast_global_variables, load_model,
+    for f in (DistributedOptimizer, PartialDistributedOptimizer, broadcast_global_variables,
+              load_model,
               made["QAdamOptimizer"]):
         f.__module__, f.__qualname__ = module, f.__name__
     ns.update(made)
