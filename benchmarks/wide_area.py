@@ -19,19 +19,18 @@ library's source for the same number of tokens, with one method:
 The network: every worker's connections to the server go through the user-space proxy
 (benchmarks/cluster/delay_proxy.py; this kernel has no ``netem``) that holds each chunk
 ``--delay-ms`` one way and serialises each direction at ``--rate-mbit``, i.e. a link of
-that speed and latency to the server's region.  DDP's gloo connects worker to worker on
-ephemeral ports, which the proxy does not carry: DDP runs over the bridge shaped with tc
-tbf at the same rate and **without the added delay**, so its times are a lower bound and
-the speed-up reported against it is conservative.  (Tried: every other worker's address
-made local in each worker namespace, the ephemeral port range narrowed so that the proxy
-can listen on gloo's ports; the TCPStore then connects through the proxy, but gloo's pairs
-did not connect: with the narrowed ranges even rank 0's own TCPStore client got "broken
-pipe" from its server; not resolved.)
+that speed and latency to the server's region.  DDP's gloo connects worker to worker, on
+ephemeral ports: in the DDP run every other worker's address is made local in each
+worker namespace (AnyIP, so the proxy receives the connections), each namespace gets its
+own narrow ephemeral range and the proxy listens on every port gloo's listener can take
+(``gloo_links``), so DDP's traffic crosses the same proxy with the same delay and rate.
+DDP's gradients go in one allreduce per step (DDP's 25 MB bucket holds the whole model).
 
 Reported, per method: training seconds, bytes sent per worker (training only: the
 initial broadcast and seed excluded) and the ratio against SyncPS float32, the bytes
 received (DiLoCo pulls the global parameters in full precision once per round), the peak send
-rate over 0.5 s windows against the link's rate (the physical limit), the time rank 0
+rate (most bytes between step ends >= 0.5 s apart) against the link's rate (the physical
+limit), the time rank 0
 first reached the final validation loss of SyncPS (its own model), that ratio against
 DDP, and the final validation loss after ``finish()`` against SyncPS's.  A table on
 stdout, results.json, table.txt and wide_area.png in a new folder
@@ -56,6 +55,47 @@ HERE = Path(__file__).resolve().parent
 ALGOS = ("ddp", "sync", "sync_onebit", "diloco", "diloco_int8", "streaming")
 PORTS = {"scheduler": 9700, "gloo": 9650, "server": PROXIED["server"],
          "peer": PROXIED["peer"]}
+#: DDP through the proxy: gloo's listener takes an ephemeral port, so worker k's
+#: namespace gets its own ephemeral range (GLOO_BASE + 32 k, 32 ports) and the proxy
+#: listens, in every other worker's namespace, on the odd ports of it (bind(0) takes odd
+#: ports, connect() even ones; the ranges are disjoint so that neither collides with the
+#: proxy's listeners in its own namespace)
+GLOO_BASE = 40000
+
+
+def gloo_range(k: int) -> tuple[int, int]:
+    return GLOO_BASE + 32 * k, GLOO_BASE + 32 * k + 31
+
+
+def gloo_links(plan: Plan, nworkers: int, master_port: int) -> list[dict]:
+    """From every worker namespace to every other worker's bridge address: gloo's
+    possible listening ports and, to rank 0, the TCPStore's MASTER_PORT."""
+    workers = plan.hosts[:nworkers]
+    links = []
+    for g in workers:
+        for k, w in enumerate(workers):
+            if w.index == g.index:
+                continue
+            lo, hi = gloo_range(k)
+            ports = list(range(lo + 1, hi + 1, 2)) + ([master_port] if k == 0 else [])
+            links += [{"listen_ns": g.ns, "ip": w.ip, "port": p, "target_ns": w.ns}
+                      for p in ports]
+    return links
+
+
+def gloo_net(plan: Plan, nworkers: int, on: bool) -> list[list[str]]:
+    """Every other worker's bridge address local in each worker namespace (AnyIP, from
+    the namespace's own address) so that the proxy receives gloo's connections, and each
+    namespace's ephemeral range; off: the routes removed, the default range back."""
+    workers = plan.hosts[:nworkers]
+    cmds = []
+    for k, g in enumerate(workers):
+        rng = "%d %d" % (gloo_range(k) if on else (32768, 60999))
+        cmds.append(["ip", "netns", "exec", g.ns, "sysctl", "-q", "-w",
+                     f"net.ipv4.ip_local_port_range={rng}"])
+        cmds += [["ip", "-n", g.ns, "route", "add" if on else "del", "local", f"{w.ip}/32",
+                  "dev", "lo", "src", g.ip] for w in workers if w.index != g.index]
+    return cmds
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -114,18 +154,19 @@ def run_all(a) -> dict:
         for run, algo in enumerate(algos, 1):
             proxy = None
             try:
+                cluster.shape(None)
                 if algo == "ddp":
-                    cluster.shape(f"{a.rate_mbit:g}mbit")
+                    run_cmds(gloo_net(plan, a.workers, True))
+                    links = gloo_links(plan, a.workers, PORTS["gloo"] + run)
                 else:
-                    cluster.shape(None)
-                    links = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-                    json.dump(proxy_links(plan, a.workers, run), links)
-                    links.close()
-                    proxy = subprocess.Popen(
-                        [sys.executable, "-m", "benchmarks.cluster.delay_proxy", links.name,
-                         str(a.delay_ms), str(a.rate_mbit)],
-                        cwd=jobs.ROOT, stdout=subprocess.DEVNULL)
-                    time.sleep(1.0)
+                    links = proxy_links(plan, a.workers, run)
+                with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                    json.dump(links, f)
+                proxy = subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.cluster.delay_proxy", f.name,
+                     str(a.delay_ms), str(a.rate_mbit)],
+                    cwd=jobs.ROOT, stdout=subprocess.DEVNULL)
+                time.sleep(1.0 + len(links) / 200)
                 t0 = time.monotonic()
                 recs = jobs.collect(jobs.run_specs(plan, specs_for(plan, a, algo, run),
                                                    a.timeout))
@@ -137,6 +178,8 @@ def run_all(a) -> dict:
                 if proxy is not None:
                     proxy.kill()
                     proxy.wait(10)
+                if algo == "ddp":
+                    run_cmds(gloo_net(plan, a.workers, False), check=False)
             r0 = next(r for r in recs if r["rank"] == 0)
             res = {"train_s": max(r["train_s"] for r in recs), "wall_s": time.monotonic() - t0,
                    "sent_bytes": max(r["sent_bytes"] for r in recs),
@@ -178,7 +221,7 @@ def _f(v, fmt: str) -> str:
 def table(doc: dict) -> str:
     c = doc["config"]
     lines = [f"{c['workers']} workers, {c['rate_mbit']:g} Mbit/s + {c['delay_ms']:g} ms one "
-             f"way to the server (DDP: rate only), {c['steps']} steps per worker, "
+             f"way to the server, {c['steps']} steps per worker, "
              f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}",
              f"{'method':12s} {'train s':>8s} {'MB sent':>10s} {'sync/this':>9s} "
              f"{'MB recv':>8s} "
