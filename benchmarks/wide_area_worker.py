@@ -167,7 +167,8 @@ def main() -> None:
     print("CLUSTER_RESULT " + json.dumps({
         "algo": a.algo, "rank": rank, "size": size, "steps": a.steps, "params": nparams,
         "tokens": a.steps * a.batch * a.ctx, "train_s": train_s, "curve": curve,
-        "final_loss": final, "sent_bytes": sent() - base, "received_bytes": sent(3) - base_in, "peak_send_Bps": peak,
+        "final_loss": final, "sent_bytes": sent() - base, "received_bytes": sent(3) - base_in,
+        "peak_send_Bps": peak,
         "pid": os.getpid()}), flush=True)
     if dist is not None:
         dist.barrier()
