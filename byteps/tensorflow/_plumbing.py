@@ -17,14 +17,14 @@ An operation is a function of numpy arrays (calling :mod:`byteps.core.collective
   UnknownError (it ignores an OpError's code), so :func:`graph_fn` marks a BytePSError's
   message and :func:`_install_error_mapping` makes TensorFlow create a CollectiveError
   instead of an UnknownError for a marked message (and only then);
-* order: in a TF1 graph every byteps op gets a control dependency on the previous one
-  created since the last op of the chain ran, so every rank runs them in creation
-  order (``tf.function`` already runs stateful ops in program order).  Each op waits for
-  the other ranks inside a ``numpy_function``, which holds one of TensorFlow's inter-op
-  threads (two on a 2-core machine): unordered, ranks that pick different ops first
-  could each hold every thread waiting for an op the other has not started.  The chain
-  restarts once its last op ran, so an op built after ``session.run`` does not re-run
-  (or need the feeds of) the ops evaluated before it.
+* order: in a TF1 graph every byteps op gets a control dependency on the one built before
+  it, so every rank runs them in creation order (``tf.function`` already runs stateful
+  ops in program order).  Each op waits for the other ranks inside a ``numpy_function``,
+  which holds one of TensorFlow's inter-op threads (two on a 2-core machine): unordered,
+  ranks that pick different ops first could each hold every thread waiting for an op the
+  other has not started.  The price: running an op also runs the byteps ops built before
+  it in the graph (a chain that restarted after a run deadlocked Horovod's
+  test_horovod_allgather_fused_cpu, which fetches the earlier ops with each new one).
 """
 from __future__ import annotations
 
@@ -157,11 +157,7 @@ def run(fn, inputs: list, specs: list, kind: str) -> list:
     graph = tf.compat.v1.get_default_graph()
     v1 = _in_v1_graph()
 
-    me: list = []
-
     def call(*arrays):
-        if v1 and me and _last_op.get(graph) is me[0]:
-            del _last_op[graph]            # the chain's last op ran: the next starts anew
         return [np.asarray(o, d.as_numpy_dtype) for o, (d, _) in zip(fn(*arrays), specs)]
     deps = [_last_op[graph]] if v1 and graph in _last_op else []
     with tf.control_dependencies(deps):
@@ -171,7 +167,6 @@ def run(fn, inputs: list, specs: list, kind: str) -> list:
         outs = [outs]
     if outs and v1:
         _last_op[graph] = outs[0].op
-        me.append(outs[0].op)
     for o, (_, shape) in zip(outs, specs):
         o.set_shape(shape)
     return list(outs)
