@@ -108,6 +108,12 @@ def test_keras_apply_and_backward_passes(res):
         assert v["iterations"] == 4      # every backward pass counts (Horovod), 2 applied
 
 
+def test_keras_local_variables_and_compute_gradients(res):
+    """PartialDistributedOptimizer / register_local_var and compute_gradients (Horovod's)."""
+    for v in get(res, "keras_local_vars"):
+        assert v["local"] < TOL and v["shared"] < TOL and v["applied"] < TOL, v
+
+
 def test_v1_optimizer(res):
     for v in get(res, "v1"):
         assert v["rel"] < TOL

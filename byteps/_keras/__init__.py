@@ -158,8 +158,9 @@ class _Distributed:
         tape = tf.GradientTape() if tape is None else tape
         if callable(loss):
             with tape:
-                if not callable(var_list):
-                    tape.watch(var_list)
+                if not callable(var_list):    # a Keras 3 variable's tf.Variable is .value
+                    tape.watch([v if isinstance(v, tf.Variable) else getattr(v, "value", v)
+                                for v in var_list])
                 loss = loss()
         var_list = list(var_list() if callable(var_list) else var_list)
         grads = list(tape.gradient(loss, var_list, grad_loss))

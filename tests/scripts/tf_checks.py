@@ -231,6 +231,28 @@ def keras_apply_and_passes():
 
 
 # ---------------------------------------------------------------- bad input
+def keras_local_vars():
+    """Horovod's PartialDistributedOptimizer (register_local_var) and compute_gradients: the
+    first layer's gradients stay on their rank divided by N, the others are averaged, and
+    apply_gradients does not average the computed gradients again."""
+    m = make_model(1)                            # identical on every rank
+    opt = bk.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=m.layers[0])
+    x = tf.ones((1, 6))
+
+    def loss():
+        return (R + 1.0) * tf.reduce_sum(m(x))     # rank r's gradient: (r + 1) g
+    gv = opt.compute_gradients(loss, m.trainable_variables)
+    with tf.GradientTape() as tape:
+        raw = tape.gradient(loss(), m.trainable_variables)
+    mean = sum(range(1, N + 1)) / N
+    got = [g.numpy() for g, _ in gv]
+    before = m.get_weights()
+    opt.apply_gradients(gv)
+    return {"local": rel_err(got[:2], [r.numpy() / N for r in raw[:2]]),
+            "shared": rel_err(got[2:], [r.numpy() * mean / (R + 1) for r in raw[2:]]),
+            "applied": rel_err(m.get_weights(), [w - g for w, g in zip(before, got)])}
+
+
 def mismatch():
     out = {}
     v = tf.Variable(tf.ones([3 + R]), name="mismatched")      # same name, other shape
@@ -311,7 +333,7 @@ for name, fn in [("tape_eager", tape_eager), ("tape_function", tape_function),
                  ("embeddings", embeddings), ("keras_fit", keras_fit),
                  ("keras_apply", keras_apply_and_passes), ("v1", v1_optimizer),
                  ("load_model", load_model), ("api_errors", api_errors),
-                 ("mismatch", mismatch)]:
+                 ("mismatch", mismatch), ("keras_local_vars", keras_local_vars)]:
     check(name, fn)
 with open(os.path.join(sys.argv[1], f"rank{R}.json"), "w") as f:
     json.dump(OUT, f)
