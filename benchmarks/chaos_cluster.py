@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -60,6 +62,7 @@ SLOW = "20mbit"                 # 1/50 of 1 Gbit/s
 SHM_KB = 1024
 BOUND_S = 90.0
 PORT = 9123
+ULP_RTOL = 1e-6             # a few float32 ulps
 STEPS = 300                 # about 7 s of training after a start-up of 1-3 s
 
 
@@ -201,7 +204,9 @@ def run_one(plan: netns.Plan, spec: dict) -> dict:
     lasts = [(t.strip().splitlines() or [""])[-1] for t in texts]
     codes = [p.returncode for p in procs]
     outcome = classify(spec, codes, hung, lasts, out, target, specs)
+    ws = {json.dumps(json.loads(f.read_text())["w"]) for f in out.glob("rank*.json")}
     return dict(spec, job=job, rcs=codes, took_s=round(took, 1), target=target,
+                w=json.loads(ws.pop()) if len(ws) == 1 else None,   # (every rank's, if equal)
                 applied=applied, outcome=outcome, last=" | ".join(lasts)[:600],
                 leftover_pids=left, leftover_shm=shm,
                 stderr_tail="\n---\n".join(t[-1200:] for t in texts)
@@ -216,7 +221,6 @@ def classify(spec, codes, hung, lasts, out: Path, target, specs) -> str:
     need = 4 if spec["shape"] == "plain" else 2
     if sched == 0 and (spec["shape"] == "elastic" or all(c == 0 for c in codes)):
         ref = reference(STEPS)
-        import numpy as np
         ok = len(got) >= need and all(
             np.allclose(np.array(g["w"], np.float32), ref, rtol=1e-4, atol=1e-5) for g in got)
         return "survived" if ok else "wrong result"
@@ -280,13 +284,26 @@ def main(argv=None) -> int:
             {"command": " ".join(["benchmarks/chaos_cluster.py",
                                   *(argv if argv is not None else sys.argv[1:])]),
              "seed": a.seed, "drawn": len(specs), "wall_s": round(time.monotonic() - t0),
-             "loadavg_per_run": loads, "runs": runs}, indent=1))
+             "loadavg_per_run": loads, "undisturbed": undisturbed, "runs": runs}, indent=1))
     with netns.Cluster(netns.Plan.new(6)) as cluster:
+        # an undisturbed run of each shape: a server's death with replicas must end with
+        # its parameters (the others: within rtol 1e-4 of one process's).  Not bit for
+        # bit: two undisturbed 4-worker runs differ by 1 ulp already (a server adds the
+        # pushes in arrival order), so within ULP_RTOL; the largest difference is recorded
+        undisturbed = {sh: run_one(cluster.plan, dict(specs[0], shape=sh, kind="none",
+                                                     n=-1 - i))
+                       for i, sh in enumerate(shapes)}
         for s in specs:
             if until is not None and datetime.datetime.now(datetime.timezone.utc) >= until:
                 print(f"--until {a.until}: stopped after {len(runs)} of {len(specs)} faults")
                 break
             r = run_one(cluster.plan, s)
+            u = undisturbed.get(r["shape"], {}).get("w")
+            if r["outcome"] == "survived" and r["w"] and u:
+                r["diff_undisturbed"] = float(np.abs(np.subtract(r["w"], u, dtype=np.float32)).max())
+                if r["kind"] == "kill-server" and r["shape"] == "elastic" and \
+                        not np.allclose(r["w"], u, rtol=ULP_RTOL, atol=0):
+                    r["outcome"] = "wrong result"   # not an undisturbed run's parameters
             runs.append(r)
             loads.append(round(os.getloadavg()[0], 1))
             print(f"#{r['n']:3d} {r['shape']:7s} {r['kind']:14s} at {r['at_s']:4.1f} s: "
