@@ -47,3 +47,45 @@ def test_a_single_pusher_is_averaged_into_the_servers_buffer():
     assert entry[3] & AVG and arr is not pushed
     np.testing.assert_array_equal(arr, np.full(4, 2, np.float32))
     np.testing.assert_array_equal(pushed, np.full(4, 8, np.float32))   # untouched
+
+
+def test_results_from_a_slots_buffers_are_sent_as_one_reused_frame():
+    """server/replies.frame: a round's result in the partition's own buffer leaves as a
+    zmq.Frame made once per buffer; the frame shares the buffer (the next round's sum is
+    what arrives, not a stale copy); other arrays and small ones are sent as they are."""
+    import zmq
+
+    from byteps.server.replies import frame
+    n = 1 << 16                                    # 256 KB of float32
+    slot = Slot(7, 0, 0, n, -1)
+    out: dict = {}
+    for rnd in range(3):
+        for rank in (0, 1):
+            apply(slot, Entry(7, 0, rnd, PUSH | PULL, 0, n), np.full(n, rank + rnd, np.float32),
+                  rank, b"w%d" % rank, 2, out)
+    results = [(e, a) for items in out.values() for e, a in items]
+    slots = {(7, 0): slot}
+    frames = [frame(slots, e, a) for e, a in results]
+    assert all(isinstance(f, zmq.Frame) for f in frames)
+    assert len({id(f) for f in frames}) == 2          # one per buffer (round parity)
+    assert len(slot.frames) == 2
+    other = np.ones(n, np.float32)
+    assert frame(slots, results[0][0], other) is other
+    small = Slot(8, 0, 0, 16, -1)
+    small.bufs = [np.ones(16, np.float32), np.ones(16, np.float32)]
+    assert frame({(8, 0): small}, Entry(8, 0, 0, PULL, 0, 16), small.bufs[0]) is small.bufs[0]
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        b.connect(f"tcp://127.0.0.1:{a.bind_to_random_port('tcp://127.0.0.1')}")
+        buf = slot.bufs[0]
+        for value in (5.0, 9.0):                      # the sum of a later round, same buffer
+            buf[:] = value
+            a.send(frame(slots, results[0][0], buf), copy=False)
+            assert b.poll(5000)
+            got = np.frombuffer(b.recv(), np.float32)
+            assert got.shape == (n,) and np.all(got == value)
+    finally:
+        a.close(0)
+        b.close(0)
+        ctx.term()

@@ -124,7 +124,7 @@ class KeyRetirement:
         held = (slot.length * itemsize * 2 if slot.bufs is not None else 0) + \
             sum(a.nbytes for a in (slot.value, slot.scratch) if a is not None)
         slot.reset_rounds()
-        slot.bufs = slot.scratch = slot.value = None
+        slot.bufs = slot.scratch = slot.value = slot.frames = None
         segs, slot.segs = slot.segs or (), None
         for seg in segs:
             seg.close()         # unlinked; the mapping goes once no view is left

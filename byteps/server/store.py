@@ -45,7 +45,8 @@ class Round:
 class Slot:
     """One partition (key, part) stored on this server."""
     __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
-                 "bytes_in", "bufs", "segs", "applied", "pipe", "scratch", "reduce", "outer")
+                 "bytes_in", "bufs", "segs", "applied", "pipe", "scratch", "reduce", "outer",
+                 "frames")
 
     def __init__(self, key: int, part: int, dtype: int, length: int, engine: int, pipe=None,
                  op: int = 0):
@@ -57,6 +58,7 @@ class Slot:
         self.bytes_in = 0
         self.bufs = None      # two result arrays, double-buffered by round parity
         self.segs = None      # their shared-memory segments (colocated workers)
+        self.frames = None    # [(buf, zmq.Frame)]: bufs' zero-copy frames (server/replies.py)
         self.applied: dict[int, int] = {}   # async: rank -> last round applied (dedup)
         self.pipe = pipe      # server-side compression pipeline (None: raw payloads)
         self.scratch = None
