@@ -57,20 +57,21 @@ def local(data):
     return [(x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]) for x, y in data]
 
 
-def mode(name, opt, opt_params, kind, deferred=False, ctx=None, compression=None):
+def mode(name, opt, opt_params, kind, deferred=False, ctx=None, compression=None,
+         own=False, **hvd):
     ctx = ctx or (mx.cpu(),)
     net = make_net(100 + r, deferred, ctx)
     if kind == "trainer":
         trainer = bps.DistributedTrainer(net.collect_params(), opt, dict(opt_params),
-                                         compression_params=compression)
+                                         compression_params=compression, **hvd)
     else:
         bps.broadcast_parameters(net.collect_params(), root_rank=ROOT)
-        dopt = bps.DistributedOptimizer(mx.optimizer.create(opt, **opt_params))
+        dopt = bps.DistributedOptimizer(mx.optimizer.create(opt, **opt_params), **hvd)
         trainer = gluon.Trainer(net.collect_params(), dopt, kvstore=None)
     run(net, trainer, local(DATA), B, ctx)
-    ref = make_net(100 + ROOT, deferred)
+    ref = make_net(100 + ROOT, deferred)     # own=True: this rank's own batches only
     run(ref, gluon.Trainer(ref.collect_params(), opt, dict(opt_params), kvstore=None),
-        DATA, W * B, (mx.cpu(),))
+        local(DATA) if own else DATA, B if own else W * B, (mx.cpu(),))
     res[name] = {"dist": params_of(net), "ref": params_of(ref),
                  "names": list(net.collect_params().keys())}
 
@@ -82,6 +83,16 @@ mode("trainer_adam", "adam", ADAM, "trainer")
 mode("trainer_fp16", "sgd", SGD, "trainer", compression={"fp16": True})
 mode("optimizer_sgd", "sgd", SGD, "optimizer")
 mode("optimizer_adam", "adam", ADAM, "optimizer")
+# Horovod's keywords: gradients divided by 4 before the sum and multiplied after (the same
+# average); a process set of rank 1 alone: rank 1 averages over it (the set's path, not the
+# servers'), rank 0 is outside and trains on its own gradients, so each equals one process
+# on its own batches
+mode("trainer_predivide", "adam", ADAM, "trainer", gradient_predivide_factor=4.0,
+     prefix="hvd", num_groups=1)
+LAST = bps.add_process_set([W - 1])
+mode("trainer_set", "sgd", SGD, "trainer", own=True, gradient_predivide_factor=4.0,
+     process_set=LAST)
+mode("optimizer_set", "sgd", SGD, "optimizer", own=True, process_set=LAST)
 
 # a checkpoint loaded on the root rank only, after the trainer was made: the first step
 # broadcasts again (as in the original BytePS)
