@@ -128,7 +128,8 @@ def test_compression_params_validated_with_original_keys(bps):
 
 
 def test_distributed_optimizer_is_the_wrapped_class_and_pickles(bps, tmp_path):
-    opt = bps.DistributedOptimizer(mx.optimizer.create("adam", learning_rate=0.01))
+    opt = bps.DistributedOptimizer(mx.optimizer.create("adam", learning_rate=0.01),
+                                   gradient_predivide_factor=2.0)
     assert isinstance(opt, mx.optimizer.Adam) and isinstance(opt, bps.DistributedOptimizer)
     net = _net()
     trainer = mx.gluon.Trainer(net.collect_params(), opt, kvstore=None)
@@ -143,6 +144,7 @@ def test_distributed_optimizer_is_the_wrapped_class_and_pickles(bps, tmp_path):
     assert isinstance(trainer._optimizer, bps.DistributedOptimizer)
     assert isinstance(trainer._optimizer, mx.optimizer.Adam)
     assert trainer.learning_rate == 0.5
+    assert trainer._optimizer._bps_factor == 2.0      # Horovod's keywords survive pickling
     with pytest.warns(UserWarning, match="unwrapped"):
         t = bps.DistributedTrainer(net.collect_params(), opt)
     assert type(t._optimizer) is mx.optimizer.Adam

@@ -50,10 +50,10 @@ def _subclass(inner: type) -> type:
     return sub
 
 
-def _rewrap(inner: type, state: dict) -> DistributedOptimizer:
+def _rewrap(inner: type, state: dict, kwargs: dict | None = None) -> DistributedOptimizer:
     plain = inner.__new__(inner)
     plain.__setstate__(state)
-    return DistributedOptimizer(plain)
+    return DistributedOptimizer(plain, **(kwargs or {}))
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -77,6 +77,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         # Horovod's arguments: gradients divided by the factor before the sum and multiplied
         # after; num_groups is a fusion hint (each gradient is pushed on its own anyway);
         # a rank outside process_set trains on its own gradients
+        self._bps_kwargs = {"gradient_predivide_factor": gradient_predivide_factor,
+                            "num_groups": num_groups, "process_set": process_set}  # pickling
         self._bps_factor = predivide(gradient_predivide_factor, "DistributedOptimizer")
         self._bps_groups = int(num_groups)
         self._bps_set, self._bps_outside = gradient_set(process_set)
@@ -90,7 +92,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     # --------------------------------------------------------------- wrapping
     def __reduce__(self):
         state = {k: v for k, v in self.__getstate__().items() if not k.startswith("_bps_")}
-        return (_rewrap, (self._bps_inner_cls, state))
+        return (_rewrap, (self._bps_inner_cls, state, self._bps_kwargs))
 
     def _bps_unwrap(self):
         """A plain optimizer of the wrapped class with this one's current state."""
