@@ -43,6 +43,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,6 +189,7 @@ def run_one(spec: dict) -> dict:
     lines = err.strip().splitlines()
     last = lines[-1] if lines else ""
     outcome = classify(spec, p.returncode, hung, last, out, target, applied)
+    shutil.rmtree(out, ignore_errors=True)
     return dict(spec, job=job, rc=p.returncode, took_s=round(took, 1), target=target,
                 applied=applied, outcome=outcome, last=last[:400], leftover_pids=left,
                 leftover_shm=shm, stderr_tail=err[-1500:] if outcome in
