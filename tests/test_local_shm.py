@@ -133,3 +133,21 @@ def test_a_temporary_file_removed_before_publishing_is_made_again(tmp_path, monk
     assert removed and seg.created and os.path.exists(seg.path)
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
     seg.close()
+
+
+def test_segments_keep_no_file_descriptor(tmp_path):
+    """A mapped segment holds no descriptor (Python's mmap keeps one per map: a server with
+    a few thousand names ran out of them, EMFILE, and its pushes were lost)."""
+    from byteps.transport import shm
+    before = len(os.listdir("/proc/self/fd"))
+    segs = [shm.Segment(str(tmp_path / f"seg{i}"), 4096, True) for i in range(200)]
+    views = [s.array(np.float32, 1024) for s in segs]
+    views[0][:] = 7
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert shm.Segment(str(tmp_path / "seg0"), 4096, False).array(np.float32, 4)[0] == 7
+    segs[0].close()                  # a view is alive: stays mapped, the file is removed
+    assert views[0][1] == 7 and not (tmp_path / "seg0").exists()
+    del views
+    for s in segs[1:]:
+        s.close()
+    assert not list(tmp_path.iterdir())

@@ -331,7 +331,12 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                       else frame_bytes(next(frames)) if e.flags & COMP
                       else entry_array(e, next(frames)) for e in entries]
         except WireError as exc:
-            return self.drops.warn("truncated payload", str(exc))
+            if not any(e.flags & SHM for e in entries):
+                return self.drops.warn("truncated payload", str(exc))
+            for e in entries:        # a segment that cannot be mapped: the pushes fail, loudly
+                self.round_error(ident, e.key, f"{exc}; set BYTEPS_ENABLE_IPC=0 to push "
+                                 f"over the socket instead")
+            return
         self.on_data(ident, w, entries, decls, arrays)
 
     def check_connections(self) -> None:

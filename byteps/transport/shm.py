@@ -12,17 +12,59 @@ ids, key, part) — never from strings received over the network.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import mmap
 import os
 import re
 import socket
+import sys
 import tempfile
 
 import numpy as np
 
 _MACHINE = None
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)      # Linux
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long)
+_LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class SharedMap:
+    """A file mapped MAP_SHARED, read-write, that keeps **no file descriptor** open.
+
+    Python's ``mmap.mmap`` keeps a duplicate of the file's descriptor for as long as the
+    map lives: one descriptor per segment, so a job whose names keep growing (unnamed
+    eager collectives, a long test suite) ran a server out of descriptors (EMFILE) after
+    a few thousand names.  ``buf`` is a ctypes array over the mapping: numpy views are
+    made with ``np.frombuffer(m.buf, ...)`` and each keeps ``buf`` alive.
+    """
+
+    def __init__(self, fd: int, nbytes: int, populate: bool = False):
+        addr = _LIBC.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                          mmap.MAP_SHARED | (_POPULATE if populate else 0), fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {nbytes} bytes: {os.strerror(err)}")
+        self.addr, self.nbytes = addr, nbytes
+        self.buf = (ctypes.c_char * nbytes).from_address(addr)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def close(self) -> None:
+        """Unmap, unless a numpy view of it is still alive (BufferError, as mmap's close):
+        the mapping then stays until the process ends, and no view ever points at
+        unmapped memory."""
+        if self.buf is None:
+            return
+        if sys.getrefcount(self.buf) > 2:       # this attribute, getrefcount's argument
+            raise BufferError("cannot close: views of the mapping are alive")
+        self.buf = None
+        _LIBC.munmap(self.addr, self.nbytes)
 
 
 def machine_id() -> str:
@@ -98,14 +140,13 @@ class Segment:
                 raise ValueError(f"shared-memory segment {path} has {os.fstat(fd).st_size} "
                                  f"bytes, expected {nbytes}")
             # page tables filled now, not by one fault per 4 KB page on the first round
-            self.map = mmap.mmap(fd, max(nbytes, 1), mmap.MAP_SHARED | _POPULATE,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            self.map = SharedMap(fd, max(nbytes, 1), populate=True)
         finally:
             os.close(fd)
         self.owner = create
 
     def array(self, dtype, length: int) -> np.ndarray:
-        return np.frombuffer(self.map, dtype=dtype, count=length)
+        return np.frombuffer(self.map.buf, dtype=dtype, count=length)
 
     def close(self) -> None:
         try:

@@ -31,13 +31,12 @@ half-written header.  Data is never pickled; only raw numbers are shared.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import time
 
 import numpy as np
 
-from byteps.transport.shm import host_prefix, job_prefix, shm_dir  # noqa: F401 (names live in transport)
+from byteps.transport.shm import SharedMap, host_prefix, job_prefix, shm_dir  # noqa: F401 (names live in transport)
 
 log = logging.getLogger("byteps.local")
 MAGIC = 0x4C41434F4C535042  # "BPSLOCAL"
@@ -137,7 +136,7 @@ class Segment:
         self.shape_tag = shape_tag
         self.owner: int | None = None   # small tensor: the one local rank that reduces it
         self.mm = self._create_or_open(want, chunk)
-        buf = self.mm
+        buf = self.mm.buf
         hdr = [int(x) for x in np.frombuffer(buf, np.int64, HEADER, 0)]
         # header slot 9: a fingerprint of the shape (same element count, other shape)
         same = hdr[:5] == want[:5] and hdr[6] == groups and hdr[9] == shape_tag
@@ -233,7 +232,7 @@ class Segment:
             f"(local size + 1) x the bytes of every tensor in flight for full speed). Fix: "
             f"{FIX}, or set BYTEPS_LOCAL_REDUCE=0 to push without local reduction")
 
-    def _create_or_open(self, header: list[int], chunk: int) -> mmap.mmap:
+    def _create_or_open(self, header: list[int], chunk: int) -> SharedMap:
         for _ in range(5):
             got = self._create_tmp_or_open(header, chunk)
             if not isinstance(got, str):
@@ -260,7 +259,7 @@ class Segment:
                             f"{self.path}.tmp{os.getpid()} was removed 5 times before it could "
                             f"be published; is something deleting files in its folder?")
 
-    def _create_tmp_or_open(self, header: list[int], chunk: int) -> mmap.mmap | str:
+    def _create_tmp_or_open(self, header: list[int], chunk: int) -> SharedMap | str:
         """The open segment when another local rank published it, else the path of a new
         temporary file holding the header (its map in ``self._tmp_map``)."""
         pause = 0.05
@@ -282,30 +281,30 @@ class Segment:
             pause *= 2
         header = header[:5] + [-(-self.n // c) if self.n else 0, header[6], c, w,
                                self.shape_tag]
-        np.frombuffer(mm, np.int64, HEADER, 0)[:] = header
+        np.frombuffer(mm.buf, np.int64, HEADER, 0)[:] = header
         self._tmp_map = mm
         return tmp
 
-    def _create_tmp(self, tmp: str, chunk: int) -> tuple[mmap.mmap, int, int]:
+    def _create_tmp(self, tmp: str, chunk: int) -> tuple[SharedMap, int, int]:
         """A new file ``tmp``, reserved for the best layout that fits: (map, chunk, window)."""
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             c, w, size = self._reserve(fd, chunk)
-            return mmap.mmap(fd, size), c, w
+            return SharedMap(fd, size), c, w
         except BaseException:
             os.unlink(tmp)
             raise
         finally:
             os.close(fd)
 
-    def _open(self) -> mmap.mmap:
+    def _open(self) -> SharedMap:
         fd = os.open(self.path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             if size < HEADER * 8:
                 raise ValueError(f"tensor {self.name!r}: shared buffer {self.path} is truncated "
                                  f"({size} bytes); remove stale files with this prefix")
-            return mmap.mmap(fd, size)
+            return SharedMap(fd, size)
         finally:
             os.close(fd)
 
