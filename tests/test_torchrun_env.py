@@ -16,10 +16,15 @@ from byteps.launcher import free_port
 def test_torchrun_env_unit():
     assert torchrun.torchrun_env(1, 2, 4, 3) == {
         "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "RANK": "6", "WORLD_SIZE": "12",
-        "GROUP_RANK": "1", "NODE_RANK": "1"}
+        "GROUP_RANK": "1", "NODE_RANK": "1",
+        # horovodrun's names, which Horovod's test_horovod_rank reads before init()
+        "HOROVOD_LOCAL_RANK": "2", "HOROVOD_LOCAL_SIZE": "4", "HOROVOD_RANK": "6",
+        "HOROVOD_SIZE": "12", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "3"}
     # without a host index only the local values are known; stale global ones are removed
-    env = torchrun.apply({"RANK": "9", "WORLD_SIZE": "99", "X": "1"}, None, 0, 2, 3)
-    assert env == {"X": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    env = torchrun.apply({"RANK": "9", "WORLD_SIZE": "99", "HOROVOD_RANK": "9", "X": "1"},
+                         None, 0, 2, 3)
+    assert env == {"X": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                   "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "2"}
 
 
 def test_warning_once_under_torchrun_without_byteps(monkeypatch):
@@ -62,6 +67,7 @@ def test_standalone_workers_get_byteps_ranks(tmp_path):
         assert d["env"] == {"RANK": str(rank), "LOCAL_RANK": str(d["local_rank"]),
                             "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
                             "GROUP_RANK": str(rank // 2), "NODE_RANK": str(rank // 2)}
+        assert d["before_init"] == {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "4"}
         assert d["size"] == 4 and d["local_size"] == 2
 
 

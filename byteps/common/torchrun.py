@@ -1,7 +1,9 @@
 """torchrun-style rank variables for libraries that read them (Accelerate, Lightning).
 
 bpslaunch gives every worker ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``LOCAL_WORLD_SIZE`` and ``GROUP_RANK``/``NODE_RANK`` (the worker host's index),
+``LOCAL_WORLD_SIZE`` and ``GROUP_RANK``/``NODE_RANK`` (the worker host's index), and
+horovodrun's ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``,
+``HOROVOD_LOCAL_SIZE``, ``HOROVOD_CROSS_RANK`` and ``HOROVOD_CROSS_SIZE`` alike,
 with the values BytePS itself assigns: the scheduler orders worker hosts by
 ``DMLC_WORKER_ID`` and then local rank, so with L workers per host
 ``RANK = DMLC_WORKER_ID * L + BYTEPS_LOCAL_RANK``.
@@ -23,7 +25,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 
-NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+# horovodrun's names for the same numbers (Horovod's own tests read them before init())
+HOROVOD = {"RANK": "HOROVOD_RANK", "WORLD_SIZE": "HOROVOD_SIZE", "LOCAL_RANK":
+           "HOROVOD_LOCAL_RANK", "LOCAL_WORLD_SIZE": "HOROVOD_LOCAL_SIZE", "GROUP_RANK":
+           "HOROVOD_CROSS_RANK"}
+NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+         *HOROVOD.values(), "HOROVOD_CROSS_SIZE")
 MASTER = ("MASTER_ADDR", "MASTER_PORT")     # torch.distributed's env:// rendezvous
 _WARNED = False
 
@@ -37,7 +44,8 @@ def torchrun_env(host: int | None, local_rank: int, local_size: int,
     if host is not None and num_hosts is not None:
         env.update(RANK=str(host * local_size + local_rank),
                    WORLD_SIZE=str(num_hosts * local_size),
-                   GROUP_RANK=str(host), NODE_RANK=str(host))
+                   GROUP_RANK=str(host), NODE_RANK=str(host), HOROVOD_CROSS_SIZE=str(num_hosts))
+    env.update({HOROVOD[k]: env[k] for k in HOROVOD if k in env})
     return env
 
 
