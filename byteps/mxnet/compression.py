@@ -10,6 +10,7 @@ removed from the optimizer (the original documents the same move).
 from __future__ import annotations
 
 from byteps import compression as _comp
+from byteps.compression.interface import Compressor, NoneCompressor
 
 
 def parse_compression(compression_params, optimizer_params=None):
@@ -41,31 +42,6 @@ def parse_compression(compression_params, optimizer_params=None):
         opt.pop("momentum", None)
         optimizer_params = opt
     return params, optimizer_params
-
-
-class Compressor:
-    """Horovod's interface: ``compress(tensor) -> (tensor, ctx)``,
-    ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Send tensors as they are (the default)."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):

@@ -7,31 +7,9 @@ result back; integer tensors pass through untouched.
 """
 from __future__ import annotations
 
+from byteps.compression.interface import Compressor, NoneCompressor
+
 __all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
-
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)``, ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Send tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):
