@@ -31,6 +31,10 @@ _AMA = ("AsyncModelAverage resets each local model to the compressed average of 
         "differences every round; in 300 steps on 4 ranks onebit reached 0.87-0.91 and int8 "
         "0.89-0.91 against SyncPS's 0.92 (before the matrix ran 600 steps)")
 GAPS = {"average/onebit": _AMA, "average/int8": _AMA}
+#: under local reduction (4 ranks on CI's 2 cores) uncompressed averaging sits on the bar
+GAPS_BY_LAYOUT = {"local": {"average/none": (
+    "AsyncModelAverage without compression on 4 ranks (2 hosts x 2) reached 0.899-0.908 "
+    "against SyncPS's 0.921 in 600 steps, on this code and on the previous release's alike")}}
 LEARNS = 0.6
 
 
@@ -75,7 +79,8 @@ def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.execu
             digests = {g["digest"] for g in got}
             if len(digests) != 1:
                 bad.append(f"{cell}: ranks end with {len(digests)} different models")
-            gap = GAPS.get(cell.rsplit("/", 1)[0])
+            gap = GAPS.get(cell.rsplit("/", 1)[0]) or \
+                GAPS_BY_LAYOUT.get(layout, {}).get(cell.rsplit("/", 1)[0])
             if gap is not None:
                 if got[0]["acc"] < LEARNS:
                     bad.append(f"{cell}: accuracy {got[0]['acc']:.3f} < {LEARNS} ({gap})")

@@ -70,7 +70,11 @@ def test_decentralized_with_join_and_uneven_steps_finishes(tmp_path):
         for r in range(3):
             o = out[r][algo]
             assert o["steps"] == (20, 30, 30)[r], (algo, r, o["steps"])
-            assert o["last"] == out[0][algo]["last"] in (1, 2), (algo, r, o["last"])
+            # every rank names the same last joiner; rank 0 (fewest steps) usually joins
+            # first, but its peers see its announcement before the scheduler sees its
+            # join, so under load ranks 1 and 2 can finish their steps and reach the
+            # scheduler before it: then rank 0 is, correctly, the last to join
+            assert o["last"] == out[0][algo]["last"] in (0, 1, 2), (algo, r, o["last"])
             assert o["before_join"] == o["after_join"], (algo, r)    # fixed while joined
             assert o["acc"] > 0.3, (algo, r, o["acc"])     # 20-30 steps: it learns
         assert len({out[r][algo]["digest"] for r in range(3)}) == 1, algo

@@ -107,6 +107,8 @@ def probe(st) -> None:
                  "of %d bytes, %d bytes in flight", cfg0.partition_bytes, cfg0.credit_bytes)
         return
     part, credit = got
+    if cfg0.partition_explicit:    # the user's size stays (partition_size() caps it per tensor)
+        part = cfg0.partition_bytes
     _use(st, dataclasses.replace(cfg0, partition_bytes=part, credit_window=credit))
     tu.initial = tu.partition = part
     tu.credit0 = credit
