@@ -35,8 +35,7 @@ from byteps.transport.wire import (ACK, ASYNC, AVG, COMP, PULL, PUSH, SHM, Entry
                                    WireError, average, entry_array, payload_count)
 
 log = logging.getLogger("byteps.worker")
-MAX_FUSED_ENTRIES = 256
-MAX_FUSED_BYTES = 4 << 20
+MAX_FUSED_ENTRIES, MAX_FUSED_BYTES = 256, 4 << 20
 TICK_S = 0.01     # the scheduler link's heartbeat and connection check, at most this often
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
