@@ -19,24 +19,17 @@ An operation is a function of numpy arrays (calling :mod:`byteps.core.collective
   instead of an UnknownError for a marked message (and only then);
 * order: in a TF1 graph every byteps op gets a control dependency on the one built before
   it, so every rank runs them in creation order (``tf.function`` already runs stateful
-  ops in program order).  Each op waits for the other ranks inside a ``numpy_function``,
-  which holds one of TensorFlow's inter-op threads (two on a 2-core machine): unordered,
-  ranks that pick different ops first could each hold every thread waiting for an op the
-  other has not started.  The price: running an op also runs the byteps ops built before
-  it in the graph (a chain that restarted after a run deadlocked Horovod's
-  test_horovod_allgather_fused_cpu, which fetches the earlier ops with each new one).
+  ops in program order), and an op that a session run executes only for that chain's
+  sake returns without its collective (:mod:`byteps.tensorflow._graph_order`).
 """
 from __future__ import annotations
-
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from byteps.core.api import BytePSError
 from byteps.core.collective.carry import wire_dtype
-
-_last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+from byteps.tensorflow import _graph_order
 
 
 _MARK = "[byteps: collective failed] "
@@ -155,18 +148,30 @@ def run(fn, inputs: list, specs: list, kind: str) -> list:
                 for o, (d, _) in zip(outs, specs)]
 
     graph = tf.compat.v1.get_default_graph()
-    v1 = _in_v1_graph()
-
-    def call(*arrays):
-        return [np.asarray(o, d.as_numpy_dtype) for o, (d, _) in zip(fn(*arrays), specs)]
-    deps = [_last_op[graph]] if v1 and graph in _last_op else []
-    with tf.control_dependencies(deps):
+    if not _in_v1_graph():       # tf.function runs stateful ops in program order
+        def call(*arrays):
+            return [np.asarray(o, d.as_numpy_dtype) for o, (d, _) in zip(fn(*arrays), specs)]
         outs = tf.numpy_function(graph_fn(call), list(inputs), [d for d, _ in specs],
                                  stateful=True, name="BytePS" + kind)
+    else:                        # a TF1 graph: chained in creation order (_graph_order)
+        me: list = []
+
+        def call(*arrays):
+            *arrays, run_id = arrays
+            if not _graph_order.runs(me[0], run_id):     # run for the chain's sake only
+                return [np.zeros([k or 0 for k in (s.as_list() if s.rank is not None
+                                                   else [])], d.as_numpy_dtype)
+                        for d, s in specs]
+            return [np.asarray(o, d.as_numpy_dtype) for o, (d, _) in zip(fn(*arrays), specs)]
+        with tf.control_dependencies(_graph_order.chain_deps(graph)):
+            outs = tf.numpy_function(graph_fn(call),
+                                     list(inputs) + [_graph_order.state(graph).run_id],
+                                     [d for d, _ in specs], stateful=True, name="BytePS" + kind)
+        op = (outs[0] if isinstance(outs, (list, tuple)) else outs).op
+        me.append(op.name)
+        _graph_order.built(graph, op)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
-    if outs and v1:
-        _last_op[graph] = outs[0].op
     for o, (_, shape) in zip(outs, specs):
         o.set_shape(shape)
     return list(outs)

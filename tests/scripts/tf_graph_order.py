@@ -8,7 +8,10 @@
   ``tf.errors.FailedPreconditionError`` (also a BytePSError) naming both ranks, alltoall
   splits no rank can use raise InvalidArgumentError, IndexedSlices with op=Min or with a
   prescale factor NotImplementedError; collectives work after each.
-* an op built later in the graph runs after the earlier ones.
+* an op built later in the graph runs after the earlier ones; a run that fetches one op
+  does the collectives of the ops it needs only (not those it runs for the order's sake),
+  so an op built after a failed one works and a loop that builds and evaluates one op
+  at a time does one collective per run.
 Writes rank<r>.json with the checks passed and the seconds the 50 runs took."""
 import json
 import sys
@@ -18,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import byteps.tensorflow as hvd
+from byteps.core.collective import ops as coll
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
@@ -106,6 +110,31 @@ with tf.Graph().as_default() as g1:
         out = sess.run(ops["sum"], feed_dict={x: value(r, 7)})
         check({"sum": out}, 7, "session after errors")
         done["session works after errors"] = 1
+        # built after the failed op, chained after it: the chain runs it without its
+        # collective, so it does not fail again
+        z = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name="after_error")
+        assert sess.run(z, feed_dict={x: value(r, 8)}).tolist() == [float(n)]
+        done["op built after a failed one works"] = 1
+
+        # a loop that builds one op and evaluates it (Horovod's tests do): each run does
+        # the collective it fetches only, not those of the ops built before (linear)
+        calls = []
+        real = coll.allreduce
+        coll.allreduce = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+        try:
+            outs = []
+            for i in range(30):
+                outs.append(hvd.allreduce(tf.constant([float(i + r)]), op=hvd.Sum))
+                got = sess.run(outs[-1], feed_dict={x: value(r, 9)})
+                assert got.tolist() == [float(n * i + sum(range(n)))], (i, got)
+            assert len(calls) == 30, len(calls)
+            got = sess.run(outs, feed_dict={x: value(r, 9)})     # all of them: in order
+            assert len(calls) == 60, len(calls)
+            assert [g.tolist() for g in got] == [[float(n * i + sum(range(n)))]
+                                                 for i in range(30)]
+        finally:
+            coll.allreduce = real
+        done["one collective per fetched op"] = 1
 
 
 # ---- tf.function: the same collectives, 50 calls
