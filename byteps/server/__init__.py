@@ -34,6 +34,7 @@ from byteps.server.retire import KeyRetirement
 from byteps.server.staleness import AsyncStore
 from byteps.server.stalls import StallReports
 from byteps.server.store import Slot, apply, async_groups, counted_joined, recheck
+from byteps.server.tree import leaf_positions
 from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Entry, Op,
                                    WireError, decode, entry_array, frame_bytes, payload_count)
 
@@ -80,6 +81,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.joined = self.joined_ranks = frozenset()   # as counted (store) / as told
         self.gone: dict[int, str] = {}
         self.pushers: set = set()
+        self.leaves: dict = {}          # rank -> position in the reduction tree (tree.py)
         self.async_store = AsyncStore(cfg.async_staleness)   # ASYNC entries (staleness.py)
         self.replica = Replicator(self)    # BYTEPS_SERVER_REPLICAS: backup, failover
         self.free_votes: dict[int, set] = {}   # FREE: key -> ranks done with it (retire.py)
@@ -105,6 +107,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         if type(pc) is int and 1 <= pc <= len(workers):
             self.nworkers = pc
         self.local_reduce = body.get("local_reduce", "off")
+        self.leaves = leaf_positions(workers, self.local_reduce)   # the sum's fixed order
         pushers = body.get("pushers")
         self.pushers = set(pushers if isinstance(pushers, list) else (w["rank"] for w in workers))
         self.joined, self.joined_ranks, self.gone = frozenset(), frozenset(), {}
@@ -415,7 +418,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             # other keys keep rounds (compressed pushes decompressed only when summed);
             # averaged on this server unless it has a backup (backups keep raw sums)
             apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined,
-                  0 if self.replica.active else self.size)
+                  0 if self.replica.active else self.size, self.leaves.get(rank))
         except CompressionError as exc:
             name = self.decls.get(e.key, {}).get("name", e.key)
             self.drops.warn("malformed compressed push",

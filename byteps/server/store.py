@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from byteps.server.tree import Nodes, Pool, accumulator, add, collapse, release, take
 from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, average
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
@@ -27,13 +28,11 @@ REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
 
 
 class Round:
-    __slots__ = ("acc", "owned", "ranks", "result", "waiting", "pulled", "started", "warned",
-                 "div")
+    __slots__ = ("tree", "ranks", "result", "waiting", "pulled", "started", "warned", "div")
 
     def __init__(self):
         self.div = 0          # > 0: every push asked for the average, divide by this (AVG)
-        self.acc = None
-        self.owned = False
+        self.tree = Nodes()   # the pushes and partial sums (byteps.server.tree)
         self.ranks: set[int] = set()
         self.result = None
         self.waiting: list = []
@@ -46,7 +45,7 @@ class Slot:
     """One partition (key, part) stored on this server."""
     __slots__ = ("key", "part", "dtype", "length", "rounds", "value", "engine", "pushes",
                  "bytes_in", "bufs", "segs", "applied", "pipe", "scratch", "reduce", "outer",
-                 "frames")
+                 "frames", "pool")
 
     def __init__(self, key: int, part: int, dtype: int, length: int, engine: int, pipe=None,
                  op: int = 0):
@@ -64,6 +63,15 @@ class Slot:
         self.scratch = None
         self.reduce = REDUCE[op]    # element-wise reduction of a round (declared op)
         self.outer = None     # DiLoCo's outer optimizer (byteps.server.outer.Outer)
+        self.pool = Pool(length, accumulator(DTYPES[dtype], self.reduce, pipe is not None))
+
+    def result_buf(self, rnd: int) -> np.ndarray:
+        """Round ``rnd``'s result buffer (double-buffered by round parity: round r+2
+        starts only after every worker received round r, so reuse is safe)."""
+        if self.bufs is None:
+            dt = np.float32 if self.pipe is not None else DTYPES[self.dtype]
+            self.bufs = [np.empty(self.length, dt) for _ in (0, 1)]
+        return self.bufs[rnd % 2]
 
     def unpack(self, buf, rnd: int, into: np.ndarray | None = None) -> np.ndarray:
         """Decompress a push into ``into`` or this slot's float32 scratch array (raises
@@ -132,24 +140,31 @@ def _flags(e: Entry, flags: int) -> Entry:
 
 
 def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
-    """The round's sum is complete: compress it once (compressed tensors) and answer the
-    pulls that wait."""
+    """The round's pushes are all in: reduce what is left of its tree (byteps.server.tree)
+    into the result buffer, compress it once (compressed tensors) and answer the pulls
+    that wait."""
+    dst = slot.result_buf(rnd)
+    acc, owned = collapse(rs.tree, slot.reduce, slot.pool, dst)
     if slot.pipe is not None:
-        rs.acc = slot.pipe.compress(rs.acc, rnd)
-    elif rs.div or (not rs.owned and slot.segs):
-        if not rs.owned:      # a single pusher: into this server's buffer (shm: segment)
-            if slot.bufs is None:
-                slot.bufs = [np.empty(slot.length, rs.acc.dtype) for _ in (0, 1)]
-            dst = slot.bufs[rnd % 2]
-        else:
-            dst = rs.acc
-        if rs.div:            # the workers' own rule (wire.average): copy, not divide
-            average(rs.acc, rs.div, dst)
-        else:
-            np.copyto(dst, rs.acc)
-        rs.acc = dst
-    rs.result = rs.acc
-    rs.acc = None
+        rs.result = slot.pipe.compress(acc, rnd)
+        release(rs.tree, slot.pool, dst, acc)
+    elif owned or rs.div or slot.segs:
+        # owned: the result buffer unless the root was complete before the round was (a
+        # join); a single pusher: into the result buffer with AVG or shared-memory results
+        src = acc
+        if rs.div and acc.dtype != dst.dtype:      # float16 summed in float32: round first
+            np.copyto(dst, acc, casting="same_kind")
+            src = dst
+        if rs.div:            # the workers' own rule (wire.average) on the rounded sum
+            average(src, rs.div, dst)
+        elif acc is not dst:
+            np.copyto(dst, acc, casting="same_kind")
+        if owned:
+            release(rs.tree, slot.pool, dst, acc)
+        rs.result = dst
+    else:
+        rs.result = acc       # a single pusher, zero copy
+    rs.tree.result_used = False
     ROUNDS_DONE[0] += 1
     for w_ident, w_rank, w_entry in rs.waiting:
         if rs.div:
@@ -171,7 +186,8 @@ def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> int:
 
 
 def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
-          out: dict, joined: frozenset = frozenset(), size: int = 0) -> None:
+          out: dict, joined: frozenset = frozenset(), size: int = 0,
+          leaf: int | None = None) -> None:
     """Apply one entry (push and/or pull) of a synchronous key from ``rank``; queue
     replies into ``out`` (asynchronous keys: byteps.server.staleness.AsyncStore).
 
@@ -181,9 +197,10 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
     ``size``: the job's ranks, when this server may average (0: never); a round whose
     every push carries AVG (float, uncompressed) is divided here and its results carry
     AVG, so the workers copy instead of dividing.
-    A compressed push (``arr`` is its frame) is decompressed only when it is summed,
-    the first one straight into the round's buffer; a malformed frame raises
-    CompressionError before the round changes.
+    ``leaf``: the pusher's position in the reduction tree (byteps.server.tree; None: the
+    rank).  A compressed push (``arr`` is its frame) is decompressed into a float32
+    buffer, or into scratch when its sibling is there to take it at once; a malformed
+    frame raises CompressionError before the round changes.
     """
     rnd, flags, dt, length = entry.round, entry.flags, entry.dtype, entry.length
     rs = slot.rounds.get(rnd)
@@ -192,26 +209,26 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
     if flags & PUSH:
         if rank not in rs.ranks and rs.result is None:
             nbytes = arr.nbytes
+            pos = rank if leaf is None else leaf
+            t = rs.tree
+            if pos in t.leaves:            # two pushers on one position: keep them apart
+                pos = (1 << 20) + rank
+            # the result buffer serves partial sums too (none needed yet: left lazy)
+            result = slot.result_buf(rnd) if t.nodes or slot.pipe is not None else None
+            owned = False
+            last = full(rs, nworkers - 1, joined - {rank})    # this push completes the round
             if slot.pipe is not None:                      # arr is a compressed frame
                 nbytes = length * 4
-                if rs.acc is None:
-                    if slot.bufs is None:
-                        slot.bufs = [np.empty(length, np.float32),
-                                     np.empty(length, np.float32)]
-                    rs.acc = slot.unpack(arr, rnd, into=slot.bufs[rnd % 2])
-                    rs.owned = True
+                if (0, pos ^ 1) in t.nodes and t.nodes[(0, pos ^ 1)][1]:
+                    arr = slot.unpack(arr, rnd)            # combined at once: scratch
                 else:
-                    np.add(rs.acc, slot.unpack(arr, rnd), out=rs.acc)
-            elif rs.acc is None:
-                rs.acc = arr
-            elif not rs.owned:
-                if slot.bufs is None:
-                    slot.bufs = [np.empty(length, arr.dtype), np.empty(length, arr.dtype)]
-                # round r+2 starts only after every worker received round r: reuse is safe
-                rs.acc = slot.reduce(rs.acc, arr, out=slot.bufs[rnd % 2])
-                rs.owned = True
-            else:
-                slot.reduce(rs.acc, arr, out=rs.acc)
+                    buf = take(t, slot.pool, result)
+                    try:
+                        arr, owned = slot.unpack(arr, rnd, into=buf), True
+                    except Exception:
+                        release(t, slot.pool, result, buf)
+                        raise
+            add(t, pos, arr, owned, slot.reduce, slot.pool, result, cascade=not last)
             if not rs.ranks:
                 rs.div = size if size > 1 and flags & AVG and slot.pipe is None and \
                     DTYPES[dt].kind == "f" else 0

@@ -1,0 +1,150 @@
+"""A round's reduction in a fixed order: bit-identical sums whatever the arrival order.
+
+Float addition is not associative: summing pushes in arrival order makes two runs of
+the same job differ in the last bits once three or more pushes meet (``(a+b)+c`` is
+not ``(a+c)+b``).  A synchronous round is therefore reduced along a fixed binary tree
+over the pushers' positions (:func:`leaf_positions`): the push of position ``i`` is
+leaf ``(0, i)``; node ``(k, i)`` is ``op(node (k-1, 2i), node (k-1, 2i+1))``, or the
+one child that exists.  Two siblings are combined as soon as both exist (IEEE add,
+min, max and multiply give the same bits whichever arrives first; the left child is
+always the first operand), the rest when the round is complete (:func:`collapse`,
+level by level in index order, a node without sibling promoted).  The result depends
+only on which positions pushed what: ranks that joined simply never arrive.  The
+number of element-wise operations is the same as a running sum's (``n - 1``).
+
+Buffers: pushes are read where they arrived (never written); partial sums go into
+the round's result buffer (``slot.bufs[round % 2]``) while it is free, else into a
+per-partition pool of buffers reused round after round (no allocation in steady
+state; a 4-pusher round may need one, 8 pushers up to three).  The last combination
+writes straight into the result buffer.
+
+float16 sums are accumulated in float32 and rounded once, into the result buffer
+(the original BytePS does the same), so three workers' float16 sums equal Horovod's.
+Compressed partitions decompress each push into float32 and combine the same way.
+Asynchronous keys (:mod:`byteps.server.staleness`) add each push to the stored value
+when it arrives: their order is the arrival order by design.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+
+
+def accumulator(dtype: np.dtype, op, compressed: bool) -> np.dtype:
+    """The dtype a slot's partial results are kept in: float32 for compressed
+    partitions and float16 sums, else the pushed dtype."""
+    if compressed or (dtype == F16 and op is np.add):
+        return F32
+    return dtype
+
+
+def leaf_positions(workers, local_reduce: str) -> dict[int, int]:
+    """``{rank: leaf position}``.  Without local reduction: the rank's index among the
+    job's ranks.  With it one rank per host pushes a partition (its local root, or the
+    local rank of the slice): the host's index, hosts ordered by their lowest rank."""
+    ws = sorted(workers, key=lambda w: w["rank"])
+    if local_reduce == "off":
+        return {w["rank"]: i for i, w in enumerate(ws)}
+    hosts: dict = {}
+    for w in ws:
+        hosts.setdefault(w["host_id"], len(hosts))
+    return {w["rank"]: hosts[w["host_id"]] for w in ws}
+
+
+class Nodes:
+    """The partial results of one round: ``{(level, index): (array, owned)}``; ``owned``
+    arrays are the slot's buffers (given back when consumed), others are pushes."""
+    __slots__ = ("nodes", "leaves", "result_used")
+
+    def __init__(self):
+        self.nodes: dict = {}
+        self.leaves: set[int] = set()
+        self.result_used = False     # the result buffer holds a partial result
+
+
+class Pool:
+    """A partition's buffers for partial results (accumulator dtype), reused."""
+    __slots__ = ("free", "length", "dtype")
+
+    def __init__(self, length: int, dtype: np.dtype):
+        self.free: list = []
+        self.length, self.dtype = length, dtype
+
+    def take(self) -> np.ndarray:
+        return self.free.pop() if self.free else np.empty(self.length, self.dtype)
+
+
+def take(t: Nodes, pool: Pool, result) -> np.ndarray:
+    if result is not None and not t.result_used and result.dtype == pool.dtype:
+        t.result_used = True
+        return result
+    return pool.take()
+
+
+def _give(t: Nodes, pool: Pool, result, arr) -> None:
+    if arr is result:
+        t.result_used = False
+    else:
+        pool.free.append(arr)
+
+
+def _combine(t: Nodes, op, pool: Pool, result, k: int, i: int, out=None) -> None:
+    """Replace siblings ``(k, i)``, ``(k, i ^ 1)`` by their parent (left operand first)."""
+    left, lo = t.nodes.pop((k, i & ~1))
+    right, ro = t.nodes.pop((k, i | 1))
+    if out is None:
+        out = left if lo else right if ro else take(t, pool, result)
+    elif out is result:
+        t.result_used = True
+    if left.dtype == pool.dtype == right.dtype:
+        op(left, right, out=out)
+    else:                      # float16 in float32: cast in, compute, round once on the way out
+        op(left, right, out=out, dtype=pool.dtype, casting="same_kind")
+    for arr, owned in ((left, lo), (right, ro)):
+        if owned and arr is not out:
+            _give(t, pool, result, arr)
+    t.nodes[(k + 1, i >> 1)] = (out, True)
+
+
+def sibling_waits(t: Nodes, pos: int) -> bool:
+    """Whether leaf ``pos``'s sibling is there (its push is combined at once)."""
+    return (0, pos ^ 1) in t.nodes
+
+
+def add(t: Nodes, pos: int, arr, owned: bool, op, pool: Pool, result,
+        cascade: bool = True) -> None:
+    """Add the push of leaf position ``pos`` and combine every pair it completes
+    (``cascade=False``: the round's last push, :func:`collapse` follows)."""
+    t.leaves.add(pos)
+    t.nodes[(0, pos)] = (arr, owned)
+    k, i = 0, pos
+    while cascade and (k, i ^ 1) in t.nodes:
+        _combine(t, op, pool, result, k, i)
+        k, i = k + 1, i >> 1
+
+
+def collapse(t: Nodes, op, pool: Pool, result):
+    """The round is complete: combine what is left level by level in index order (a
+    node without sibling is promoted); the last combination writes into ``result``
+    (``None``: into an owned operand).  Returns ``(array, owned)`` of the root."""
+    k = 0
+    while len(t.nodes) > 1:
+        for _, i in sorted(n for n in t.nodes if n[0] == k):
+            if (k, i) not in t.nodes:
+                continue                        # consumed as a right sibling
+            if (k, i ^ 1) in t.nodes:
+                last = len(t.nodes) == 2
+                _combine(t, op, pool, result, k, i, result if last else None)
+            else:
+                t.nodes[(k + 1, i >> 1)] = t.nodes.pop((k, i))
+        k += 1
+    (root,) = t.nodes.values()
+    t.nodes.clear()
+    return root
+
+
+def release(t: Nodes, pool: Pool, result, arr) -> None:
+    """Give back an owned buffer no longer needed (the result buffer: mark it free)."""
+    _give(t, pool, result, arr)
