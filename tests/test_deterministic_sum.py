@@ -198,3 +198,18 @@ def test_four_workers_in_two_arrival_orders_end_bit_identical(tmp_path):
     b = _train(tmp_path, "second", 2)
     for k in a.files:
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+@pytest.mark.timeout(240)
+def test_four_workers_survive_a_server_sigkill_bit_identical(tmp_path):
+    """BYTEPS_SERVER_REPLICAS=1, 4 workers: rank 0 SIGKILLs the last server at step 6; the
+    backup sums the resent pushes in its own arrival order, and the final parameters
+    equal an undisturbed run's (without replication) bit for bit."""
+    ref = _train(tmp_path, "undisturbed", -1, steps=14, script="failover_train.py",
+                 BYTEPS_HEARTBEAT_INTERVAL=0.3)
+    got = _train(tmp_path, "killed", 6, steps=14, script="failover_train.py",
+                 BYTEPS_HEARTBEAT_INTERVAL=0.3, BYTEPS_SERVER_REPLICAS=1)
+    from conftest import read_results
+    assert read_results(tmp_path / "killed")[0].get("killed")
+    for k in ref.files:
+        assert ref[k].tobytes() == got[k].tobytes(), k
