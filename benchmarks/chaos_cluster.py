@@ -3,6 +3,14 @@
     sudo .venv/bin/python benchmarks/chaos_cluster.py [--faults 20] [--seed 1] [--only N]
                                   [--max-freeze 30] [--kinds partition,slow-link,...]
                                   [--shapes plain,elastic] [--out DIR]
+                                  [--resume --max-wall 560]
+
+``--resume`` runs, in order, the drawn faults that ``--out`` has no record of yet
+(``part-*.json``, one per invocation, written after every fault) and stops starting
+faults after ``--max-wall`` seconds: a long run is done in chunks (each under the
+benchmark lock, others may take it in between), and every chunk rewrites the merged
+``chaos.json``, the table (``table.txt``) and ``chaos.png`` from all parts.  The
+undisturbed runs are made once and kept (``undisturbed.json``).
 
 The job of benchmarks/chaos.py (benchmarks/chaos_job.py) as on a real cluster: one
 ``bpslaunch`` per role per host, configured by ``DMLC_*`` (benchmarks/cluster/jobs.py),
@@ -61,9 +69,11 @@ from benchmarks.cluster.jobs import Spec, base_env, byteps_job  # noqa: E402
 KINDS = chaos.KINDS + ["partition", "slow-link", "full-shm"]
 SLOW = "20mbit"                 # 1/50 of 1 Gbit/s
 SHM_KB = 1024
-BOUND_S = 90.0
+BOUND_S = 90.0              # a run still going after this (plus a freeze or a partition): a hang
 PORT = 9123
 ULP_RTOL = 1e-6             # a few float32 ulps
+BUG_NAMES = ("NameError", "AttributeError", "TypeError", "KeyError", "IndexError",
+             "UnboundLocalError", "AssertionError", "ZeroDivisionError", "RecursionError")
 STEPS = 300                 # about 7 s of training after a start-up of 1-3 s
 
 
@@ -85,12 +95,12 @@ def specs_for(plan: netns.Plan, shape: str, job: str, out: Path, extra: dict) ->
     work = [sys.executable, str(ROOT / "benchmarks" / "chaos_job.py"), str(out),
             str(STEPS)]
     env = dict(BYTEPS_HEARTBEAT_INTERVAL="0.5", BYTEPS_HEARTBEAT_TIMEOUT="5",
-               BYTEPS_STARTUP_TIMEOUT="30", **extra)
+               BYTEPS_STARTUP_TIMEOUT="20", **extra)
     if shape == "plain":
         specs = byteps_job(h[0:2], h[2:4], h[2], work, PORT, dict(env, BYTEPS_LOCAL_SIZE="2"))
     else:
         specs = byteps_job(h[0:4], h[4:6], h[4], work, PORT, dict(
-            env, BYTEPS_MIN_WORKERS="2", BYTEPS_ELASTIC_TIMEOUT="15",
+            env, BYTEPS_MIN_WORKERS="2", BYTEPS_ELASTIC_TIMEOUT="10",
             BYTEPS_SERVER_REPLICAS="1"))
     for s in specs:                 # every role's bpslaunch: a restartable scheduler
         s.argv[3:3] = ["--restart-scheduler"]
@@ -229,6 +239,8 @@ def classify(spec, codes, hung, lasts, out: Path, target, specs) -> str:
             np.allclose(np.array(g["w"], np.float32), ref, rtol=1e-4, atol=1e-5) for g in got)
         return "survived" if ok else "wrong result"
     text = "\n".join(lasts)
+    if any(f"{e}:" in text for e in BUG_NAMES):
+        return "wrong error"        # a bug in byteps is never the fault's cause
     kind = spec["kind"]
     if kind == "burst":
         right = any(w in text for w in ("interrupted", "SIGINT", "SIGTERM", f"pid {target}"))
@@ -247,6 +259,66 @@ def classify(spec, codes, hung, lasts, out: Path, target, specs) -> str:
     return "right error" if right else "wrong error"
 
 
+def _parts(out: Path) -> list[dict]:
+    """The runs recorded in ``out`` by every invocation (``part-*.json``), by fault index."""
+    runs = {}
+    for f in sorted(out.glob("part-*.json")):
+        for r in json.loads(f.read_text())["runs"]:
+            runs[r["n"]] = r
+    return [runs[n] for n in sorted(runs)]
+
+
+def merge(out: Path, seed: int, drawn: int) -> list[dict]:
+    """Rewrite ``out``'s chaos.json, table.txt and chaos.png from all its parts."""
+    runs = _parts(out)
+    parts = [json.loads(f.read_text()) for f in sorted(out.glob("part-*.json"))]
+    und = out / "undisturbed.json"
+    (out / "chaos.json").write_text(json.dumps(
+        {"seed": seed, "drawn": drawn, "done": len(runs),
+         "commands": [p["command"] for p in parts],
+         "commits": sorted({p.get("commit", "?") for p in parts}),
+         "wall_s": sum(p["wall_s"] for p in parts),
+         "loadavg_per_run": [r.get("load") for r in runs],
+         "undisturbed": json.loads(und.read_text()) if und.exists() else None,
+         "runs": runs}, indent=1))
+    text = chaos.table(runs, KINDS)
+    loads = [r["load"] for r in runs if r.get("load") is not None]
+    if loads:
+        text += (f"\nload average (1 min) at the end of each run: min {min(loads):.1f}, "
+                 f"median {sorted(loads)[len(loads) // 2]:.1f}, max {max(loads):.1f}")
+    (out / "table.txt").write_text(text + "\n")
+    if runs:
+        chaos.plot(runs, out / "chaos.png", KINDS)
+    return runs
+
+
+def _commit() -> str:
+    """The code's commit (a copy of the tree without .git: its COMMIT file)."""
+    if (ROOT / "COMMIT").exists():
+        return (ROOT / "COMMIT").read_text().strip()
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def _undisturbed(plan: netns.Plan, out: Path, specs: list[dict], shapes: tuple) -> dict:
+    """An undisturbed run of each shape (kept in ``out``): a server's death with replicas
+    must end with its parameters; the largest difference of every survivor is recorded."""
+    f = out / "undisturbed.json"
+    und = json.loads(f.read_text()) if f.exists() else {}
+    for i, sh in enumerate(shapes):
+        if sh not in und:
+            r = run_one(plan, dict(specs[0], shape=sh, kind="none", n=-1 - i))
+            if r["outcome"] != "survived" or r["w"] is None:
+                raise SystemExit(f"the undisturbed {sh} run did not end with one result: "
+                                 f"{r['outcome']}, {r['last'][:300]}\n{r['stderr_tail']}")
+            und[sh] = r
+            f.write_text(json.dumps(und, indent=1))
+    return und
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--faults", type=int, default=20)
@@ -256,9 +328,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="plain,elastic")
     ap.add_argument("--only", type=int, default=None, help="run the N-th fault alone (0-based)")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--until", default=None, metavar="HH:MM",
-                    help="start no fault after this time (UTC): as many of the drawn faults "
-                         "as fit, in order (chaos.json is written after every run)")
+    ap.add_argument("--resume", action="store_true",
+                    help="run only the drawn faults that --out has no record of yet")
+    ap.add_argument("--max-wall", type=float, default=None, metavar="S",
+                    help="start no fault after S seconds (a chunk of a long run: --resume "
+                         "goes on from there)")
     a = ap.parse_args(argv)
     kinds = a.kinds.split(",")
     if set(kinds) - set(KINDS):
@@ -273,33 +347,35 @@ def main(argv=None) -> int:
     if a.only is not None:
         specs = [specs[a.only]]
     out = Path(a.out or ROOT / "benchmarks" / "results" /
-               f"chaos-cluster-{datetime.date.today():%Y%m%d}-{len(specs)}faults-seed{a.seed}")
+               f"{datetime.date.today():%Y%m%d}-chaos-cluster-{len(specs)}faults-seed{a.seed}")
     out.mkdir(parents=True, exist_ok=True)
-    until = None
-    if a.until:
-        now = datetime.datetime.now(datetime.timezone.utc)
-        hh, mm = map(int, a.until.split(":"))
-        until = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
-    runs, loads = [], []
+    if a.resume:
+        done = {r["n"] for r in _parts(out)}
+        specs = [s for s in specs if s["n"] not in done]
+        if not specs:
+            print(f"{out}: all {a.faults} faults done")
+            merge(out, a.seed, a.faults)
+            return 0
+    else:
+        for f in [*out.glob("part-*.json"), out / "undisturbed.json"]:
+            f.unlink(missing_ok=True)
+    part = out / f"part-{len(list(out.glob('part-*.json'))):03d}.json"
+    runs: list[dict] = []
     t0 = time.monotonic()
+    cmd = " ".join(["benchmarks/chaos_cluster.py", *(argv if argv is not None else sys.argv[1:])])
+    commit = _commit()
 
     def write() -> None:
-        (out / "chaos.json").write_text(json.dumps(
-            {"command": " ".join(["benchmarks/chaos_cluster.py",
-                                  *(argv if argv is not None else sys.argv[1:])]),
-             "seed": a.seed, "drawn": len(specs), "wall_s": round(time.monotonic() - t0),
-             "loadavg_per_run": loads, "undisturbed": undisturbed, "runs": runs}, indent=1))
+        part.write_text(json.dumps({"command": cmd, "commit": commit, "seed": a.seed,
+                                    "wall_s": round(time.monotonic() - t0), "runs": runs},
+                                   indent=1))
     with netns.Cluster(netns.Plan.new(6)) as cluster:
-        # an undisturbed run of each shape: a server's death with replicas must end with
-        # its parameters (the others: within rtol 1e-4 of one process's).  Not bit for
-        # bit: two undisturbed 4-worker runs differ by 1 ulp already (a server adds the
-        # pushes in arrival order), so within ULP_RTOL; the largest difference is recorded
-        undisturbed = {sh: run_one(cluster.plan, dict(specs[0], shape=sh, kind="none",
-                                                     n=-1 - i))
-                       for i, sh in enumerate(shapes)}
+        # Not bit for bit unless the servers sum in a fixed order: within ULP_RTOL
+        undisturbed = _undisturbed(cluster.plan, out, specs, shapes)
         for s in specs:
-            if until is not None and datetime.datetime.now(datetime.timezone.utc) >= until:
-                print(f"--until {a.until}: stopped after {len(runs)} of {len(specs)} faults")
+            if a.max_wall is not None and time.monotonic() - t0 >= a.max_wall:
+                print(f"--max-wall {a.max_wall:g}: stopped after {len(runs)} of {len(specs)} "
+                      f"faults (--resume goes on)")
                 break
             r = run_one(cluster.plan, s)
             u = undisturbed.get(r["shape"], {}).get("w")
@@ -308,17 +384,18 @@ def main(argv=None) -> int:
                 if r["kind"] == "kill-server" and r["shape"] == "elastic" and \
                         not np.allclose(r["w"], u, rtol=ULP_RTOL, atol=0):
                     r["outcome"] = "wrong result"   # not an undisturbed run's parameters
+            r["load"] = round(os.getloadavg()[0], 1)
             runs.append(r)
-            loads.append(round(os.getloadavg()[0], 1))
             print(f"#{r['n']:3d} {r['shape']:7s} {r['kind']:14s} at {r['at_s']:4.1f} s: "
                   f"{r['outcome']:12s} rcs={r['rcs']} {r['took_s']:5.1f} s  {r['last'][:150]}",
                   flush=True)
             write()
-    print(chaos.table(runs, KINDS))
     write()
+    print(chaos.table(runs, KINDS))
+    every = merge(out, a.seed, a.faults)
     load = os.getloadavg()
-    chaos.plot(runs, out / "chaos.png", KINDS)
-    print(f"wrote {out / 'chaos.json'} (load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})")
+    print(f"wrote {out / 'chaos.json'}: {len(every)} of {a.faults} faults done (load average "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f})")
     bad = [r for r in runs if r["outcome"] in ("hang", "wrong result")
            or r["leftover_pids"] or r["leftover_shm"]]
     return 1 if bad else 0
