@@ -160,7 +160,7 @@ def test_buffers_are_reused_round_after_round():
         res, slot = run_round(arrs, order, slot=slot, rnd=rnd)
         assert res.tobytes() == tree_sum(arrs).tobytes()
         for rs in slot.rounds.values():
-            assert not rs.tree.nodes
+            assert not rs.nodes
         seen |= {id(b) for b in slot.pool.free}
         assert len(slot.pool.free) <= 3
     assert len(seen) <= 3 and all(id(b) in seen for b in slot.pool.free)

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from byteps.server.tree import Nodes, Pool, accumulator, add, collapse, release, take
+from byteps.server.tree import Pool, accumulator, add, collapse, release, take
 from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, average
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
@@ -28,11 +28,15 @@ REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
 
 
 class Round:
-    __slots__ = ("tree", "ranks", "result", "waiting", "pulled", "started", "warned", "div")
+    __slots__ = ("nodes", "leaves", "result_used", "ranks", "result", "waiting", "pulled",
+                 "started", "warned", "div")
 
     def __init__(self):
         self.div = 0          # > 0: every push asked for the average, divide by this (AVG)
-        self.tree = Nodes()   # the pushes and partial sums (byteps.server.tree)
+        # the pushes and partial sums (byteps.server.tree.Nodes's fields)
+        self.nodes: dict = {}
+        self.leaves: set[int] = set()
+        self.result_used = False
         self.ranks: set[int] = set()
         self.result = None
         self.waiting: list = []
@@ -144,10 +148,10 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     into the result buffer, compress it once (compressed tensors) and answer the pulls
     that wait."""
     dst = slot.result_buf(rnd)
-    acc, owned = collapse(rs.tree, slot.reduce, slot.pool, dst)
+    acc, owned = collapse(rs, slot.reduce, slot.pool, dst)
     if slot.pipe is not None:
         rs.result = slot.pipe.compress(acc, rnd)
-        release(rs.tree, slot.pool, dst, acc)
+        release(rs, slot.pool, dst, acc)
     elif owned or rs.div or slot.segs:
         # owned: the result buffer unless the root was complete before the round was (a
         # join); a single pusher: into the result buffer with AVG or shared-memory results
@@ -160,11 +164,11 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
         elif acc is not dst:
             np.copyto(dst, acc, casting="same_kind")
         if owned:
-            release(rs.tree, slot.pool, dst, acc)
+            release(rs, slot.pool, dst, acc)
         rs.result = dst
     else:
         rs.result = acc       # a single pusher, zero copy
-    rs.tree.result_used = False
+    rs.result_used = False
     ROUNDS_DONE[0] += 1
     for w_ident, w_rank, w_entry in rs.waiting:
         if rs.div:
@@ -210,13 +214,15 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
         if rank not in rs.ranks and rs.result is None:
             nbytes = arr.nbytes
             pos = rank if leaf is None else leaf
-            t = rs.tree
+            t = rs                         # the round's tree (byteps.server.tree.Nodes)
             if pos in t.leaves:            # two pushers on one position: keep them apart
                 pos = (1 << 20) + rank
             # the result buffer serves partial sums too (none needed yet: left lazy)
             result = slot.result_buf(rnd) if t.nodes or slot.pipe is not None else None
             owned = False
-            last = full(rs, nworkers - 1, joined - {rank})    # this push completes the round
+            # this push completes the round (then the tree is collapsed into the result)
+            last = full(rs, nworkers - 1, joined - {rank}) if joined else \
+                len(rs.ranks) + 1 >= nworkers
             if slot.pipe is not None:                      # arr is a compressed frame
                 nbytes = length * 4
                 if (0, pos ^ 1) in t.nodes and t.nodes[(0, pos ^ 1)][1]:

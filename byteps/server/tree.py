@@ -54,14 +54,16 @@ def leaf_positions(workers, local_reduce: str) -> dict[int, int]:
 
 
 class Nodes:
-    """The partial results of one round: ``{(level, index): (array, owned)}``; ``owned``
-    arrays are the slot's buffers (given back when consumed), others are pushes."""
+    """The partial results of one round (store.Round has the same three fields):
+    ``nodes`` ``{(level, index): (array, owned)}``, ``owned`` arrays being the slot's
+    buffers (given back when consumed), others pushes; ``leaves``: the positions pushed;
+    ``result_used``: the result buffer holds a partial result."""
     __slots__ = ("nodes", "leaves", "result_used")
 
     def __init__(self):
         self.nodes: dict = {}
         self.leaves: set[int] = set()
-        self.result_used = False     # the result buffer holds a partial result
+        self.result_used = False
 
 
 class Pool:
@@ -90,10 +92,10 @@ def _give(t: Nodes, pool: Pool, result, arr) -> None:
         pool.free.append(arr)
 
 
-def _combine(t: Nodes, op, pool: Pool, result, k: int, i: int, out=None) -> None:
-    """Replace siblings ``(k, i)``, ``(k, i ^ 1)`` by their parent (left operand first)."""
-    left, lo = t.nodes.pop((k, i & ~1))
-    right, ro = t.nodes.pop((k, i | 1))
+def _combine(t: Nodes, op, pool: Pool, result, lkey, rkey, pkey, out=None) -> None:
+    """Replace nodes ``lkey`` (the left operand) and ``rkey`` by their parent ``pkey``."""
+    left, lo = t.nodes.pop(lkey)
+    right, ro = t.nodes.pop(rkey)
     if out is None:
         out = left if lo else right if ro else take(t, pool, result)
     elif out is result:
@@ -102,15 +104,11 @@ def _combine(t: Nodes, op, pool: Pool, result, k: int, i: int, out=None) -> None
         op(left, right, out=out)
     else:                      # float16 in float32: cast in, compute, round once on the way out
         op(left, right, out=out, dtype=pool.dtype, casting="same_kind")
-    for arr, owned in ((left, lo), (right, ro)):
-        if owned and arr is not out:
-            _give(t, pool, result, arr)
-    t.nodes[(k + 1, i >> 1)] = (out, True)
-
-
-def sibling_waits(t: Nodes, pos: int) -> bool:
-    """Whether leaf ``pos``'s sibling is there (its push is combined at once)."""
-    return (0, pos ^ 1) in t.nodes
+    if lo and left is not out:
+        _give(t, pool, result, left)
+    if ro and right is not out:
+        _give(t, pool, result, right)
+    t.nodes[pkey] = (out, True)
 
 
 def add(t: Nodes, pos: int, arr, owned: bool, op, pool: Pool, result,
@@ -118,10 +116,11 @@ def add(t: Nodes, pos: int, arr, owned: bool, op, pool: Pool, result,
     """Add the push of leaf position ``pos`` and combine every pair it completes
     (``cascade=False``: the round's last push, :func:`collapse` follows)."""
     t.leaves.add(pos)
-    t.nodes[(0, pos)] = (arr, owned)
+    nodes = t.nodes
+    nodes[(0, pos)] = (arr, owned)
     k, i = 0, pos
-    while cascade and (k, i ^ 1) in t.nodes:
-        _combine(t, op, pool, result, k, i)
+    while cascade and (k, i ^ 1) in nodes:
+        _combine(t, op, pool, result, (k, i & ~1), (k, i | 1), (k + 1, i >> 1))
         k, i = k + 1, i >> 1
 
 
@@ -129,19 +128,29 @@ def collapse(t: Nodes, op, pool: Pool, result):
     """The round is complete: combine what is left level by level in index order (a
     node without sibling is promoted); the last combination writes into ``result``
     (``None``: into an owned operand).  Returns ``(array, owned)`` of the root."""
+    nodes = t.nodes
+    if len(nodes) == 1:
+        (root,) = nodes.values()
+        nodes.clear()
+        return root
+    if len(nodes) == 2:        # two disjoint subtrees: the one of lower positions is left
+        (ka, ia), (kb, ib) = nodes
+        a, b = ((ka, ia), (kb, ib)) if ia << ka < ib << kb else ((kb, ib), (ka, ia))
+        _combine(t, op, pool, result, a, b, None, result)
     k = 0
-    while len(t.nodes) > 1:
-        for _, i in sorted(n for n in t.nodes if n[0] == k):
-            if (k, i) not in t.nodes:
+    while len(nodes) > 1:
+        for _, i in sorted(n for n in nodes if n[0] == k):
+            if (k, i) not in nodes:
                 continue                        # consumed as a right sibling
-            if (k, i ^ 1) in t.nodes:
-                last = len(t.nodes) == 2
-                _combine(t, op, pool, result, k, i, result if last else None)
+            if (k, i ^ 1) in nodes:
+                last = len(nodes) == 2
+                _combine(t, op, pool, result, (k, i), (k, i ^ 1), (k + 1, i >> 1),
+                         result if last else None)
             else:
-                t.nodes[(k + 1, i >> 1)] = t.nodes.pop((k, i))
+                nodes[(k + 1, i >> 1)] = nodes.pop((k, i))
         k += 1
-    (root,) = t.nodes.values()
-    t.nodes.clear()
+    (root,) = nodes.values()
+    nodes.clear()
     return root
 
 
