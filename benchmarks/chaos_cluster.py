@@ -252,8 +252,13 @@ def classify(spec, codes, hung, lasts, out: Path, target, specs) -> str:
         right = str(target) in text or any(w in text for w in (
             "presumed dead", "unreachable", "heartbeat", "did not come back"))
     else:
+        # the killed or frozen process by its pid, its signal, or (dead before it registered:
+        # no pid known to the scheduler) the registrations missing for its role.  A
+        # scheduler is restarted (--restart-scheduler): the job must survive its death
         role = kind.split("-")[1]
-        right = f"pid {target}" in text or role in text
+        right = kind != "kill-scheduler" and (
+            f"pid {target}" in text or "SIGKILL" in text
+            or (f"{role}s registered" in text or f"local {role}s registered" in text))
         if kind.startswith("freeze"):
             right = right or "heartbeat" in text or "presumed dead" in text
     return "right error" if right else "wrong error"
