@@ -26,14 +26,17 @@ own narrow ephemeral range and the proxy listens on every port gloo's listener c
 (``gloo_links``), so DDP's traffic crosses the same proxy with the same delay and rate.
 DDP's gradients go in one allreduce per step (DDP's 25 MB bucket holds the whole model).
 
-Reported, per method: training seconds, bytes sent per worker (training only: the
-initial broadcast and seed excluded) and the ratio against SyncPS float32, the bytes
-received (DiLoCo pulls the global parameters in full precision once per round), the peak send
-rate (most bytes between step ends >= 0.5 s apart) against the link's rate (the physical
-limit), the time rank 0
-first reached the final validation loss of SyncPS (its own model), that ratio against
-DDP, and the final validation loss after ``finish()`` against SyncPS's.  A table on
-stdout, results.json, table.txt and wide_area.png in a new folder
+Reported, per method (rank 0's clock, evaluation excluded): training seconds, bytes sent
+per worker (training only: the initial broadcast and seed excluded) and the ratio against
+SyncPS float32, the bytes received (DiLoCo pulls the global parameters in full precision
+once per round), the peak link usage as the bytes of the largest single exchange a worker
+sends (one step's allreduce or push_pull; one outer round of the largest fragment: the
+link rate needed to finish an exchange in a given time is proportional to it, the
+Streaming DiLoCo paper's "peak bandwidth") against DiLoCo int8's, the time rank 0 first
+reached the final validation loss of SyncPS (its own model; DDP's training time, a lower
+bound, when rounding leaves DDP just above it), that ratio against DDP, and the final
+validation loss after ``finish()`` against SyncPS's.  A table on stdout, results.json,
+table.txt and wide_area.png in a new folder
 (benchmarks/results/<YYYYMMDD>-wide-area-<steps>steps-<workers>w-<HHMM>/ unless --out).
 """
 from __future__ import annotations
@@ -111,6 +114,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16, help="sequences per step and worker")
     ap.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer_lr")
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="DiLoCo's outer_momentum (Nesterov)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW's (inner) lr")
+    ap.add_argument("--warmup", type=int, default=0, help="lr warm-up steps (every method)")
+    ap.add_argument("--min-lr", type=float, default=1.0,
+                    help="cosine lr decay to this fraction (every method; 1: constant)")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     ap.add_argument("--out", type=Path, default=None)
@@ -122,7 +131,9 @@ def worker_argv(a, algo: str) -> list[str]:
     return [sys.executable, str(HERE / "wide_area_worker.py"), "--algo", algo, "--steps",
             str(a.steps), "--inner-steps", str(a.inner_steps), "--fragments",
             str(a.fragments), "--dim", str(a.dim), "--eval-every", str(a.eval_every),
-            "--batch", str(a.batch), "--outer-lr", str(a.outer_lr)]
+            "--batch", str(a.batch), "--outer-lr", str(a.outer_lr), "--outer-momentum",
+            str(a.outer_momentum), "--lr", str(a.lr), "--warmup", str(a.warmup),
+            "--min-lr", str(a.min_lr)]
 
 
 def specs_for(plan: Plan, a, algo: str, run: int) -> list:
@@ -181,11 +192,13 @@ def run_all(a) -> dict:
                 if algo == "ddp":
                     run_cmds(gloo_net(plan, a.workers, False), check=False)
             r0 = next(r for r in recs if r["rank"] == 0)
-            res = {"train_s": max(r["train_s"] for r in recs), "wall_s": time.monotonic() - t0,
+            res = {"train_s": r0["train_s"], "wall_s": time.monotonic() - t0,
                    "sent_bytes": max(r["sent_bytes"] for r in recs),
                    "received_bytes": max(r["received_bytes"] for r in recs),
-                   "peak_send_Bps": max(r["peak_send_Bps"] for r in recs),
-                   "final_loss": r0["final_loss"], "curve": r0["curve"],
+                   "exchange_sent": max(r["exchange_sent"] for r in recs),
+                   "exchange_received": max(r["exchange_received"] for r in recs),
+                   "final_loss": r0["final_loss"],   # the curve ends with the final model
+                   "curve": r0["curve"] + [[r0["train_s"], r0["final_loss"]]],
                    "tokens": r0["tokens"], "params": r0["params"]}
             out["results"][algo] = res
             print(f"{algo:12s} {res['train_s']:8.1f} s  {res['sent_bytes'] / 1e6:9.2f} MB sent  "
@@ -195,23 +208,31 @@ def run_all(a) -> dict:
 
 
 def summarize(doc: dict) -> None:
-    """Ratios against SyncPS float32 (bytes, loss) and DDP (time to SyncPS's final loss)."""
+    """Ratios against SyncPS float32 (bytes, loss), DDP (time to SyncPS's final loss) and
+    DiLoCo int8 (the largest single exchange)."""
     res = doc["results"]
-    sync = res.get("sync")
+    sync, dil = res.get("sync"), res.get("diloco_int8")
     target = sync["final_loss"] if sync else None
     doc["target_loss"] = target
     for r in res.values():
         r["time_to_target_s"] = (next((t for t, v in r["curve"] if v <= target), None)
                                  if target is not None else None)
-    ddp_t = res.get("ddp", {}).get("time_to_target_s")
-    rate = doc["config"]["rate_mbit"] * 1e6 / 8
+    ddp = res.get("ddp")
     for r in res.values():
         r["bytes_vs_sync"] = (sync["sent_bytes"] / r["sent_bytes"]
                               if sync and r["sent_bytes"] else None)
         r["loss_vs_sync"] = r["final_loss"] / sync["final_loss"] - 1 if sync else None
-        r["speedup_vs_ddp"] = (ddp_t / r["time_to_target_s"]
-                               if ddp_t and r["time_to_target_s"] else None)
-        r["peak_vs_link"] = r["peak_send_Bps"] / rate
+        # DDP computes SyncPS's updates (same data, same start): when rounding leaves it
+        # just above SyncPS's final loss, it had not reached it by its last step, so its
+        # training time is a lower bound of its time to the target
+        t, lower = (ddp["time_to_target_s"], False) if ddp else (None, False)
+        if ddp and t is None:
+            t, lower = ddp["train_s"], True
+        r["speedup_vs_ddp"] = t / r["time_to_target_s"] if t and r["time_to_target_s"] \
+            else None
+        r["speedup_is_lower_bound"] = lower
+        r["exchange_vs_diloco_int8"] = (r["exchange_sent"] / dil["exchange_sent"]
+                                        if dil and dil["exchange_sent"] else None)
 
 
 def _f(v, fmt: str) -> str:
@@ -221,17 +242,19 @@ def _f(v, fmt: str) -> str:
 def table(doc: dict) -> str:
     c = doc["config"]
     lines = [f"{c['workers']} workers, {c['rate_mbit']:g} Mbit/s + {c['delay_ms']:g} ms one "
-             f"way to the server, {c['steps']} steps per worker, "
+             f"way to the server, {c['steps']} steps per worker, H = {c['inner_steps']}, "
              f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}",
-             f"{'method':12s} {'train s':>8s} {'MB sent':>10s} {'sync/this':>9s} "
-             f"{'MB recv':>8s} "
-             f"{'peak/link':>9s} {'to target':>10s} {'vs DDP':>7s} {'final loss':>10s} "
-             f"{'vs sync':>8s}"]
+             f"{'method':12s} {'train s':>8s} {'MB sent':>9s} {'sync/this':>9s} "
+             f"{'MB recv':>8s} {'exch KB':>8s} {'/dil8':>6s} "
+             f"{'to target':>9s} {'vs DDP':>7s} {'final loss':>10s} {'vs sync':>8s}"]
     for algo, r in doc["results"].items():
-        lines.append(f"{algo:12s} {r['train_s']:8.1f} {r['sent_bytes'] / 1e6:10.2f} "
+        up = _f(r["speedup_vs_ddp"], "6.1f")
+        up = (">" if r["speedup_is_lower_bound"] and r["speedup_vs_ddp"] else " ") + up
+        lines.append(f"{algo:12s} {r['train_s']:8.1f} {r['sent_bytes'] / 1e6:9.2f} "
                      f"{_f(r['bytes_vs_sync'], '9.1f')} {r['received_bytes'] / 1e6:8.2f} "
-                     f"{r['peak_vs_link']:9.2f} "
-                     f"{_f(r['time_to_target_s'], '10.1f')} {_f(r['speedup_vs_ddp'], '7.2f')} "
+                     f"{r['exchange_sent'] / 1e3:8.1f} "
+                     f"{_f(r['exchange_vs_diloco_int8'], '6.2f')} "
+                     f"{_f(r['time_to_target_s'], '9.1f')} {up:>7s} "
                      f"{r['final_loss']:10.3f} {_f(r['loss_vs_sync'], '+8.1%')}")
     return "\n".join(lines)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sysconfig
 import time
@@ -64,6 +65,14 @@ def batch(data: np.ndarray, rng, n: int, ctx: int):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
+def lr_factor(step: int, a) -> float:
+    """The inner (or only) optimizer's lr schedule, the same for every method: a linear
+    warm-up over ``--warmup`` steps, then a cosine from 1 to ``--min-lr`` at the last step."""
+    warm = min(1.0, (step + 1) / a.warmup) if a.warmup else 1.0
+    cos = 0.5 * (1 + math.cos(math.pi * min(step, a.steps) / a.steps))
+    return warm * (a.min_lr + (1 - a.min_lr) * cos)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--algo", required=True)
@@ -75,9 +84,14 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--inner-steps", type=int, default=50)
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--text-mb", type=float, default=4.0)
+    ap.add_argument("--warmup", type=int, default=0, help="linear lr warm-up steps")
+    ap.add_argument("--min-lr", type=float, default=1.0,
+                    help="cosine decay of the lr to this fraction at the end (1: constant)")
+    ap.add_argument("--val-seqs", type=int, default=256, help="validation sequences")
     a = ap.parse_args()
     torch.set_num_threads(1)
     data = np.frombuffer(text(int(a.text_mb * 1e6)), np.uint8)
@@ -99,40 +113,67 @@ def main() -> None:
         rank, size = bps.rank(), bps.size()
         A = bps.algorithms
         int8 = {"compressor": "int8", "ef": "vanilla"}
-        H, olr = a.inner_steps, a.outer_lr
+        outer = {"inner_steps": a.inner_steps, "outer_lr": a.outer_lr,
+                 "outer_momentum": a.outer_momentum}
         alg, comp = {
             "sync": (A.SyncPS(), None),
             "sync_onebit": (A.SyncPS(), {"compressor": "onebit", "ef": "vanilla"}),
-            "diloco": (A.DiLoCo(inner_steps=H, outer_lr=olr), None),
-            "diloco_int8": (A.DiLoCo(inner_steps=H, outer_lr=olr, compression_params=int8),
-                            None),
-            "streaming": (A.DiLoCo(inner_steps=H, outer_lr=olr, compression_params=int8,
-                                   fragments=a.fragments, overlap=True), None),
+            "diloco": (A.DiLoCo(**outer), None),
+            "diloco_int8": (A.DiLoCo(**outer, compression_params=int8), None),
+            "streaming": (A.DiLoCo(**outer, compression_params=int8, fragments=a.fragments,
+                                   overlap=True), None),
         }[a.algo]
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
         opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        algorithm=alg, compression_params=comp)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a))
     nparams = sum(p.numel() for p in model.parameters())
     rng = np.random.default_rng(1 + rank)
     vrng = np.random.default_rng(12345)
-    vx, vy = batch(val, vrng, 64, a.ctx)
+    vx, vy = batch(val, vrng, a.val_seqs, a.ctx)
     lossf = nn.CrossEntropyLoss()
 
     def val_loss() -> float:
         with torch.no_grad():
             return float(lossf(model(vx).reshape(-1, 256), vy.reshape(-1)))
 
+    def counts() -> dict:
+        """byteps: tensor -> [pushed raw, pushed wire, pulled raw, pulled wire] so far."""
+        from byteps.core import state
+        st = state.current()
+        return {k: list(v) for k, v in st.engine.comp.bytes.items()} if st.engine else {}
+
     def sent(col: int = 1) -> int:
         """Bytes this worker sent (col 1) or received (col 3) on the wire so far."""
         if dist is not None:
             return int(2 * (size - 1) / size * nparams * 4 * steps_done)
-        from byteps.core import state
-        st = state.current()
-        return int(sum(b[col] for b in st.engine.comp.bytes.values())) if st.engine else 0
+        return int(sum(b[col] for b in counts().values()))
 
-    curve, samples, eval_s = [], [], 0.0
+    def largest_exchange() -> tuple[int, int]:
+        """Bytes (sent, received) of this worker's largest single exchange: one step's
+        allreduce or push_pull (DDP, SyncPS), one outer round of the largest fragment
+        (DiLoCo: the whole model; Streaming DiLoCo: 1/F of it)."""
+        if dist is not None:
+            return (int(2 * (size - 1) / size * nparams * 4),) * 2
+        now = counts()
+        d = {k: [v[i] - base_keys.get(k, [0] * 4)[i] for i in range(4)]
+             for k, v in now.items()}
+        if not isinstance(alg, A.DiLoCo):        # every step one exchange of every tensor
+            return (sum(v[1] for v in d.values()) // steps_done,
+                    sum(v[3] for v in d.values()) // steps_done)
+        best = (0, 0)
+        for f, names in enumerate(alg.frags):
+            n = sum(1 for e in alg.log if e[0] == "sync" and e[1] == f)
+            keys = [alg.prefix + x for x in names]
+            out = sum(d.get(k, [0] * 4)[1] for k in keys) // max(n, 1)
+            back = sum(d.get(k, [0] * 4)[3] for k in keys) // max(n, 1)
+            best = max(best, (out, back))
+        return best
+
+    curve, eval_s = [], 0.0
     steps_done = 0
     base, base_in = sent(), sent(3)   # the initial broadcast and seed: not training
+    base_keys = counts() if dist is None else {}
     t0 = time.monotonic()
     for s in range(a.steps):
         x, y = batch(train, rng, a.batch, a.ctx)
@@ -147,8 +188,8 @@ def main() -> None:
             for g, v in zip(grads, torch.split(flat, [g.numel() for g in grads])):
                 g.copy_(v.view_as(g))
         opt.step()
+        sched.step()
         steps_done += 1
-        samples.append((time.monotonic() - t0 - eval_s, sent() - base))
         if rank == 0 and (s + 1) % a.eval_every == 0:
             e0 = time.monotonic()
             curve.append([e0 - t0 - eval_s, val_loss()])
@@ -157,18 +198,12 @@ def main() -> None:
         opt.finish()
     train_s = time.monotonic() - t0 - eval_s
     final = val_loss()
-    peak, j = 0.0, 0
-    samples.insert(0, (0.0, 0))
-    for t, b in samples[1:]:      # peak over windows of at least 0.5 s (step ends)
-        while j + 1 < len(samples) and samples[j + 1][0] <= t - 0.5:
-            j += 1
-        if t - samples[j][0] >= 0.5:
-            peak = max(peak, (b - samples[j][1]) / (t - samples[j][0]))
+    ex_sent, ex_recv = largest_exchange()
     print("CLUSTER_RESULT " + json.dumps({
         "algo": a.algo, "rank": rank, "size": size, "steps": a.steps, "params": nparams,
         "tokens": a.steps * a.batch * a.ctx, "train_s": train_s, "curve": curve,
         "final_loss": final, "sent_bytes": sent() - base, "received_bytes": sent(3) - base_in,
-        "peak_send_Bps": peak,
+        "exchange_sent": ex_sent, "exchange_received": ex_recv,
         "pid": os.getpid()}), flush=True)
     if dist is not None:
         dist.barrier()
