@@ -268,7 +268,8 @@ def top_threads(threads: list, moved: int, n: int = 4) -> str:
 
 
 def table(res: dict) -> str:
-    mesh, gloo = res["mesh"], res["gloo"]
+    mesh, gloo = res["mesh"], res.get("gloo")     # no gloo row with --only-tcp
+    gw = gloo["worker_s_per_gb"] if gloo else float("nan")
     lines = [f"CPU s per GB moved (sent + received), loopback 2 workers + 2 servers, "
              f"{res['mb']} MB tensor, {res['iters']} timed iterations; machine load "
              f"{res['loadavg'][0]:.2f} (1 min) at start, busy cores during each row shown",
@@ -284,7 +285,7 @@ def table(res: dict) -> str:
             continue
         w, s = r["worker_s_per_gb"], r.get("server_s_per_gb")
         lines.append(f"{name:<26} {w:7.3f} {s if s is not None else float('nan'):7.3f} "
-                     f"{w / gloo['worker_s_per_gb']:7.2f} {w / mesh['worker_s_per_gb']:7.2f} "
+                     f"{w / gw:7.2f} {w / mesh['worker_s_per_gb']:7.2f} "
                      f"{(s or float('nan')) / mesh['server_s_per_gb']:7.2f} "
                      f"{r.get('wall_s', float('nan')) * 1e3:7.1f} {r['busy_cores']:5.2f}")
     lines.append("per-thread CPU s/GB (largest):")
@@ -293,7 +294,8 @@ def table(res: dict) -> str:
         if r:
             lines.append(f"  {key} worker: {top_threads(r['worker_threads'], r['moved_bytes'])}")
             lines.append(f"  {key} server: {top_threads(r['server_threads'], r['moved_bytes'])}")
-    lines.append(f"  gloo rank: {top_threads(gloo['worker_threads'], gloo['moved_bytes'])}")
+    if gloo:
+        lines.append(f"  gloo rank: {top_threads(gloo['worker_threads'], gloo['moved_bytes'])}")
     return "\n".join(lines)
 
 
@@ -338,6 +340,8 @@ def main() -> None:
     ap.add_argument("--mesh-seconds", type=float, default=3.0)
     ap.add_argument("--tag", default="", help="suffix of the file names (e.g. before, after)")
     ap.add_argument("--no-tcp", action="store_true", help="skip the BYTEPS_ENABLE_IPC=0 row")
+    ap.add_argument("--only-tcp", action="store_true",
+                    help="only the raw mesh and the TCP rows (A/B runs of a change)")
     ap.add_argument("--partition-kb", type=int, action="append", default=[],
                     help="another TCP row with BYTEPS_PARTITION_BYTES of this many KiB (more "
                          "messages per byte: the per-partition work, as with autotune's "
@@ -353,9 +357,10 @@ def main() -> None:
         tmp = Path(d)
         res["mesh"], b = busy_cores(lambda: run_mesh(args.mesh_seconds))
         res["mesh"]["busy_cores"] = b
-        res["gloo"], b = busy_cores(lambda: run_gloo(nbytes, args.iters, args.warm, tmp))
-        res["gloo"]["busy_cores"] = b
-        for ipc in (True,) if args.no_tcp else (True, False):
+        if not args.only_tcp:
+            res["gloo"], b = busy_cores(lambda: run_gloo(nbytes, args.iters, args.warm, tmp))
+            res["gloo"]["busy_cores"] = b
+        for ipc in (True,) if args.no_tcp else (False,) if args.only_tcp else (True, False):
             key = "byteps_shm" if ipc else "byteps_tcp"
             res[key], b = busy_cores(lambda: run_byteps(nbytes, args.iters, args.warm, tmp, ipc))
             res[key]["busy_cores"] = b

@@ -300,7 +300,7 @@ class Engine:
                                      t.length))
             else:
                 entries.append(Entry(tn.key, t.part, t.round, flags, tn.dtype_code, t.length))
-                payload.append(t.src)
+                payload.append(self.links.push_frame(t))
             t.sent_at = now
         self.links.send(server, Op.DATA, [entries, decls], payload)
         if self.probe is not None:        # autotune's measurements (byteps/core/autotune/)

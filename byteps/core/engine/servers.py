@@ -16,6 +16,7 @@ from byteps.common.errors import BytePSError
 from byteps.common.node import describe, held_tensors
 from byteps.core.engine.compression import comp_flags
 from byteps.transport import shm
+from byteps.transport.frames import SentFrames
 from byteps.transport.wire import (DTYPES, MAX_FREE_KEYS, PULL, SHM, Entry, Op, WireError,
                                    decode, encode, new_seq)
 
@@ -63,6 +64,7 @@ class ServerLinks:
         self.shm_ok = [cfg.enable_ipc and s.get("machine") == shm.machine_id() for s in info]
         self.push_segs: dict[tuple, shm.Segment] = {}
         self.result_segs: dict[tuple, np.ndarray] = {}
+        self.frames = SentFrames()     # pushes' zero-copy frames, kept (transport/frames.py)
         self.seq = new_seq()
         self.resends = 0
 
@@ -189,6 +191,12 @@ class ServerLinks:
                 return None
         return seg.array(t.src.dtype, t.length)
 
+    def push_frame(self, t):
+        """What to send for partition ``t``'s push over the socket: its source as a
+        zero-copy frame kept from the previous step when it is the same buffer (no pyzmq
+        garbage-collector wake-up per push; :mod:`byteps.transport.frames`)."""
+        return self.frames.get((t.handle.tensor.key, t.part), t.src)
+
     def result_segment(self, server: int, e: Entry) -> np.ndarray:
         k = (server, e.key, e.part, e.round % 2)
         arr = self.result_segs.get(k)
@@ -213,6 +221,7 @@ class ServerLinks:
             self.push_segs.pop(kp).close()          # unlinks this worker's segment
         for kp in [kp for kp in self.result_segs if kp[1] in gone]:
             del self.result_segs[kp]                # the server's segment: unmapped
+        self.frames.forget(lambda kp: kp[0] not in gone)
         for i in range(len(self.conns)):
             if i in dead:
                 continue
@@ -229,3 +238,4 @@ class ServerLinks:
             seg.close()
         self.push_segs.clear()
         self.result_segs.clear()
+        self.frames.clear()
