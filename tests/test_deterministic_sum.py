@@ -178,15 +178,15 @@ def test_leaf_positions_follow_ranks_or_hosts():
 # ---------------------------------------------------------------- real jobs
 
 def _train(tmp_path, name: str, seed: int, steps: int = 8, script="deterministic_train.py",
-           **env):
+           workers: int = 4, launcher_args: tuple = (), **env):
     from conftest import read_results, run_script
     out = tmp_path / name
     out.mkdir()
-    res = run_script(script, out, steps, seed, workers=4, servers=2, timeout=100,
-                     BYTEPS_PARTITION_BYTES=131072, **env)
+    res = run_script(script, out, steps, seed, workers=workers, servers=2, timeout=150,
+                     launcher_args=launcher_args, BYTEPS_PARTITION_BYTES=131072, **env)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     ranks = read_results(out)
-    assert len(ranks) == 4 and len({v["digest"] for v in ranks.values()}) == 1, ranks
+    assert len(ranks) == workers and len({v["digest"] for v in ranks.values()}) == 1, ranks
     return np.load(out / "params.npz")
 
 
@@ -213,3 +213,18 @@ def test_four_workers_survive_a_server_sigkill_bit_identical(tmp_path):
     assert read_results(tmp_path / "killed")[0].get("killed")
     for k in ref.files:
         assert ref[k].tobytes() == got[k].tobytes(), k
+
+
+@pytest.mark.ci_full
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("mode", ["root", "slice"])
+def test_local_reduction_on_three_hosts_is_deterministic(tmp_path, mode):
+    """3 hosts x 2 local ranks: the servers' tree runs over hosts (one push per host and
+    partition); two jitters give the same bits."""
+    lay = ("--hosts", "3", "--local-size", "2")
+    a = _train(tmp_path, "first", 1, steps=5, workers=6, launcher_args=lay,
+               BYTEPS_LOCAL_REDUCE=mode)
+    b = _train(tmp_path, "second", 2, steps=5, workers=6, launcher_args=lay,
+               BYTEPS_LOCAL_REDUCE=mode)
+    for k in a.files:
+        assert a[k].tobytes() == b[k].tobytes(), k
