@@ -3,14 +3,15 @@
     sudo .venv/bin/python benchmarks/chaos_cluster.py [--faults 20] [--seed 1] [--only N]
                                   [--max-freeze 30] [--kinds partition,slow-link,...]
                                   [--shapes plain,elastic] [--out DIR]
-                                  [--resume --max-wall 560]
+                                  [--resume --max-wall 560] [--lanes 2]
 
 ``--resume`` runs, in order, the drawn faults that ``--out`` has no record of yet
 (``part-*.json``, one per invocation, written after every fault) and stops starting
 faults after ``--max-wall`` seconds: a long run is done in chunks (each under the
 benchmark lock, others may take it in between), and every chunk rewrites the merged
 ``chaos.json``, the table (``table.txt``) and ``chaos.png`` from all parts.  The
-undisturbed runs are made once and kept (``undisturbed.json``).
+undisturbed runs are made once and kept (``undisturbed.json``).  ``--lanes N`` runs N
+faults at once, each on a cluster (6 namespaces) of its own.
 
 The job of benchmarks/chaos.py (benchmarks/chaos_job.py) as on a real cluster: one
 ``bpslaunch`` per role per host, configured by ``DMLC_*`` (benchmarks/cluster/jobs.py),
@@ -43,6 +44,7 @@ and /dev/shm files named after it.  Needs root (namespaces, tc, mount).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -52,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -338,6 +341,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-wall", type=float, default=None, metavar="S",
                     help="start no fault after S seconds (a chunk of a long run: --resume "
                          "goes on from there)")
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="faults run at once, each on a cluster of its own (namespaces)")
     a = ap.parse_args(argv)
     kinds = a.kinds.split(",")
     if set(kinds) - set(KINDS):
@@ -374,15 +379,18 @@ def main(argv=None) -> int:
         part.write_text(json.dumps({"command": cmd, "commit": commit, "seed": a.seed,
                                     "wall_s": round(time.monotonic() - t0), "runs": runs},
                                    indent=1))
-    with netns.Cluster(netns.Plan.new(6)) as cluster:
-        # Not bit for bit unless the servers sum in a fixed order: within ULP_RTOL
-        undisturbed = _undisturbed(cluster.plan, out, specs, shapes)
-        for s in specs:
-            if a.max_wall is not None and time.monotonic() - t0 >= a.max_wall:
-                print(f"--max-wall {a.max_wall:g}: stopped after {len(runs)} of {len(specs)} "
-                      f"faults (--resume goes on)")
-                break
-            r = run_one(cluster.plan, s)
+    todo = iter(specs)
+    guard = threading.Lock()
+
+    def lane(plan: netns.Plan, undisturbed: dict) -> None:
+        while True:
+            with guard:
+                if a.max_wall is not None and time.monotonic() - t0 >= a.max_wall:
+                    return
+                s = next(todo, None)
+            if s is None:
+                return
+            r = run_one(plan, s)
             u = undisturbed.get(r["shape"], {}).get("w")
             if r["outcome"] == "survived" and r["w"] and u:
                 r["diff_undisturbed"] = float(np.abs(np.subtract(r["w"], u, dtype=np.float32)).max())
@@ -390,11 +398,28 @@ def main(argv=None) -> int:
                         not np.allclose(r["w"], u, rtol=ULP_RTOL, atol=0):
                     r["outcome"] = "wrong result"   # not an undisturbed run's parameters
             r["load"] = round(os.getloadavg()[0], 1)
-            runs.append(r)
-            print(f"#{r['n']:3d} {r['shape']:7s} {r['kind']:14s} at {r['at_s']:4.1f} s: "
-                  f"{r['outcome']:12s} rcs={r['rcs']} {r['took_s']:5.1f} s  {r['last'][:150]}",
-                  flush=True)
-            write()
+            with guard:
+                runs.append(r)
+                runs.sort(key=lambda x: x["n"])
+                print(f"#{r['n']:3d} {r['shape']:7s} {r['kind']:14s} at {r['at_s']:4.1f} s: "
+                      f"{r['outcome']:12s} rcs={r['rcs']} {r['took_s']:5.1f} s  "
+                      f"{r['last'][:150]}", flush=True)
+                write()
+    with contextlib.ExitStack() as stack:
+        # --lanes clusters of 6 namespaces each, one fault at a time on each
+        plans = [stack.enter_context(netns.Cluster(netns.Plan.new(6))).plan
+                 for _ in range(a.lanes)]
+        # Not bit for bit unless the servers sum in a fixed order: within ULP_RTOL
+        undisturbed = _undisturbed(plans[0], out, specs, shapes)
+        threads = [threading.Thread(target=lane, args=(pl, undisturbed), daemon=True)
+                   for pl in plans]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if len(runs) < len(specs):
+        print(f"--max-wall {a.max_wall:g}: stopped after {len(runs)} of {len(specs)} faults "
+              f"(--resume goes on)")
     write()
     print(chaos.table(runs, KINDS))
     every = merge(out, a.seed, a.faults)
