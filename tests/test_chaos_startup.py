@@ -73,3 +73,83 @@ def test_a_cluster_elastic_job_forms_without_a_worker_that_never_registered(monk
         assert all(b.get("size") == 2 for i, b in books.items() if i != b"srv"), books
     finally:
         _close(s)
+
+
+def _role_job(tmp_path, hosts: int, victim: str, **extra):
+    """A cluster job in role mode (one bpslaunch per role and host, as on real machines):
+    the worker of host ``victim`` SIGKILLs itself before it registers.  Returns (return
+    codes, outputs, seconds) of scheduler, server, worker hosts h0...; never hangs."""
+    import os
+    import subprocess
+    import time
+
+    from conftest import BPSLAUNCH, ROOT, job_env
+
+    from byteps.launcher import free_port
+    env = job_env(BYTEPS_JOB_ID=f"lost-{os.getpid()}-{time.monotonic_ns()}",
+                  DMLC_NUM_WORKER=hosts, DMLC_NUM_SERVER=1, DMLC_PS_ROOT_URI="127.0.0.1",
+                  DMLC_PS_ROOT_PORT=free_port(), BYTEPS_JOB_SECRET="lost-" + "cd" * 16,
+                  BYTEPS_ENABLE_IPC=0, **extra)
+    work = [sys.executable, str(SCRIPTS / "elastic_startup_kill.py"), str(tmp_path), victim,
+            "20"]
+    roles = [("scheduler", {}, []), ("server", {}, [])] + [
+        ("worker", {"DMLC_WORKER_ID": str(i), "BYTEPS_EMULATED_HOST": f"h{i}"}, work)
+        for i in range(hosts)]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(BPSLAUNCH + cmd, env=dict(env, DMLC_ROLE=role, **x), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for role, x, cmd in roles]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=max(1.0, 100 - (time.monotonic() - t0)))[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [p.returncode for p in procs], outs, time.monotonic() - t0
+
+
+def test_a_cluster_job_ends_at_once_naming_a_worker_killed_before_it_registered(tmp_path):
+    """Role mode: the dead worker's bpslaunch tells the scheduler (Op.LOST), which ends the
+    job with that cause long before BYTEPS_STARTUP_TIMEOUT (60 s here)."""
+    rcs, outs, took = _role_job(tmp_path, 2, "h1", BYTEPS_STARTUP_TIMEOUT=60)
+    text = "\n---\n".join(o[-2000:] for o in outs)
+    assert took < 40, text                  # (the start-up timeout: 60 s)
+    assert rcs[3] == 128 + 9 and rcs[0] != 0 and rcs[2] != 0, (rcs, text)
+    want = "worker (DMLC_WORKER_ID=1, host 127.0.0.1, local rank 0) (pid "
+    for i in (0, 2):            # the scheduler, and the job's last word on host h0
+        assert want in outs[i] and "was killed by SIGKILL before the job formed" in outs[i], \
+            text
+    assert "registered after" not in text, text
+
+
+def test_an_elastic_cluster_job_forms_at_once_without_a_worker_dead_before_it_registered(
+        tmp_path):
+    """Elastic (BYTEPS_MIN_WORKERS=2 of 3): formed as soon as the two others registered, not
+    after min(BYTEPS_ELASTIC_TIMEOUT, half the start-up timeout) = 60 s."""
+    rcs, outs, took = _role_job(tmp_path, 3, "h2", BYTEPS_MIN_WORKERS=2,
+                                BYTEPS_ELASTIC_TIMEOUT=60, BYTEPS_STARTUP_TIMEOUT=120)
+    text = "\n---\n".join(o[-2000:] for o in outs)
+    assert rcs == [0, 0, 0, 0, 137], (rcs, text)
+    assert took < 50, text
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1] and all(o["size"] == 2 for o in out.values()), text
+    np.testing.assert_allclose(out[0]["w"], _reference(20), rtol=1e-4, atol=1e-5)
+    assert "before the job formed; it forms without it" in outs[0], text
+
+
+def test_a_lost_report_is_checked_field_by_field():
+    import pytest
+
+    from byteps.scheduler.lost import check
+    from byteps.transport.wire import WireError
+    good = {"role": "worker", "host_id": "h1", "pid": 42, "what": "worker 1",
+            "how": "was killed by SIGKILL"}
+    assert check(dict(good, extra=1)) == good           # (unknown fields are not kept)
+    for bad in ([], dict(good, role="scheduler"), dict(good, pid=-1), dict(good, pid=True),
+                dict(good, pid="42"), dict(good, what=""), dict(good, what="x" * 301),
+                dict(good, how="a\nb"), dict(good, host_id=7)):
+        with pytest.raises(WireError):
+            check(bad)

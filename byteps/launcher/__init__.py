@@ -27,7 +27,7 @@ import tempfile
 from byteps import DIST
 from byteps.common import torchrun, variables
 from byteps.common.config import NAMES_CHECKED, Config, ConfigError, name_report
-from byteps.launcher import dashboard, liveview
+from byteps.launcher import dashboard, liveview, lost
 from byteps.launcher.report import print_summaries, trace_note
 from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
 
@@ -293,6 +293,7 @@ def role_mode(args, cmd: list[str]) -> int:
     status = tempfile.mkdtemp(prefix="bpslaunch-status-")
     job = Job(status_dir=status, in_cluster=True)
     workers = []
+    job.on_exit = lost.reporter(cfg, workers)     # the scheduler learns of a death at once
     wid = "?" if cfg.worker_id is None else cfg.worker_id
     try:
         for lr in range(local):

@@ -199,6 +199,7 @@ class Job:
         self.workers: list[Proc] | None = None     # known once supervise() runs
         self.interrupted: float | None = None      # when SIGINT was forwarded to the workers
         self.on_tick = None        # called from the supervision loop (the live view)
+        self.on_exit = None        # called with each child whose exit is seen (lost.py)
         self.survived: list[Proc] = []     # a dead server the job outlived (replication)
         # standalone: a scheduler killed by a signal is started again on the same address,
         # and the nodes wait for it (byteps/scheduler/resume.py)
@@ -254,6 +255,8 @@ class Job:
         for p in fresh:
             p.seen_exit = now
             order.append(p)
+            if self.on_exit is not None:
+                self.on_exit(p)
 
     def supervise(self, workers: list[Proc], services: list[Proc]) -> int:
         """Wait for the workers; end everything on the first failure and name its root cause."""

@@ -24,7 +24,7 @@ from byteps.common.config import Config
 from byteps.common.config import scheduler_listen_host as _bind_host
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                                 require_secret)
-from byteps.scheduler import membership, resume
+from byteps.scheduler import lost, membership, resume
 from byteps.scheduler.checks import _check_local_reduce, _check_tuning, _pushers
 from byteps.scheduler.departures import Departures
 from byteps.scheduler.failover import Failover
@@ -158,6 +158,8 @@ class Scheduler:
                 self.told.add(ident)
                 self.send(ident, Op.TERMINATE, {"ok": False, "reason": self.linger_reason})
             return
+        if hdr.op == Op.LOST:           # a cluster bpslaunch: a process it started died
+            return lost.on_lost(self, hdr.body)
         node = self.servers.get(ident) or self.workers.get(ident)
         if hdr.op == Op.REGISTER:
             key = (hdr.body.get("role"), hdr.body.get("host_id"), hdr.body.get("pid"), hdr.seq)
@@ -413,8 +415,7 @@ class Scheduler:
             self.linger_until = time.monotonic() + self.cfg.startup_timeout
             self.told.update(self.servers, self.workers)
             return
-        # a node that died or failed is the root cause; a job the scheduler itself ends
-        # (start-up timeout, stall) is its own failure
+        # a dead or failed node is the root cause; the scheduler's own end (stall...) is its own
         self.exit_code = PEER_FAILED_EXIT if dead else 1
 
     def check_time(self, now: float) -> None:

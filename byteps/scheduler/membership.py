@@ -88,6 +88,7 @@ class Elastic:
         self.changes = 0            # groups re-formed
         self.removed: dict[bytes, str] = {}    # lost workers not yet told they were removed
         self._dead: set[int] = set()        # workers dead before formation (dead_at_start)
+        self.reported: set[tuple] = set()   # (host id, pid): the same, by LOST (lost.py)
         self._dead_read = float("-inf")
         self._told_dead = False
         self._start = (0, time.monotonic())     # (workers registered, since): start-up
@@ -234,13 +235,19 @@ class Elastic:
             pass
         return self._dead
 
+    def note_lost(self, host_id: str, pid: int) -> bool:
+        """A cluster bpslaunch reported a worker dead before formation (lost.py)."""
+        new = (host_id, pid) not in self.reported
+        self.reported.add((host_id, pid))
+        return new
+
     def before_formation(self) -> int:
         """Workers expected at formation: DMLC_NUM_WORKER less those that died before it
         (forgotten if they had registered), but never fewer than --min-workers."""
         dead = self.dead_at_start()
         s = self.s
         for ident, w in list(s.workers.items()):
-            if w["pid"] in dead:
+            if w["pid"] in dead or (w["host_id"], w["pid"]) in self.reported:
                 del s.workers[ident]
                 h = s.hosts.get(w["host_id"])
                 if h is not None:
@@ -254,7 +261,7 @@ class Elastic:
             log.warning("elastic: %d worker(s) died during start-up; the job forms with the "
                         "%d others once they registered (--min-workers %d)", len(dead),
                         s.cfg.num_worker - len(dead), self.min)
-        want = max(self.min, s.cfg.num_worker - len(dead))
+        want = max(self.min, s.cfg.num_worker - len(dead) - len(self.reported))
         # a worker that died before it registered on a cluster (no bpslaunch to tell us):
         # with --min-workers registered and no other for a while, form with them; a late
         # worker joins later like any newcomer

@@ -62,6 +62,8 @@ class Op(enum.IntEnum):
     HELLO_OK = 13
     JOIN = 14           # worker -> scheduler: join() (out of data; body: {})
     JOIN_DONE = 15      # scheduler -> worker: every worker joined (last_rank) or error
+    LOST = 16           # bpslaunch -> scheduler: a process it started died (role mode;
+                        # body checked by byteps/scheduler/lost.py)
     DATA = 20           # worker -> server: entries (push and/or pull)
     RESULT = 21         # server -> worker: entries with payload (or acks)
     DATA_ERROR = 22     # server -> workers: a key failed (body: keys, message)
