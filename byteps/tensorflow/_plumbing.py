@@ -17,6 +17,7 @@ An operation is a function of numpy arrays (calling :mod:`byteps.core.collective
   UnknownError (it ignores an OpError's code), so :func:`graph_fn` marks a BytePSError's
   message and :func:`_install_error_mapping` makes TensorFlow create a CollectiveError
   instead of an UnknownError for a marked message (and only then);
+* autograph: never converts byteps' code (:func:`_autograph_leaves_byteps_alone`);
 * order: in a TF1 graph every byteps op gets a control dependency on the one built before
   it, so every rank runs them in creation order (``tf.function`` already runs stateful
   ops in program order), and an op that a session run executes only for that chain's
@@ -30,6 +31,20 @@ import tensorflow as tf
 from byteps.core.api import BytePSError
 from byteps.core.collective.carry import wire_dtype
 from byteps.tensorflow import _graph_order
+
+
+def _autograph_leaves_byteps_alone() -> None:
+    """Autograph must not rewrite byteps' code (as it leaves TensorFlow's and Keras' alone):
+    a user's ``tf.function`` that calls ``tape.gradient`` or a collective would otherwise
+    convert the closures byteps hands to ``numpy_function``, and a converted closure loses
+    its free variables (``NameError: name 'fn' is not defined`` when the op runs).  byteps
+    already builds graph-mode code itself; one rule, added once, before TensorFlow's."""
+    from tensorflow.python.autograph.core import config
+    if not any(getattr(r, "_prefix", None) == "byteps" for r in config.CONVERSION_RULES):
+        config.CONVERSION_RULES = (config.DoNotConvert("byteps"),) + config.CONVERSION_RULES
+
+
+_autograph_leaves_byteps_alone()
 
 
 _MARK = "[byteps: collective failed] "
