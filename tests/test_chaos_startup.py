@@ -153,3 +153,39 @@ def test_a_lost_report_is_checked_field_by_field():
                 dict(good, how="a\nb"), dict(good, host_id=7)):
         with pytest.raises(WireError):
             check(bad)
+
+
+def test_a_restarted_scheduler_gives_a_node_whose_book_was_lost_its_place(monkeypatch):
+    """The scheduler formed, sent REGISTER_OK and was killed before every book left: the
+    new one gets the others back (resume) and this node afresh; it must get its first
+    formation's rank and node id (it waited for a book until its start-up timeout)."""
+    from test_elastic import _close, _reg
+
+    from byteps.common.config import Config
+    from byteps.launcher import free_port
+    from byteps.scheduler import Scheduler
+    from byteps.transport.wire import Op
+    monkeypatch.delenv("BYTEPS_MIN_WORKERS", raising=False)
+    cfg = Config.from_env({"DMLC_ROLE": "scheduler", "DMLC_NUM_WORKER": "2",
+                           "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+                           "DMLC_PS_ROOT_PORT": str(free_port()), "BYTEPS_AUTH_DISABLE": "1"},
+                          role="scheduler", warn_unknown=False)
+    s = Scheduler(cfg)
+    s.sent = []
+    s.send = lambda ident, op, body, job_id=None: s.sent.append((ident, op, body))
+    try:
+        back = dict(resume={"node_id": 1, "rank": -1, "epoch": 1, "size": 2})
+        _reg(s, b"srv", "server", "s0", 10, **back)
+        _reg(s, b"w1", "worker", "host1", 101, worker_id=1,        # rank 1 got its book
+             resume={"node_id": 3, "rank": 1, "epoch": 1, "size": 2})
+        assert not s.formed
+        _reg(s, b"w0", "worker", "host0", 100, worker_id=0)        # rank 0's was lost
+        assert s.formed and s.epoch == 1
+        books = {i: b for i, op, b in s.sent if op == Op.REGISTER_OK}
+        assert list(books) == [b"w0"], s.sent                      # the others keep theirs
+        b = books[b"w0"]
+        assert (b["rank"], b["node_id"], b["size"], b["epoch"]) == (0, 2, 2, 1), b
+        assert [(w["rank"], w["node_id"]) for w in b["workers"]] == [(0, 2), (1, 3)]
+        assert [x["node_id"] for x in b["servers"]] == [1]
+    finally:
+        _close(s)

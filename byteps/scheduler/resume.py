@@ -69,3 +69,39 @@ def tick(s) -> None:
              "epoch %d%s", len(s.servers), len(s.workers), s.epoch,
              f"; {missing} worker(s) did not come back (presumed finished)" if missing > 0
              else "")
+    late(s)
+
+
+def late(s) -> None:
+    """Nodes that registered afresh with the restarted scheduler although the job had
+    formed: the old scheduler died with their REGISTER_OK still unsent (it formed, told
+    some nodes, and was killed).  They get the place the first formation gave them, the
+    same rule as Scheduler.assign: a worker's rank from the hosts in DMLC_WORKER_ID order
+    and its local rank, node ids after the servers' in rank order; a server the server
+    id nobody took back.  Elastic or re-formed jobs (ranks moved since) cannot be rebuilt:
+    the job ends naming the node, instead of it waiting for a book that never comes."""
+    fresh = [i for i, n in {**s.servers, **s.workers}.items() if "node_id" not in n]
+    if not fresh:
+        return
+    hosts = sorted(s.hosts.values(), key=lambda h: h["worker_id"])
+    if s.elastic is not None or s.epoch != 1 or any(h["worker_id"] < 0 for h in hosts):
+        n = s.servers.get(fresh[0]) or s.workers[fresh[0]]
+        return s.fail(f"{describe(n)} registered as new with a restarted scheduler after the "
+                      f"job had formed (epoch {s.epoch}): its place cannot be rebuilt "
+                      f"(elastic, re-formed, or no DMLC_WORKER_ID); restart the job")
+    free = sorted(set(range(1, s.cfg.num_server + 1))
+                  - {n["node_id"] for n in s.servers.values() if "node_id" in n})
+    base, at = {}, 0
+    for h in hosts:
+        base[h["worker_id"]], at = at, at + h["local_size"]
+    for i in fresh:
+        n = s.servers.get(i)
+        if n is not None:
+            n["node_id"], n["rank"] = free.pop(0), -1
+        else:
+            n = s.workers[i]
+            n["rank"] = base[s.hosts[n["host_id"]]["worker_id"]] + n["local_rank"]
+            n["node_id"] = s.cfg.num_server + 1 + n["rank"]
+        log.warning("restarted scheduler: %s registered as new (its address book was lost "
+                    "with the old scheduler); it gets its place back", describe(n))
+    s.send_books(fresh)
