@@ -463,6 +463,9 @@ def barrier(process_set=None) -> None:
     ps = _set(process_set)
     if ps is None:
         api.barrier()
+        local = getattr(api._state(), "local", None)
+        if local is not None:     # local ranks leave together (byteps/core/local/settle.py)
+            local.settle.passed(local._wake, local.join.gen, local.join.flags.count)
         return
     from byteps.core.collective import set_ops
     set_ops.barrier(ps)()

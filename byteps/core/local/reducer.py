@@ -35,6 +35,7 @@ from byteps.core.local.cuts import Cuts
 from byteps.core.local.join import JoinState, note
 from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.common.shm_cleanup import remove_prefix
+from byteps.core.local.settle import BarrierSettle
 from byteps.core.local.shm import Segment, SegmentMismatch, host_prefix, shm_dir, warn_once
 from byteps.core.local.stages import ReduceStages, identity
 from byteps.common.errors import BytePSError
@@ -77,6 +78,9 @@ class LocalReducer(ReduceStages, Cuts):
                 s = self.ctx.socket(zmq.PUSH)
                 s.setsockopt(zmq.LINGER, 0)
                 s.setsockopt(zmq.SNDHWM, 10000)
+                # a peer that binds later (init) is reached in ms, not zmq's 100 ms retry
+                s.setsockopt(zmq.RECONNECT_IVL, 1)
+                s.setsockopt(zmq.RECONNECT_IVL_MAX, 10)
                 s.connect(self._ipc(r))
                 self.push[r] = s
         # per layout key (a tensor's name key, or autotune's key of another cut of it)
@@ -101,6 +105,7 @@ class LocalReducer(ReduceStages, Cuts):
         self.join = JoinState(os.path.join(self.dir, f"{self.prefix}joined"), self.L)
         self.values: dict[int, np.ndarray] = {}   # asynchronous keys without a network stage
         self.fatal: BytePSError | None = None
+        self.settle = BarrierSettle(self.L, self.me)
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="byteps-local", daemon=True)
         self.thread.start()
@@ -267,6 +272,7 @@ class LocalReducer(ReduceStages, Cuts):
                 ready = dict(poller.poll(200 if active else 1000))
                 if self.wake_r in ready:
                     os.read(self.wake_r, 65536)
+                    self.settle.flush(self.push)
                 if self.pull in ready:
                     while True:
                         try:
@@ -275,6 +281,8 @@ class LocalReducer(ReduceStages, Cuts):
                             break
                         if msg and len(msg) % 8 == 0:
                             dirty.update(struct.unpack(f"<{len(msg) // 8}q", msg))
+                        else:
+                            self.settle.got(msg)      # a peer passed a barrier (.settle)
                 with self.lock:
                     new = list(self.incoming)
                     self.incoming.clear()
