@@ -42,6 +42,7 @@ MAX_SLOT = 1 << 31
 MAX_KINDS = 16
 MAX_BUFFERED = 4096        # messages from peers that are ahead, before they are dropped
 KIND_JOINED = MAX_KINDS - 1   # "this rank called join()" (tag: the join generation)
+KIND_LEFT = MAX_KINDS - 2     # "this rank left the membership" (payload: why, utf-8)
 
 
 def listen(cfg, ctx: zmq.Context):
@@ -88,6 +89,9 @@ class PeerNet:
         self.closed = False
         self.slots = 0
         self.joined: set[int] = set()                 # peers that called join() (this round)
+        self.left: dict[int, str] = {}                # peers that left the membership: why
+        self.leaving: str | None = None               # this rank leaves: waits end
+        self.linger_ms = 0
         self.join_gen = 0                             # join() rounds completed
 
     def new_slot(self) -> int:
@@ -123,6 +127,31 @@ class PeerNet:
             ranks = list(self.out)
         for r in ranks:
             self.send(r, self.join_gen, 0, KIND_JOINED, 0, np.zeros(0, np.uint8))
+
+    def announce_leave(self, why: str, ranks) -> None:
+        """This rank leaves the membership (shutdown()): tell ``ranks`` and every peer it
+        talks to, so that their waits for it fail at once naming it, and end this rank's
+        own waits.  A wait of another thread holds the lock while it polls the inbound
+        socket only, so the outbound ones are used without it when it is held."""
+        self.leaving = why
+        msg = np.frombuffer(why.encode("utf-8", "replace")[:1000], np.uint8)
+        held = self.lock.acquire(timeout=0.5)
+        try:
+            for r in sorted(set(ranks) | set(self.out)):
+                if r == self.rank or r not in self.workers:
+                    continue
+                s = self.out.get(r) if not held else self._dealer(r)
+                if s is None:
+                    continue
+                self.seq += 1
+                hdr = encode(self.cfg.job_id, self.node_id, Op.PEER, self.epoch, self.seq,
+                             {"tag": 0, "slot": 0, "kind": KIND_LEFT, "nbytes": msg.nbytes,
+                              "layout": 0}, self.secret)
+                s.send_multipart(hdr + [memoryview(msg)], copy=False)
+            self.linger_ms = 1000           # close() lets these go out
+        finally:
+            if held:
+                self.lock.release()
 
     def join_done(self) -> None:
         """Every rank has joined: peers are present again (a later JOINED message of the
@@ -204,6 +233,14 @@ class PeerNet:
                     return buf
                 if absent_ok and rank in self.joined:
                     return None
+                if self.leaving is not None:
+                    raise BytePSError(f"worker rank {self.rank}: {what}: this rank left the "
+                                      f"job's current membership ({self.leaving})")
+                if rank in self.left:
+                    raise BytePSError(
+                        f"worker rank {self.rank}: {what}: {self.describe(rank)} left the "
+                        f"job's current membership ({self.left[rank]}); every rank calls "
+                        f"shutdown() and init() to go on")
                 now = time.monotonic()
                 err = self.fatal()
                 if err is not None:
@@ -268,12 +305,17 @@ class PeerNet:
                 if tag >= self.join_gen:
                     self.joined.add(rank)
                 continue
+            if kind == KIND_LEFT:
+                self.left.setdefault(rank, payload[0].bytes[:1000].decode("utf-8", "replace"))
+                continue
             if len(self.inbox) >= MAX_BUFFERED:
                 self.drops.warn("peer message", f"more than {MAX_BUFFERED} buffered")
                 continue
             self.inbox[(rank, tag, slot)] = (kind, layout, payload[0])
 
     def close(self) -> None:
+        if self.leaving is None:
+            self.leaving = "it called shutdown()"      # a wait of another thread ends
         with self.lock:
             if self.closed:
                 return
@@ -281,5 +323,5 @@ class PeerNet:
             for w in self.watch.values():
                 w.close()
             for s in self.out.values():
-                s.close(0)
+                s.close(self.linger_ms)
             self.sock.close(0)

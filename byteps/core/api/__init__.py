@@ -25,6 +25,7 @@ from byteps.core import autotune as _autotune
 from byteps.core.autotune import initial as _autotune_initial
 from byteps.core import local as _local
 from byteps.core import state as _st
+from byteps.core.api import rejoin as _rejoin
 from byteps.core.api import worker_metrics
 from byteps.core.engine import Engine
 from byteps.core.engine.servers import colocated_config
@@ -86,6 +87,7 @@ def init(lazy: bool = False) -> None:
         st = State(cfg)
         st.rank = cfg.local_rank
         if cfg.distributed:
+            _rejoin.check_job_alive(cfg, _LAST_LINK)   # a job that ended: fail at once
             st.ctx = zmq.Context()
             ident = _identity(cfg)
             st.link = SchedulerLink(cfg, st.ctx, "worker", ident)

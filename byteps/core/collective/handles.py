@@ -117,6 +117,8 @@ def leave(why: str) -> None:
     log.warning("worker rank %d leaves the job's current membership: %s; the next init() "
                 "joins the group again", st.rank, why)
     from byteps.core.api import basics
+    from byteps.core.collective import process_sets
+    process_sets.depart(f"left the job's membership: {why}")   # the set members first
     try:
         basics.shutdown()
     finally:

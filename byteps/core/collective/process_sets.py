@@ -150,8 +150,29 @@ def get_process_set(pid: int) -> ProcessSet:
                          f"{sorted(_SETS)})") from None
 
 
+def depart(why: str) -> None:
+    """This rank leaves the membership (shutdown(), or its own wait failed): the other
+    members of its sets (and every peer it talks to) learn it at once over the
+    worker-to-worker links, so their set operations fail naming it, as the servers fail
+    the global set's rounds of a rank that left; this rank's own set waits end."""
+    from byteps.core import state as _st
+    st = _st.current()
+    peers = getattr(st, "peers", None)
+    if peers is None or peers.leaving is not None:
+        return
+    with _lock:
+        ranks = {r for s in _SETS.values() for r in s.ranks}
+    try:
+        peers.announce_leave(f"worker rank {st.rank} {why}"[:1000], ranks)
+    except Exception as exc:        # leaving goes on; the others' links notice it later
+        import logging
+        logging.getLogger(__name__).warning("cannot tell the set members that this rank "
+                                            "leaves: %s", exc)
+
+
 def reset() -> None:
-    """Forget every set (shutdown)."""
+    """Forget every set (shutdown; the other members are told first, :func:`depart`)."""
+    depart("left the job (called shutdown())")
     with _lock:
         _SETS.clear()
         _next_id[0] = 1
@@ -285,11 +306,11 @@ def _exchange(st, ps, tag, row, data, compute, finish, what, frame_bytes=None):
         res = np.frombuffer(payload, DTYPES[code]).reshape(shape).copy()
         return finish(res, hdr[4 + _MAX_DIMS:].copy())
     rows, arrays = [row], [data]
-    for r in ranks[1:]:
-        got = net.recv(r, tag * 4, slot, KIND, 0, row.nbytes, what)
-        rows.append(np.frombuffer(got, np.int64).copy())
     err, results = None, None
-    try:
+    try:           # a member that left fails the operation on every other member
+        for r in ranks[1:]:
+            got = net.recv(r, tag * 4, slot, KIND, 0, row.nbytes, what)
+            rows.append(np.frombuffer(got, np.int64).copy())
         meta = np.stack(rows)
         for i, r in enumerate(ranks[1:], 1):
             arrays.append(_payload(net, r, tag, slot, meta[i], what, frame_bytes))
@@ -298,6 +319,8 @@ def _exchange(st, ps, tag, row, data, compute, finish, what, frame_bytes=None):
         err = str(exc)
     for i, r in enumerate(ranks[1:], 1):
         hdr = np.zeros(hdr_len, np.int64)
+        if r in net.left or net.leaving is not None:
+            continue
         if err is not None:
             msg = np.frombuffer(err.encode(), np.uint8)
             hdr[:2] = [_ERR, msg.nbytes]
