@@ -17,16 +17,20 @@ import numpy as np
 
 
 def outer_step(x: np.ndarray, m: np.ndarray, g: np.ndarray, lr: float, momentum: float,
-               nesterov: bool) -> None:
-    """Apply one outer step to ``x`` (global parameters) and ``m`` (momentum), in place."""
+               nesterov: bool, work: np.ndarray | None = None) -> None:
+    """Apply one outer step to ``x`` (global parameters) and ``m`` (momentum), in place;
+    ``work`` (``x``'s shape and dtype): the step's scratch, else one is allocated."""
     dt = x.dtype.type
     mu, lr_ = dt(momentum), dt(lr)
     np.multiply(m, mu, out=m)
     np.add(m, g, out=m)
     if nesterov:
-        d = np.multiply(m, mu)
+        d = np.multiply(m, mu, out=work)
         np.add(d, g, out=d)
-    else:
+    elif work is None:
         d = m.copy()
+    else:
+        d = work
+        np.copyto(d, m)
     np.multiply(d, lr_, out=d)
     np.subtract(x, d, out=x)

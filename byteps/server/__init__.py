@@ -414,7 +414,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                 if arr is not None and e.flags & COMP:
                     arr = slot.unpack(arr, e.round)
                 return self.async_store.apply(slot, e, arr, rank, ident, self.async_ranks(),
-                                              out)
+                                              out, self.leaves.get(rank))
             # other keys keep rounds (compressed pushes decompressed only when summed);
             # averaged on this server unless it has a backup (backups keep raw sums)
             apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined,

@@ -20,7 +20,8 @@ the server decompresses into float32 and adds at once; a raw push of the same ke
 always answers the full-precision value, uncompressed (parameters, never deltas).
 
 Keys with an outer optimizer (DiLoCo, :mod:`byteps.server.outer`) are asynchronous keys
-with a bound of 0 whose pushes are summed per round and applied as one outer step.
+with a bound of 0 whose pushes are summed per round (in a fixed order, as synchronous
+rounds) and applied as one outer step.
 
 ``stats`` counts what happened (``max_lag``: the largest ``r - slowest`` ever answered),
 written by the server to ``<BYTEPS_TEST_RECORD>.staleness.<pid>.json`` for the tests.
@@ -56,7 +57,8 @@ class AsyncStore:
         low = min(rounds.values())
         return low, sorted(r for g, v in rounds.items() if v == low for r in groups[g])
 
-    def apply(self, slot, entry: Entry, arr, rank: int, ident: bytes, ranks, out: dict) -> None:
+    def apply(self, slot, entry: Entry, arr, rank: int, ident: bytes, ranks, out: dict,
+              leaf: int | None = None) -> None:
         """Apply one asynchronous entry from ``rank``; queue replies into ``out``.
 
         ``arr``: the pushed delta, float32 already when it came compressed (the server
@@ -64,12 +66,13 @@ class AsyncStore:
         AsyncPS's seed, or zeros); it is added to the key's full-precision value at once,
         and the pull answers that value uncompressed.
         ``ranks``: who still pushes (not joined, not gone): a set of ranks or
-        ``{group: ranks}`` (see :meth:`slowest`)."""
+        ``{group: ranks}`` (see :meth:`slowest`).  ``leaf``: the rank's position in the
+        fixed summation tree of an outer key's round (byteps.server.tree; None: the rank)."""
         rnd, flags = entry.round, entry.flags
         if flags & PUSH and slot.applied.get(rank, -1) < rnd:     # a resend is not re-added
             slot.applied[rank] = rnd
             if slot.outer is not None:          # DiLoCo: summed, stepped when complete
-                slot.outer.add(slot, arr, entry.length, entry.dtype)
+                slot.outer.add(slot, arr, entry.length, entry.dtype, rank, leaf)
             else:
                 if slot.value is None:
                     slot.value = np.zeros(entry.length, dtype=DTYPES[entry.dtype])

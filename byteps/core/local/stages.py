@@ -19,6 +19,7 @@ from byteps.common.errors import BytePSError
 
 #: wire.REDUCE_OPS (0 sum, 1 min, 2 max, 3 product) as the ufunc the local ranks reduce with
 _UFUNCS = (np.add, np.minimum, np.maximum, np.multiply)
+_F16 = np.dtype(np.float16)
 
 
 def _ufunc(op: Op):
@@ -76,9 +77,21 @@ class ReduceStages:
             return op.l1 > j and bool((op.seg.gdone[:, j] >= op.t).all())
         return bool((op.seg.copied[:, j] >= op.t).all())
 
-    @staticmethod
-    def _sum(rows, dst: np.ndarray, ufunc=np.add) -> None:
-        """``dst`` = the element-wise reduction of ``rows`` (sum, or the tensor's op)."""
+    def _sum(self, rows, dst: np.ndarray, ufunc=np.add) -> None:
+        """``dst`` = the element-wise reduction of ``rows`` in their order (sum, or the
+        tensor's op).  A float16 sum of three or more rows is accumulated in float32 and
+        rounded once, as the servers do (byteps/server/tree.py), in a scratch array kept
+        by this reducer."""
+        if ufunc is np.add and dst.dtype == _F16 and len(rows) > 2:
+            acc = getattr(self, "_f32", None)
+            if acc is None or acc.size < dst.size:
+                acc = self._f32 = np.empty(dst.size, np.float32)
+            acc = acc[:dst.size]
+            np.add(rows[0], rows[1], out=acc, dtype=np.float32)
+            for r in rows[2:-1]:
+                np.add(acc, r, out=acc, dtype=np.float32)
+            np.add(acc, rows[-1], out=dst, dtype=np.float32, casting="same_kind")
+            return
         ufunc(rows[0], rows[1], out=dst)
         for r in rows[2:]:
             ufunc(dst, r, out=dst)
