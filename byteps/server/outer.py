@@ -54,11 +54,11 @@ class Outer:
         self._clear()
         self.done, self.seeded = -1, False
 
-    def _clear(self, keep=None) -> None:
-        """Forget this round's tree; owned buffers (but ``keep``) go back to the pool."""
+    def _clear(self) -> None:
+        """Forget this round's tree; its buffers go back to the pool."""
         t = self.tree
         for arr, owned in t.nodes.values():
-            if owned and arr is not keep:
+            if owned is True:           # a pool buffer, or the sum buffer
                 release(t, self.pool, self.g, arr)
         t.nodes.clear()
         t.leaves.clear()
@@ -93,8 +93,8 @@ class Outer:
         root, owned = collapse(self.tree, np.add, self.pool, self.g)
         if root.dtype != self.g.dtype:      # summed in float32, complete before the end
             np.copyto(self.g, root, casting="same_kind")
-            return self.g, root if owned else None
-        return root, root if owned else None
+            return self.g, root if owned is True else None
+        return root, root if owned is True else None
 
     def advance(self, slot, low: int) -> None:
         """Every pushing rank has reached round ``low``: apply the rounds not applied yet
