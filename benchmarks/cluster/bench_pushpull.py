@@ -15,6 +15,7 @@ steps from the repeated name: byteps/core/autotune/names.py); run with ``warmup`
 measures from the 3rd step on, through autotune's trials.
 """
 import json
+import os
 import sys
 import time
 
@@ -22,6 +23,18 @@ import numpy as np
 
 import byteps.numpy as bps
 from byteps.core import api as core
+
+
+def servers_cpu() -> float:
+    """CPU seconds (user + system, every thread) the job's servers used so far, from
+    /proc (the emulated hosts share this machine's process table)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for srv in core._STATE.engine.server_info:
+        st = open(f"/proc/{srv['pid']}/stat").read()
+        f = st[st.rindex(")") + 2:].split()
+        total += int(f[11]) + int(f[12])
+    return total / tick
 
 
 def main() -> None:
@@ -40,6 +53,7 @@ def main() -> None:
     bps.barrier()
     times = []
     cpu0 = time.process_time()
+    srv0 = servers_cpu() if bps.rank() == 0 else None
     for _ in range(iters):
         t = time.perf_counter()
         core.push_pull(x, "cluster.grad", average=True, out=out)
@@ -47,6 +61,7 @@ def main() -> None:
         if marks:
             core.step_done()
     cpu = time.process_time() - cpu0
+    srv = None if srv0 is None else servers_cpu() - srv0
     n = bps.size()
     expect = (n + 1) / 2.0
     if not np.allclose(out[:1000], expect):
@@ -57,6 +72,8 @@ def main() -> None:
         "times": times, "all_times": every + times, "marks": marks,
         "speed_MBps": core.get_pushpull_speed()[1], "cpu_s": cpu,
         "moved_bytes": 2 * int(x.nbytes) * iters, "warmup": warmup,
+        # rank 0: every server's CPU over its timed iterations (W pushes in, W results out)
+        "server_cpu_s": srv, "server_moved_bytes": 2 * n * int(x.nbytes) * iters,
         "config": {"partition_bytes": core.get_config().partition_bytes,
                    "credit_bytes": core.get_config().credit_bytes,
                    "autotune_state": None if tu is None else tu.state,

@@ -177,12 +177,18 @@ class Runner:
              if per_dir(every) else None, "nominal_Gbps": rate_bps(rate) / 1e9}
         if self.shosts:                   # every worker to every server at once, both ways
             ws, ss = self.whosts[:w], self.shosts[:min(w, len(self.shosts))]
-            mesh = [r for r in self.run(jobs.mesh_job(ws, ss, self.next_port(), secs))
-                    if r.get("role") == "connect" and r.get("recv_Bps")]
+            recs = self.run(jobs.mesh_job(ws, ss, self.next_port(), secs))
+            mesh = [r for r in recs if r.get("role") == "connect" and r.get("recv_Bps")]
             p["mesh_Gbps"] = min(min(r["recv_Bps"], r["send_Bps"]) for r in mesh) * 8 / 1e9 \
                 if mesh else None
+            for role, side in (("connect", "worker"), ("serve", "server")):   # the CPU floor
+                got = [r for r in recs if r.get("role") == role and r.get("moved_bytes")]
+                p[f"mesh_{side}_cpu_s_per_GB"] = sum(r["cpu_s"] for r in got) / (
+                    sum(r["moved_bytes"] for r in got) / 1e9) if got else None
             print(f"[{rate}] raw TCP worker<->server mesh ({len(ws)}x{len(ss)}): "
-                  f"{p['mesh_Gbps']} Gbit/s per worker link, each way", flush=True)
+                  f"{p['mesh_Gbps']} Gbit/s per worker link, each way; CPU s/GB moved: worker "
+                  f"{p['mesh_worker_cpu_s_per_GB']}, server {p['mesh_server_cpu_s_per_GB']}",
+                  flush=True)
         self.probes[rate] = p
         print(f"[{rate}] raw TCP full duplex: one pair {p['pair_Gbps']} Gbit/s per direction; "
               f"{len(pairs)} links at once {p['all_Gbps']} Gbit/s each", flush=True)
@@ -230,15 +236,19 @@ class Runner:
             self.probe(rate)
             for w in self.a.workers:
                 got: dict[str, list] = {}
-                drops, server_cpu = {}, {}
+                drops, server_cpu, timed_cpu = {}, {}, {}
                 for system in self.a.systems:
                     t0 = time.monotonic()
                     got[system] = self.bench(rate, w, system)
                     drops[system] = self.last_drops
                     server_cpu[system] = self.server_cpu_per_gb(rate, w)
+                    timed = [r for r in got[system] if r.get("server_cpu_s") is not None]
+                    timed_cpu[system] = sum(r["server_cpu_s"] for r in timed) / (
+                        sum(r["server_moved_bytes"] for r in timed) / 1e9) if timed else None
                     print(f"[{rate}] W={w} {system}: {report.job_time(got[system]):.3f} s/op "
                           f"({time.monotonic() - t0:.0f} s, {self.last_drops['dropped']} of "
-                          f"{self.last_drops['packets']} packets dropped by the links)",
+                          f"{self.last_drops['packets']} packets dropped by the links; "
+                          f"server CPU s/GB over the timed iterations {timed_cpu[system]})",
                           flush=True)
                 gloo = report.job_time(got["gloo"]) if "gloo" in got else None
                 link = (self.probes[rate].get("all_Gbps") or 0) * 1e9 / 8 or None
@@ -249,7 +259,8 @@ class Runner:
                     self.rows.append(dict(report.make_row(system, rate, w, s, recs, gloo, link,
                                                           mesh),
                                           link_drops=drops[system],
-                                          server_cpu_s_per_GB=server_cpu[system]))
+                                          server_cpu_s_per_GB=server_cpu[system],
+                                          server_timed_cpu_s_per_GB=timed_cpu[system]))
         if self.a.train:
             self.train()
 

@@ -19,6 +19,7 @@ from tcp_probe import drain, pump
 def run(conns: list, seconds: float, role: str) -> None:
     results = [dict() for _ in conns]
     threads = []
+    cpu0 = time.process_time()          # this process's CPU while the mesh runs (the floor)
     for c, r in zip(conns, results):
         threads.append(threading.Thread(target=drain, args=(c, r)))
         threads.append(threading.Thread(target=pump, args=(c, seconds, r)))
@@ -28,9 +29,11 @@ def run(conns: list, seconds: float, role: str) -> None:
         t.join(seconds + 30)
     sent = sum(r.get("sent", 0) for r in results)
     got = sum(r.get("received", 0) for r in results)
+    cpu = time.process_time() - cpu0
     span = max((r.get("recv_s") or 0.0) for r in results) or seconds
     print("CLUSTER_RESULT " + json.dumps({"role": role, "conns": len(conns),
-                                          "send_Bps": sent / seconds, "recv_Bps": got / span}),
+                                          "send_Bps": sent / seconds, "recv_Bps": got / span,
+                                          "cpu_s": cpu, "moved_bytes": sent + got}),
           flush=True)
 
 
