@@ -166,6 +166,26 @@ def test_buffers_are_reused_round_after_round():
     assert len(seen) <= 3 and all(id(b) in seen for b in slot.pool.free)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_pushes_the_server_owns_take_the_partial_sums(dtype):
+    """``writable`` pushes (socket frames) hold partial sums in place: same bits, no pool
+    buffer (float16 sums need float32 buffers: the pushes stay as they are)."""
+    arrs = pushes(6, dtype, seed=11)
+    want = run_round(arrs, range(6), dtype=dtype)[0].tobytes()
+    code = DTYPE_CODE[np.dtype(dtype)]
+    for order in itertools.permutations(range(6)):
+        own = [a.copy() for a in arrs]
+        slot, out = Slot(5, 0, code, N, -1), {}
+        for r in order:
+            apply(slot, Entry(5, 0, 0, PUSH | PULL, code, N), own[r], r, b"w%d" % r, 6, out,
+                  writable=True)
+        (_, res), = out[b"w%d" % order[0]]
+        assert res.tobytes() == want
+        assert slot.pool.free == [] if dtype == np.float32 else len(slot.pool.free) <= 3
+        if dtype == np.float16:
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(own, arrs))
+
+
 def test_leaf_positions_follow_ranks_or_hosts():
     ws = [{"rank": r, "host_id": f"h{r // 2}"} for r in (3, 0, 2, 1)]
     assert leaf_positions(ws, "off") == {0: 0, 1: 1, 2: 2, 3: 3}

@@ -418,7 +418,8 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             # other keys keep rounds (compressed pushes decompressed only when summed);
             # averaged on this server unless it has a backup (backups keep raw sums)
             apply(slot, e, arr, rank, ident, self.nworkers, out, self.joined,
-                  0 if self.replica.active else self.size, self.leaves.get(rank))
+                  0 if self.replica.active else self.size, self.leaves.get(rank),
+                  not e.flags & (SHM | COMP))     # a socket frame: ours to overwrite
         except CompressionError as exc:
             name = self.decls.get(e.key, {}).get("name", e.key)
             self.drops.warn("malformed compressed push",

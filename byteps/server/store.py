@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from byteps.server.tree import Pool, accumulator, add, collapse, release, take
+from byteps.server.tree import WRITABLE, Pool, accumulator, add, collapse, release, take
 from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, average
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
@@ -152,7 +152,7 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     if slot.pipe is not None:
         rs.result = slot.pipe.compress(acc, rnd)
         release(rs, slot.pool, dst, acc)
-    elif owned or rs.div or slot.segs:
+    elif owned is True or rs.div or slot.segs:
         # owned: the result buffer unless the root was complete before the round was (a
         # join); a single pusher: into the result buffer with AVG or shared-memory results
         src = acc
@@ -163,7 +163,7 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
             average(src, rs.div, dst)
         elif acc is not dst:
             np.copyto(dst, acc, casting="same_kind")
-        if owned:
+        if owned is True:
             release(rs, slot.pool, dst, acc)
         rs.result = dst
     else:
@@ -191,7 +191,7 @@ def recheck(slot: Slot, nworkers: int, joined: frozenset, out: dict) -> int:
 
 def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
           out: dict, joined: frozenset = frozenset(), size: int = 0,
-          leaf: int | None = None) -> None:
+          leaf: int | None = None, writable: bool = False) -> None:
     """Apply one entry (push and/or pull) of a synchronous key from ``rank``; queue
     replies into ``out`` (asynchronous keys: byteps.server.staleness.AsyncStore).
 
@@ -202,7 +202,8 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
     every push carries AVG (float, uncompressed) is divided here and its results carry
     AVG, so the workers copy instead of dividing.
     ``leaf``: the pusher's position in the reduction tree (byteps.server.tree; None: the
-    rank).  A compressed push (``arr`` is its frame) is decompressed into a float32
+    rank).  ``writable``: an uncompressed push is this server's own copy (a socket frame),
+    which partial sums may overwrite (tree.WRITABLE).  A compressed push (``arr`` is its frame) is decompressed into a float32
     buffer, or into scratch when its sibling is there to take it at once; a malformed
     frame raises CompressionError before the round changes.
     """
@@ -219,7 +220,8 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
                 pos = (1 << 20) + rank
             # the result buffer serves partial sums too (none needed yet: left lazy)
             result = slot.result_buf(rnd) if t.nodes or slot.pipe is not None else None
-            owned = False
+            owned = WRITABLE if writable and arr.dtype == slot.pool.dtype and \
+                arr.flags.writeable else False
             # this push completes the round (then the tree is collapsed into the result)
             last = full(rs, nworkers - 1, joined - {rank}) if joined else \
                 len(rs.ranks) + 1 >= nworkers

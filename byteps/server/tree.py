@@ -55,8 +55,10 @@ def leaf_positions(workers, local_reduce: str) -> dict[int, int]:
 
 class Nodes:
     """The partial results of one round (store.Round has the same three fields):
-    ``nodes`` ``{(level, index): (array, owned)}``, ``owned`` arrays being the slot's
-    buffers (given back when consumed), others pushes; ``leaves``: the positions pushed;
+    ``nodes`` ``{(level, index): (array, owned)}``: ``owned`` True for the slot's buffers
+    (given back when consumed), :data:`WRITABLE` for a received push the server may
+    overwrite (a socket frame of its own: partial sums go there, in place), False for a
+    push that must stay as it is (a worker's shared memory, a caller's array); ``leaves``: the positions pushed;
     ``result_used``: the result buffer holds a partial result."""
     __slots__ = ("nodes", "leaves", "result_used")
 
@@ -85,6 +87,10 @@ def take(t: Nodes, pool: Pool, result) -> np.ndarray:
     return pool.take()
 
 
+#: ``owned`` of a push whose buffer the server may overwrite (not given to the pool)
+WRITABLE = 2
+
+
 def _give(t: Nodes, pool: Pool, result, arr) -> None:
     if arr is result:
         t.result_used = False
@@ -96,19 +102,27 @@ def _combine(t: Nodes, op, pool: Pool, result, lkey, rkey, pkey, out=None) -> No
     """Replace nodes ``lkey`` (the left operand) and ``rkey`` by their parent ``pkey``."""
     left, lo = t.nodes.pop(lkey)
     right, ro = t.nodes.pop(rkey)
-    if out is None:
-        out = left if lo else right if ro else take(t, pool, result)
-    elif out is result:
-        t.result_used = True
+    if out is None:            # in place: the slot's buffer, else a writable push
+        owned = True
+        if lo is True or (ro is not True and lo):
+            out, owned = left, lo
+        elif ro:
+            out, owned = right, ro
+        else:
+            out = take(t, pool, result)
+    else:
+        owned = True
+        if out is result:
+            t.result_used = True
     if left.dtype == pool.dtype == right.dtype:
         op(left, right, out=out)
     else:                      # float16 in float32: cast in, compute, round once on the way out
         op(left, right, out=out, dtype=pool.dtype, casting="same_kind")
-    if lo and left is not out:
+    if lo is True and left is not out:
         _give(t, pool, result, left)
-    if ro and right is not out:
+    if ro is True and right is not out:
         _give(t, pool, result, right)
-    t.nodes[pkey] = (out, True)
+    t.nodes[pkey] = (out, owned)
 
 
 def add(t: Nodes, pos: int, arr, owned: bool, op, pool: Pool, result,
