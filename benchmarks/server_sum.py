@@ -5,8 +5,10 @@
 
 For 2, 3, 4 and 8 pushers and float32 / float16 partitions of ``--mb`` MB, every round's
 pushes are applied to a real :class:`byteps.server.store.Slot` in a new random arrival
-order (what the server does per partition and round: the tree, its buffers, finishing),
-and compared with, in the same run:
+order (what the server does per partition and round: the tree, its buffers, finishing):
+pushes it must not write (a worker's shared memory), and pushes it owns (socket frames,
+``writable``: partial sums in place; refilled before each round, not timed).  Compared
+with, in the same run:
 
 * the peer: a running sum in arrival order (the store's rule before the tree: the first
   two pushes into the result buffer, the others added in place, float16 in float16);
@@ -33,9 +35,11 @@ from byteps.transport.wire import DTYPE_CODE, PULL, PUSH, Entry
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _median(fn, rounds: int, warm: int) -> float:
+def _median(fn, rounds: int, warm: int, setup=None) -> float:
     ts = []
     for i in range(warm + rounds):
+        if setup is not None:
+            setup(i)
         t0 = time.thread_time()
         fn(i)
         ts.append(time.thread_time() - t0)
@@ -55,6 +59,19 @@ def measure(n: int, dtype, length: int, rounds: int, warm: int) -> dict:
             apply(slot, Entry(1, 0, i, PUSH | PULL, code, length), arrs[r], int(r),
                   b"w", n, out)
 
+    own = [a.copy() for a in arrs]        # received socket frames: the server's to overwrite
+    wslot = Slot(1, 0, code, length, -1)
+
+    def fresh(i):
+        for a, b in zip(own, arrs):
+            np.copyto(a, b)
+
+    def tree_frames(i):
+        out: dict = {}
+        for r in orders[i]:
+            apply(wslot, Entry(1, 0, i, PUSH | PULL, code, length), own[r], int(r),
+                  b"w", n, out, writable=True)
+
     bufs = [np.empty(length, dtype) for _ in (0, 1)]
 
     def running(i):
@@ -65,18 +82,20 @@ def measure(n: int, dtype, length: int, rounds: int, warm: int) -> dict:
 
     one = _median(lambda i: np.add(arrs[0], arrs[1], out=bufs[0]), rounds, warm)
     t, p = _median(tree, rounds, warm), _median(running, rounds, warm)
+    f = _median(tree_frames, rounds, warm, fresh)
     return {"pushers": n, "dtype": np.dtype(dtype).name, "mb": length * arrs[0].itemsize / 2**20,
-            "tree_ms": t * 1e3, "running_ms": p * 1e3, "limit_ms": (n - 1) * one * 1e3,
-            "vs_running": t / p, "vs_limit": t / ((n - 1) * one),
+            "tree_ms": t * 1e3, "frames_ms": f * 1e3, "running_ms": p * 1e3, "limit_ms": (n - 1) * one * 1e3,
+            "vs_running": t / p, "vs_limit": t / ((n - 1) * one), "frames_vs_running": f / p,
             "pool_buffers": len(slot.pool.free)}
 
 
 def table(rows: list) -> str:
-    lines = [f"{'pushers':>7} {'dtype':>8} {'tree ms':>8} {'running ms':>10} {'limit ms':>9} "
-             f"{'x running':>9} {'x limit':>8} {'pool':>5}"]
+    lines = [f"{'pushers':>7} {'dtype':>8} {'tree ms':>8} {'frames ms':>9} {'running ms':>10} "
+             f"{'limit ms':>9} {'x running':>9} {'frames x':>8} {'x limit':>8} {'pool':>5}"]
     for r in rows:
         lines.append(f"{r['pushers']:>7} {r['dtype']:>8} {r['tree_ms']:>8.2f} "
-                     f"{r['running_ms']:>10.2f} {r['limit_ms']:>9.2f} {r['vs_running']:>9.2f} "
+                     f"{r['frames_ms']:>9.2f} {r['running_ms']:>10.2f} {r['limit_ms']:>9.2f} "
+                     f"{r['vs_running']:>9.2f} {r['frames_vs_running']:>8.2f} "
                      f"{r['vs_limit']:>8.2f} {r['pool_buffers']:>5}")
     return "\n".join(lines)
 
@@ -87,10 +106,11 @@ def plot(rows: list, path: Path, mb: float) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 4))
     x = np.arange(len(rows))
-    for k, (key, label) in enumerate((("tree_ms", "tree (byteps)"),
+    for k, (key, label) in enumerate((("tree_ms", "tree, read-only pushes (shm)"),
+                                      ("frames_ms", "tree, socket frames"),
                                       ("running_ms", "running sum (before)"),
                                       ("limit_ms", "n-1 additions (limit)"))):
-        ax.bar(x + (k - 1) * 0.27, [r[key] for r in rows], 0.27, label=label)
+        ax.bar(x + (k - 1.5) * 0.2, [r[key] for r in rows], 0.2, label=label)
     ax.set_xticks(x, [f"{r['pushers']} x {r['dtype']}" for r in rows], fontsize=8)
     ax.set_ylabel("CPU ms per round")
     ax.set_title(f"server summation of one {mb:g} MB partition per round")
