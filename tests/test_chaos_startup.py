@@ -189,3 +189,44 @@ def test_a_restarted_scheduler_gives_a_node_whose_book_was_lost_its_place(monkey
         assert [x["node_id"] for x in b["servers"]] == [1]
     finally:
         _close(s)
+
+
+def test_a_registration_sent_twice_to_a_restarted_scheduler_is_one(monkeypatch):
+    """A node sends REGISTER while no scheduler runs (ZeroMQ queues it) and again when its
+    connection to the restarted scheduler comes back: the second, before formation, is a
+    replay, not a second server at that address (that ended the job: test_restarts,
+    standalone, found under load)."""
+    import zmq
+    from test_elastic import _close
+
+    from byteps.common.config import Config
+    from byteps.launcher import free_port
+    from byteps.scheduler import Scheduler
+    from byteps.transport.wire import Op, encode
+    monkeypatch.delenv("BYTEPS_MIN_WORKERS", raising=False)
+    cfg = Config.from_env({"DMLC_ROLE": "scheduler", "DMLC_NUM_WORKER": "1",
+                           "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+                           "DMLC_PS_ROOT_PORT": str(free_port()), "BYTEPS_AUTH_DISABLE": "1"},
+                          role="scheduler", warn_unknown=False)
+    s = Scheduler(cfg)
+    s.sent = []
+    s.send = lambda ident, op, body, job_id=None: s.sent.append((ident, op, body))
+
+    def register(ident, seq, role, pid, **kw):
+        body = {"role": role, "host": "127.0.0.1", "host_id": f"h{pid}", "pid": pid,
+                "hostname": "h", "machine": "m", "num_worker": 1, "num_server": 1,
+                "local_rank": 0, "local_size": 1, "worker_id": 0, "replicas": 0,
+                "address": "tcp://127.0.0.1:1" if role == "server" else None, **kw}
+        s.handle([zmq.Frame(ident)] + [zmq.Frame(f) for f in encode(
+            cfg.job_id, -1, Op.REGISTER, 0, seq, body, None)])
+    try:
+        register(b"srv", 5, "server", 10)
+        register(b"srv", 6, "server", 10)          # the same node, sent again
+        assert not [x for x in s.sent if x[1] == Op.REFUSED], s.sent
+        register(b"w0", 5, "worker", 20)
+        register(b"w0", 7, "worker", 20)
+        assert s.formed and s.exit_code is None
+        books = [i for i, op, _ in s.sent if op == Op.REGISTER_OK]
+        assert sorted(books) == [b"srv", b"w0"], s.sent
+    finally:
+        _close(s)

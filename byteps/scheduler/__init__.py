@@ -28,7 +28,7 @@ from byteps.scheduler import lost, membership, resume
 from byteps.scheduler.checks import _check_local_reduce, _check_tuning, _pushers
 from byteps.scheduler.departures import Departures
 from byteps.scheduler.failover import Failover
-from byteps.scheduler.registration import missing, node_info
+from byteps.scheduler.registration import missing, node_info, replay_key
 from byteps.scheduler.metrics import serve_scheduler
 from byteps.transport.wire import (PROTOCOL_VERSION, Op, VersionMismatch, WireError, decode,
                                    encode, new_seq)
@@ -162,7 +162,7 @@ class Scheduler:
             return lost.on_lost(self, hdr.body)
         node = self.servers.get(ident) or self.workers.get(ident)
         if hdr.op == Op.REGISTER:
-            key = (hdr.body.get("role"), hdr.body.get("host_id"), hdr.body.get("pid"), hdr.seq)
+            key = replay_key(self, ident, hdr)
             if key in self.seen_registrations:
                 return self.drops.warn("replayed registration", repr(key)[:200])
             self.seen_registrations.add(key)

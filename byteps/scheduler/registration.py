@@ -52,3 +52,15 @@ def missing(s, waited: float) -> str:
             parts.append(f"host {hid}: {len(h['slots'])} of {h['local_size']} local workers "
                          f"registered (BYTEPS_LOCAL_SIZE={h['local_size']})")
     return "; ".join(parts) or "start-up timed out"
+
+
+def replay_key(s, ident: bytes, hdr) -> tuple:
+    """What makes a REGISTER a replay of one already handled.  After formation: the same
+    node and message sequence number (a worker that re-initialises registers again with a
+    new one).  Before formation: the same node over the same connection identity, whatever
+    the sequence number: a node whose connection to a restarted scheduler comes back sends
+    its registration again, and the one it had sent while no scheduler ran (ZeroMQ queued
+    it) arrives too; the second must not be refused as a second server at that address
+    (or a local rank registered twice), which ended the job."""
+    b = hdr.body
+    return (b.get("role"), b.get("host_id"), b.get("pid"), hdr.seq if s.formed else ident)
