@@ -186,6 +186,7 @@ class _Srv(TensorChecks):
         self.async_store = AsyncStore(None)
         self.nworkers, self.joined, self.gone = 2, frozenset(), {}
         self.joined_ranks, self.local_reduce = frozenset(), "off"   # as Server.__init__
+        self.leaves: dict = {}       # rank -> reduction tree position (server/tree.py)
         self.workers_by_id = {10: {"rank": 0, "host_id": "h0"}, 11: {"rank": 1, "host_id": "h1"}}
         self.results, self.sent = [], []
         self.address = "tcp://x"
