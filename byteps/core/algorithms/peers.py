@@ -89,7 +89,7 @@ class PeerNet:
         self.closed = False
         self.slots = 0
         self.joined: set[int] = set()                 # peers that called join() (this round)
-        self.left: dict[int, str] = {}                # peers that left the membership: why
+        self.left: dict[int, tuple] = {}              # peers that left: (why, when)
         self.leaving: str | None = None               # this rank leaves: waits end
         self.linger_ms = 0
         self.join_gen = 0                             # join() rounds completed
@@ -236,15 +236,15 @@ class PeerNet:
                 if self.leaving is not None:
                     raise BytePSError(f"worker rank {self.rank}: {what}: this rank left the "
                                       f"job's current membership ({self.leaving})")
-                if rank in self.left:
-                    raise BytePSError(
-                        f"worker rank {self.rank}: {what}: {self.describe(rank)} left the "
-                        f"job's current membership ({self.left[rank]}); every rank calls "
-                        f"shutdown() and init() to go on")
                 now = time.monotonic()
                 err = self.fatal()
                 if err is not None:
                     raise BytePSError(f"worker rank {self.rank}: {what}: {err}")
+                if rank in self.left and self._left_final(rank, now):
+                    raise BytePSError(
+                        f"worker rank {self.rank}: {what}: {self.describe(rank)} left the "
+                        f"job's current membership ({self.left[rank][0]}); every rank calls "
+                        f"shutdown() and init() to go on")
                 self._check_peer(rank, now, what)
                 if not warned and now - started > self.cfg.stall_warning_s:
                     warned = True
@@ -253,6 +253,14 @@ class PeerNet:
                                 self.describe(rank))
                 if self.sock.poll(100):
                     self._read()
+
+    def _left_final(self, rank: int, now: float) -> bool:
+        """Whether ``rank``'s departure fails a wait for it now: at once, but in an elastic
+        job only after the heartbeat timeout (the scheduler's re-form, WorkersChanged,
+        must win the race, as for a closed connection in :meth:`_check_peer`)."""
+        if not os.environ.get("BYTEPS_MIN_WORKERS"):
+            return True
+        return now - self.left[rank][1] > self.cfg.heartbeat_timeout
 
     def _check_peer(self, rank: int, now: float, what: str) -> None:
         for r, w in self.watch.items():
@@ -306,7 +314,8 @@ class PeerNet:
                     self.joined.add(rank)
                 continue
             if kind == KIND_LEFT:
-                self.left.setdefault(rank, payload[0].bytes[:1000].decode("utf-8", "replace"))
+                self.left.setdefault(rank, (payload[0].bytes[:1000].decode("utf-8", "replace"),
+                                            time.monotonic()))
                 continue
             if len(self.inbox) >= MAX_BUFFERED:
                 self.drops.warn("peer message", f"more than {MAX_BUFFERED} buffered")

@@ -87,11 +87,11 @@ def init(lazy: bool = False) -> None:
         st = State(cfg)
         st.rank = cfg.local_rank
         if cfg.distributed:
-            _rejoin.check_job_alive(cfg, _LAST_LINK)   # a job that ended: fail at once
             st.ctx = zmq.Context()
             ident = _identity(cfg)
             st.link = SchedulerLink(cfg, st.ctx, "worker", ident)
             try:
+                _rejoin.check_job_alive(cfg, _LAST_LINK, st.link)   # ended: fail at once
                 from byteps.core.algorithms import peers as _peers
                 peer_sock, peer_addr = _peers.listen(cfg, st.ctx)
                 book = st.link.register({"local_reduce": cfg.local_reduce,
