@@ -73,6 +73,7 @@ from benchmarks.cluster.jobs import Spec, base_env, byteps_job  # noqa: E402
 KINDS = chaos.KINDS + ["partition", "slow-link", "full-shm"]
 SLOW = "20mbit"                 # 1/50 of 1 Gbit/s
 SHM_KB = 1024
+SLOW_S = 35.0               # a run longer than this (plus the fault's duration) keeps its logs
 BOUND_S = 90.0              # a run still going after this (plus a freeze or a partition): a hang
 PORT = 9123
 BUG_NAMES = ("NameError", "AttributeError", "TypeError", "KeyError", "IndexError",
@@ -227,7 +228,8 @@ def run_one(plan: netns.Plan, spec: dict) -> dict:
                 applied=applied, outcome=outcome, last=" | ".join(lasts)[:600],
                 leftover_pids=left, leftover_shm=shm,
                 stderr_tail="\n---\n".join(t[-1200:] for t in texts)
-                if outcome in ("wrong error", "hang", "wrong result") else "")
+                if outcome in ("wrong error", "hang", "wrong result")
+                or took > SLOW_S + (bound - BOUND_S) else "")    # (a slow end: why)
 
 
 def classify(spec, codes, hung, lasts, out: Path, target, specs) -> str:
