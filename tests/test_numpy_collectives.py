@@ -48,7 +48,8 @@ def test_numpy_collectives_in_a_job(tmp_path, workers, servers, layout):
     common = [c for c in done[0] if not c.startswith("set ")]    # process-set members only
     assert all([c for c in d if not c.startswith("set ")] == common for d in done.values())
     for check in ("build info", "product int16", "prescale/postscale int32",
-                  "allreduce_async", "allgather bool", "broadcast complex64 from 1",
+                  "allreduce_async", "postscale float16", "average float16",
+                  "reducescatter avg float16", "allgather bool", "broadcast complex64 from 1",
                   "reducescatter average", "alltoall splits", "allgather shape error",
                   "broadcast root error", "alltoall splits error", "allreduce shape error",
                   "collectives work after errors", "barrier", "broadcast_object",
