@@ -148,7 +148,7 @@ class PeerNet:
                              {"tag": 0, "slot": 0, "kind": KIND_LEFT, "nbytes": msg.nbytes,
                               "layout": 0}, self.secret)
                 s.send_multipart(hdr + [memoryview(msg)], copy=False)
-            self.linger_ms = 1000           # close() lets these go out
+            self.linger_ms = 300            # close() lets these go out (a gone peer: 0.3 s)
         finally:
             if held:
                 self.lock.release()
