@@ -12,14 +12,17 @@ level by level in index order, a node without sibling promoted).  The result dep
 only on which positions pushed what: ranks that joined simply never arrive.  The
 number of element-wise operations is the same as a running sum's (``n - 1``).
 
-Buffers: pushes are read where they arrived (never written); partial sums go into
-the round's result buffer (``slot.bufs[round % 2]``) while it is free, else into a
-per-partition pool of buffers reused round after round (no allocation in steady
-state; a 4-pusher round may need one, 8 pushers up to three).  The last combination
-writes straight into the result buffer.
+Buffers: pushes are read where they arrived.  A push received over a socket is the
+server's own copy (:data:`WRITABLE`) and takes partial sums in place; one a worker left
+in shared memory is never written.  Otherwise partial sums go into the round's result
+buffer (``slot.bufs[round % 2]``) while it is free, else into a per-partition pool of
+buffers reused round after round (no allocation in steady state; a 4-pusher round may
+need one, 8 pushers up to three).  The last combination writes straight into the
+result buffer.
 
 float16 sums are accumulated in float32 and rounded once, into the result buffer
-(the original BytePS does the same), so three workers' float16 sums equal Horovod's.
+(the original BytePS does the same; Horovod's tests compare three workers' float16 sums
+at tolerance 0).
 Compressed partitions decompress each push into float32 and combine the same way.
 Asynchronous keys (:mod:`byteps.server.staleness`) add each push to the stored value
 when it arrives: their order is the arrival order by design.
