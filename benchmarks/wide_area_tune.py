@@ -1,0 +1,141 @@
+"""The hyper-parameter search behind benchmarks/wide_area.py's defaults (not a test): one
+process replays the benchmark's training without servers or network, so that a setting
+costs minutes, not a wide-area run.
+
+    .venv/bin/python -m benchmarks.wide_area_tune --algo sync --lr 5e-3
+    .venv/bin/python -m benchmarks.wide_area_tune --algo diloco --outer-lr 1.0 --outer-momentum 0.6
+
+The same model, text, per-rank batches (rank r's generator seeded 1 + r), validation
+set and lr schedule as benchmarks/wide_area_worker.py:
+
+* ``sync``: SyncPS (and DDP) average the W workers' gradients every step, which is one
+  model trained on the W batches concatenated;
+* ``diloco``: W models, each with its own AdamW; every ``--inner-steps`` (fragment f of
+  ``--fragments`` at ``H (f + 1) // F``, then every H) the outer Nesterov step of
+  byteps/common/outer.py on the mean outer gradient, as the servers apply it, and every
+  model takes the new global parameters (float32, no overlap: the benchmark measures
+  int8 and the overlapped exchange).
+
+Prints one JSON line: the settings, the validation loss every 50 steps and at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wide_area_worker import CharLM, batch, lr_factor, text  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="benchmarks.wide_area_tune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algo", choices=("sync", "diloco"), default="sync")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--min-lr", type=float, default=0.1)
+    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--outer-lr", type=float, default=1.0)
+    ap.add_argument("--outer-momentum", type=float, default=0.6)
+    ap.add_argument("--fragments", type=int, default=1)
+    ap.add_argument("--val-seqs", type=int, default=256)
+    ap.add_argument("--text-mb", type=float, default=4.0)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    torch.set_num_threads(1)
+    data = np.frombuffer(text(int(a.text_mb * 1e6)), np.uint8)
+    cut = int(len(data) * 0.95)
+    train, val = data[:cut], data[cut:]
+    vx, vy = batch(val, np.random.default_rng(12345), a.val_seqs, a.ctx)
+    lossf = nn.CrossEntropyLoss()
+
+    def val_loss(m) -> float:
+        with torch.no_grad():
+            return float(lossf(m(vx).reshape(-1, 256), vy.reshape(-1)))
+
+    def replica():
+        torch.manual_seed(0)
+        m = CharLM(a.dim, a.layers, a.ctx)
+        o = torch.optim.AdamW(m.parameters(), lr=a.lr)
+        return m, o, torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, a))
+
+    def step(m, o, sc, x, y) -> None:
+        o.zero_grad()
+        lossf(m(x).reshape(-1, 256), y.reshape(-1)).backward()
+        o.step()
+        sc.step()
+
+    rngs = [np.random.default_rng(1 + r) for r in range(a.workers)]
+    t0, curve = time.monotonic(), []
+    if a.algo == "sync":
+        m, o, sc = replica()
+        for s in range(a.steps):
+            bs = [batch(train, g, a.batch, a.ctx) for g in rngs]
+            step(m, o, sc, torch.cat([b[0] for b in bs]), torch.cat([b[1] for b in bs]))
+            if (s + 1) % 50 == 0:
+                curve.append([s + 1, round(val_loss(m), 4)])
+    else:
+        reps = [replica() for _ in range(a.workers)]
+        m = reps[0][0]
+        names = [n for n, _ in m.named_parameters()]
+        glob = {n: p.detach().clone() for n, p in m.named_parameters()}
+        mom = {n: torch.zeros_like(p) for n, p in glob.items()}
+        frag = fragments({n: glob[n].numel() for n in names}, a.fragments)
+        H, F = a.inner_steps, a.fragments
+
+        def due(s: int) -> list:
+            return [f for f in range(F) if s >= H * (f + 1) // F
+                    and (s - H * (f + 1) // F) % H == 0]
+
+        def sync(f: int) -> None:
+            ps = [dict(r[0].named_parameters()) for r in reps]
+            with torch.no_grad():
+                for n in (n for n in names if frag[n] == f):
+                    g = sum(glob[n] - p[n] for p in ps) / a.workers
+                    mom[n].mul_(a.outer_momentum).add_(g)
+                    glob[n] -= a.outer_lr * (g + a.outer_momentum * mom[n])
+                    for p in ps:
+                        p[n].copy_(glob[n])
+        for s in range(a.steps):
+            for r, (mr, o, sc) in enumerate(reps):
+                step(mr, o, sc, *batch(train, rngs[r], a.batch, a.ctx))
+            for f in due(s + 1):
+                sync(f)
+            if (s + 1) % 50 == 0:
+                curve.append([s + 1, round(val_loss(m), 4)])
+        for f in range(F):         # finish(): the fragments with steps since their sync
+            if f not in due(a.steps):
+                sync(f)
+    print(json.dumps({"args": vars(a), "final": val_loss(m), "curve": curve,
+                      "seconds": round(time.monotonic() - t0, 1)}), flush=True)
+    return 0
+
+
+def fragments(sizes: dict, F: int) -> dict:
+    """Parameter name -> fragment, as byteps.core.algorithms.diloco._fragments cuts them."""
+    load, out = [0] * F, {}
+    for n in sorted(sizes, key=lambda n: -sizes[n]):
+        g = min(range(F), key=lambda j: (load[j], j))
+        out[n] = g
+        load[g] += sizes[n]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
