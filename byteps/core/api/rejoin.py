@@ -39,7 +39,8 @@ def check_job_alive(cfg, last_link: dict | None, link) -> None:
             return
         time.sleep(0.05)
     raise BytePSError(
-        f"worker: init() after shutdown(): the job has ended (no connection to the "
+        f"worker: this process called shutdown() before and the job has ended (no "
+        f"connection to the "
         f"scheduler at {cfg.root_uri}:{cfg.root_port} within {limit:g} s): a job ends "
         f"BYTEPS_REINIT_WAIT_S={cfg.reinit_wait_s:g} s after all of its workers called "
         f"shutdown() unless one calls init() again within that time; set "
