@@ -7,6 +7,7 @@ single-process run of the same steps) and the digits MLP with PyTorch (accuracy 
 points of an undisturbed run, identical parameters on every rank).
 """
 import json
+import re
 import sys
 import time
 
@@ -169,7 +170,10 @@ def _numpy_reference(steps):
 def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
     res = _elastic_job(tmp_path, "elastic_numpy.py", 60, 20, 40, timeout=100)
     assert_ok(res)
-    assert "ended with signal SIGKILL; the elastic job goes on with 3 worker(s)" in res.stderr
+    # the count is the workers alive when bpslaunch notices the death: 3, or 4 when a loaded
+    # machine let the newcomer start first (a CI run at load 12 printed that order)
+    assert re.search(r"ended with signal SIGKILL; the elastic job goes on with [34] worker",
+                     res.stderr), res.stderr[-3000:]
     assert "started worker (host host4, joined later)" in res.stderr
     out = read_results(tmp_path)
     assert sorted(out) == [0, 1, 2, 3], res.stderr[-3000:]
