@@ -115,8 +115,7 @@ def test_a_set_member_that_leaves_is_named_at_once(tmp_path):
     """tests/scripts/hvd_set_departure.py (3 workers, set [0, 1]): a member that calls
     shutdown(), the set's leader that does, and a member that leaves on its own
     BYTEPS_COLLECTIVE_TIMEOUT_S: the other member's set operation fails at once naming
-    it; every rank's shutdown() + init() makes the set and the job usable again; init()
-    after the job ended fails at once with the cause (not the 75 s start-up timeout)."""
+    it; every rank's shutdown() + init() makes the set and the job usable again."""
     res = run_script("hvd_set_departure.py", tmp_path, workers=3, servers=1, timeout=120,
                      BYTEPS_COLLECTIVE_TIMEOUT_S=1, BYTEPS_REINIT_WAIT_S=1)
     assert_ok(res)
@@ -132,7 +131,3 @@ def test_a_set_member_that_leaves_is_named_at_once(tmp_path):
         assert all(sec[c] < 1 for c in ("member left", "late member", "leader left")
                    if c in sec), out                  # at once, not a timeout or a grace
         assert sec["reinit"] < 5, out
-        # bpslaunch --standalone restarts a scheduler a signal killed: 10 s of refusals
-        assert sec["late init"] < 20, out
-        assert "the job has ended" in out["late init"], out
-        assert "BYTEPS_REINIT_WAIT_S=1" in out["late init"], out

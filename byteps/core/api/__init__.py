@@ -25,7 +25,6 @@ from byteps.core import autotune as _autotune
 from byteps.core.autotune import initial as _autotune_initial
 from byteps.core import local as _local
 from byteps.core import state as _st
-from byteps.core.api import rejoin as _rejoin
 from byteps.core.api import worker_metrics
 from byteps.core.engine import Engine
 from byteps.core.engine.servers import colocated_config
@@ -91,7 +90,6 @@ def init(lazy: bool = False) -> None:
             ident = _identity(cfg)
             st.link = SchedulerLink(cfg, st.ctx, "worker", ident)
             try:
-                _rejoin.check_job_alive(cfg, _LAST_LINK, st.link)   # ended: fail at once
                 from byteps.core.algorithms import peers as _peers
                 peer_sock, peer_addr = _peers.listen(cfg, st.ctx)
                 book = st.link.register({"local_reduce": cfg.local_reduce,
