@@ -345,8 +345,12 @@ class Job:
             time.sleep(0.05)
         bad = [s for s in services if s.p.poll() not in (0, None) and s not in self.survived]
         self.terminate(grace=1.0)
-        for s in bad:
+        for s in bad[1:]:
             say(f"{s.what} failed with {describe_code(s.p.returncode)}")
+        if bad:             # every worker finished; a service died at the end (said last)
+            self.last_words = (f"job failed; root cause: {bad[0].what} (pid {bad[0].p.pid}) "
+                               f"failed with {describe_code(bad[0].p.returncode)} after every "
+                               f"worker finished")
         return 1 if bad else 0
 
     def _fail(self, root: Proc | None, order: list[Proc]) -> int:
