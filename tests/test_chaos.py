@@ -1,4 +1,4 @@
-"""The chaos harness's CI form: a few seeded faults on small jobs (benchmarks/chaos.py).
+"""The chaos harness's CI form: 20 seeded faults on small jobs (benchmarks/chaos.py).
 
 Every run must survive with the right parameters or end with an error that names the
 fault: no hang, no silent wrong result, no process or /dev/shm file left behind.  The
@@ -24,6 +24,7 @@ def _check(out):
     return runs
 
 
+@pytest.mark.chaos_full     # the 20 below draw these kinds too
 def test_seeded_faults_end_correctly(tmp_path):
     # 2 faults of the plain shape (CI time): a scheduler killed (restarted) and a worker
     # killed or raising mid-step
@@ -33,8 +34,8 @@ def test_seeded_faults_end_correctly(tmp_path):
     assert rc == 0, runs
 
 
-@pytest.mark.chaos_full
 def test_twenty_seeded_faults_of_every_kind(tmp_path):
+    # CI's form (about 65 s): every kind, both shapes, freezes up to 12 s
     rc = chaos.main(["--faults", "20", "--seed", "1", "--max-freeze", "12",
                      "--out", str(tmp_path)])
     _check(tmp_path)
