@@ -114,9 +114,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16, help="sequences per step and worker")
     ap.add_argument("--outer-lr", type=float, default=1.0, help="DiLoCo's outer_lr")
-    ap.add_argument("--outer-momentum", type=float, default=0.6,
+    ap.add_argument("--outer-momentum", type=float, default=0.4,
                     help="DiLoCo's outer_momentum (Nesterov)")
-    ap.add_argument("--lr", type=float, default=5e-3, help="AdamW's (inner) lr")
+    ap.add_argument("--lr", type=float, default=1.2e-2, help="AdamW's (inner) lr")
     ap.add_argument("--warmup", type=int, default=50, help="lr warm-up steps (every method)")
     ap.add_argument("--min-lr", type=float, default=0.1,
                     help="cosine lr decay to this fraction (every method; 1: constant)")

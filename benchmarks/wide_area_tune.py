@@ -2,8 +2,8 @@
 process replays the benchmark's training without servers or network, so that a setting
 costs minutes, not a wide-area run.
 
-    .venv/bin/python -m benchmarks.wide_area_tune --algo sync --lr 5e-3
-    .venv/bin/python -m benchmarks.wide_area_tune --algo diloco --outer-lr 1.0 --outer-momentum 0.6
+    .venv/bin/python -m benchmarks.wide_area_tune --algo sync --lr 1.2e-2
+    .venv/bin/python -m benchmarks.wide_area_tune --algo diloco --outer-lr 1.0 --outer-momentum 0.4
 
 The same model, text, per-rank batches (rank r's generator seeded 1 + r), validation
 set and lr schedule as benchmarks/wide_area_worker.py:
@@ -44,12 +44,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--lr", type=float, default=1.2e-2)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--min-lr", type=float, default=0.1)
     ap.add_argument("--inner-steps", type=int, default=50)
     ap.add_argument("--outer-lr", type=float, default=1.0)
-    ap.add_argument("--outer-momentum", type=float, default=0.6)
+    ap.add_argument("--outer-momentum", type=float, default=0.4)
     ap.add_argument("--fragments", type=int, default=1)
     ap.add_argument("--val-seqs", type=int, default=256)
     ap.add_argument("--text-mb", type=float, default=4.0)
