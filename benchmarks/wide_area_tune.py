@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wide_area_worker import CharLM, batch, lr_factor, text  # noqa: E402
+from wide_area_worker import CharLM, add_training_args, batch, lr_factor, text  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -39,20 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", choices=("sync", "diloco"), default="sync")
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--ctx", type=int, default=64)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1.2e-2)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--min-lr", type=float, default=0.1)
-    ap.add_argument("--inner-steps", type=int, default=50)
-    ap.add_argument("--outer-lr", type=float, default=1.0)
-    ap.add_argument("--outer-momentum", type=float, default=0.4)
-    ap.add_argument("--fragments", type=int, default=1)
-    ap.add_argument("--val-seqs", type=int, default=256)
-    ap.add_argument("--text-mb", type=float, default=4.0)
+    add_training_args(ap, fragments=1)
     return ap.parse_args(argv)
 
 

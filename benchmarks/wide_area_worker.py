@@ -73,9 +73,8 @@ def lr_factor(step: int, a) -> float:
     return warm * (a.min_lr + (1 - a.min_lr) * cos)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--algo", required=True)
+def add_training_args(ap: argparse.ArgumentParser, fragments: int) -> None:
+    """The model, data and optimizer options shared with benchmarks/wide_area_tune.py."""
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=64)
@@ -85,13 +84,19 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=50)
     ap.add_argument("--outer-lr", type=float, default=1.0)
     ap.add_argument("--outer-momentum", type=float, default=0.4)
-    ap.add_argument("--fragments", type=int, default=4)
-    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--fragments", type=int, default=fragments)
     ap.add_argument("--text-mb", type=float, default=4.0)
     ap.add_argument("--warmup", type=int, default=50, help="linear lr warm-up steps")
     ap.add_argument("--min-lr", type=float, default=0.1,
                     help="cosine decay of the lr to this fraction at the end (1: constant)")
     ap.add_argument("--val-seqs", type=int, default=256, help="validation sequences")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--algo", required=True)
+    ap.add_argument("--eval-every", type=int, default=25)
+    add_training_args(ap, fragments=4)
     a = ap.parse_args()
     torch.set_num_threads(1)
     data = np.frombuffer(text(int(a.text_mb * 1e6)), np.uint8)
