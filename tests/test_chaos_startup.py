@@ -159,20 +159,10 @@ def test_a_restarted_scheduler_gives_a_node_whose_book_was_lost_its_place(monkey
     """The scheduler formed, sent REGISTER_OK and was killed before every book left: the
     new one gets the others back (resume) and this node afresh; it must get its first
     formation's rank and node id (it waited for a book until its start-up timeout)."""
-    from test_elastic import _close, _reg
+    from test_elastic import _close, _reg, _scheduler
 
-    from byteps.common.config import Config
-    from byteps.launcher import free_port
-    from byteps.scheduler import Scheduler
     from byteps.transport.wire import Op
-    monkeypatch.delenv("BYTEPS_MIN_WORKERS", raising=False)
-    cfg = Config.from_env({"DMLC_ROLE": "scheduler", "DMLC_NUM_WORKER": "2",
-                           "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
-                           "DMLC_PS_ROOT_PORT": str(free_port()), "BYTEPS_AUTH_DISABLE": "1"},
-                          role="scheduler", warn_unknown=False)
-    s = Scheduler(cfg)
-    s.sent = []
-    s.send = lambda ident, op, body, job_id=None: s.sent.append((ident, op, body))
+    s = _scheduler(monkeypatch, workers=2, min=None)     # fixed size
     try:
         back = dict(resume={"node_id": 1, "rank": -1, "epoch": 1, "size": 2})
         _reg(s, b"srv", "server", "s0", 10, **back)
@@ -197,20 +187,10 @@ def test_a_registration_sent_twice_to_a_restarted_scheduler_is_one(monkeypatch):
     replay, not a second server at that address (that ended the job: test_restarts,
     standalone, found under load)."""
     import zmq
-    from test_elastic import _close
+    from test_elastic import _close, _scheduler
 
-    from byteps.common.config import Config
-    from byteps.launcher import free_port
-    from byteps.scheduler import Scheduler
     from byteps.transport.wire import Op, encode
-    monkeypatch.delenv("BYTEPS_MIN_WORKERS", raising=False)
-    cfg = Config.from_env({"DMLC_ROLE": "scheduler", "DMLC_NUM_WORKER": "1",
-                           "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
-                           "DMLC_PS_ROOT_PORT": str(free_port()), "BYTEPS_AUTH_DISABLE": "1"},
-                          role="scheduler", warn_unknown=False)
-    s = Scheduler(cfg)
-    s.sent = []
-    s.send = lambda ident, op, body, job_id=None: s.sent.append((ident, op, body))
+    s = _scheduler(monkeypatch, workers=1, min=None)     # fixed size
 
     def register(ident, seq, role, pid, **kw):
         body = {"role": role, "host": "127.0.0.1", "host_id": f"h{pid}", "pid": pid,
@@ -218,7 +198,7 @@ def test_a_registration_sent_twice_to_a_restarted_scheduler_is_one(monkeypatch):
                 "local_rank": 0, "local_size": 1, "worker_id": 0, "replicas": 0,
                 "address": "tcp://127.0.0.1:1" if role == "server" else None, **kw}
         s.handle([zmq.Frame(ident)] + [zmq.Frame(f) for f in encode(
-            cfg.job_id, -1, Op.REGISTER, 0, seq, body, None)])
+            s.cfg.job_id, -1, Op.REGISTER, 0, seq, body, None)])
     try:
         register(b"srv", 5, "server", 10)
         register(b"srv", 6, "server", 10)          # the same node, sent again

@@ -24,9 +24,13 @@ def _scheduler(monkeypatch, workers=3, **env):
     from byteps.common.config import Config
     from byteps.launcher import free_port
     from byteps.scheduler import Scheduler
-    monkeypatch.setenv("BYTEPS_MIN_WORKERS", str(env.pop("min", 2)))
-    monkeypatch.setenv("BYTEPS_MAX_WORKERS", str(env.pop("max", 4)))
-    monkeypatch.setenv("BYTEPS_ELASTIC_TIMEOUT", "1")
+    low = env.pop("min", 2)
+    if low is None:             # a fixed-size job
+        monkeypatch.delenv("BYTEPS_MIN_WORKERS", raising=False)
+    else:
+        monkeypatch.setenv("BYTEPS_MIN_WORKERS", str(low))
+        monkeypatch.setenv("BYTEPS_MAX_WORKERS", str(env.pop("max", 4)))
+        monkeypatch.setenv("BYTEPS_ELASTIC_TIMEOUT", "1")
     cfg = Config.from_env({"DMLC_ROLE": "scheduler", "DMLC_NUM_WORKER": str(workers),
                            "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
                            "DMLC_PS_ROOT_PORT": str(free_port()), "BYTEPS_AUTH_DISABLE": "1"},
