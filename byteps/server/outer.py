@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.common.outer import outer_step
-from byteps.server.tree import Nodes, Pool, accumulator, add, collapse, release, take
+from byteps.server.tree import (Nodes, Pool, accumulator, add, collapse, position, release,
+                                 take)
 from byteps.transport.wire import DTYPES
 
 
@@ -75,9 +76,7 @@ class Outer:
             dt = DTYPES[dtype]
             acc = np.promote_types(accumulator(dt, np.add, slot.pipe is not None), dt)
             self.pool, self.g = Pool(length, acc), np.empty(length, dt)
-        pos = rank if leaf is None else leaf
-        if pos in t.leaves:                 # two pushers on one position: keep them apart
-            pos = (1 << 20) + rank
+        pos = position(t, leaf, rank)
         owned = False
         if arr is slot.scratch and (0, pos ^ 1) not in t.nodes:
             buf = take(t, self.pool, self.g)

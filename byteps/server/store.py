@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 
-from byteps.server.tree import WRITABLE, Pool, accumulator, add, collapse, release, take
+from byteps.server.tree import (WRITABLE, Pool, accumulator, add, collapse, position,
+                                 release, take)
 from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, average
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
@@ -214,10 +215,8 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
     if flags & PUSH:
         if rank not in rs.ranks and rs.result is None:
             nbytes = arr.nbytes
-            pos = rank if leaf is None else leaf
             t = rs                         # the round's tree (byteps.server.tree.Nodes)
-            if pos in t.leaves:            # two pushers on one position: keep them apart
-                pos = (1 << 20) + rank
+            pos = position(t, leaf, rank)
             # the result buffer serves partial sums too (none needed yet: left lazy)
             result = slot.result_buf(rnd) if t.nodes or slot.pipe is not None else None
             owned = WRITABLE if writable and arr.dtype == slot.pool.dtype and \

@@ -83,6 +83,14 @@ class Pool:
         return self.free.pop() if self.free else np.empty(self.length, self.dtype)
 
 
+def position(t: Nodes, leaf: int | None, rank: int) -> int:
+    """The leaf position of ``rank``'s push (``leaf``: its place in
+    :func:`leaf_positions`, None: the rank); two pushers on one position (not expected)
+    are kept apart, after every regular position."""
+    pos = rank if leaf is None else leaf
+    return (1 << 20) + rank if pos in t.leaves else pos
+
+
 def take(t: Nodes, pool: Pool, result) -> np.ndarray:
     if result is not None and not t.result_used and result.dtype == pool.dtype:
         t.result_used = True
