@@ -4,8 +4,8 @@ never pickle, validated field by field on decode.
 Sent as they are: None, bool, int (64-bit), float, str, bytes, and nested ``list``,
 ``tuple`` (kept a tuple) and ``dict`` of them; numpy arrays and scalars of numeric dtypes;
 ``argparse.Namespace`` (Horovod scripts broadcast ``args``) and dataclass instances.  A
-plugin adds its own tensors (``byteps.torch._objects`` for torch tensors) and uses
-:func:`struct_to_wire` / :func:`struct_from_wire` for the two structured kinds.
+plugin adds its own tensors through an :class:`Extension` (``byteps.torch._objects`` for
+torch tensors); the walk over containers and every other record are decided here once.
 
 A dataclass travels as its module, qualified name and fields.  The receiver never imports
 anything: the class must already be defined in its process (the same script, or imported
@@ -27,8 +27,8 @@ import sys
 import msgpack
 import numpy as np
 
-__all__ = ["CODEC", "SUPPORTED", "decode", "encode", "struct_from_wire", "struct_to_wire",
-           "unsupported"]
+__all__ = ["CODEC", "SUPPORTED", "Extension", "decode", "encode", "struct_from_wire",
+           "struct_to_wire", "unsupported"]
 
 EXT_TUPLE, EXT_NDARRAY, EXT_NPSCALAR, EXT_NAMESPACE, EXT_DATACLASS, EXT_SET = 1, 2, 4, 6, 7, 8
 NOT_MINE = object()          # struct_from_wire: the code is not a Namespace or dataclass
@@ -74,16 +74,43 @@ def struct_to_wire(obj, path: str, recurse):
     return None
 
 
-def to_wire(obj, path: str = "obj"):
+class Extension:
+    """What a framework plugin adds to the codec (``byteps.torch._objects`` for torch
+    tensors): its own kinds of value, under its own extension codes.  The walk over
+    containers, the plain kinds and the Namespace/dataclass/set records stay the core's."""
+    supported = SUPPORTED        # the kinds named in the TypeError of a value none can send
+    prefix = ""                  # the start of that error, e.g. "broadcast_object: "
+
+    def owns(self, obj) -> bool:
+        """Whether ``obj`` is one of the plugin's kinds (never a dict key)."""
+        return False
+
+    def to_wire(self, obj, path: str):
+        """The record of an owned ``obj``; TypeError (:meth:`unsupported`) if it cannot go."""
+        raise NotImplementedError
+
+    def from_wire(self, code: int, data: bytes, unpack):
+        """The value of the plugin's record ``code``, or :data:`NOT_MINE`."""
+        return NOT_MINE
+
+    def unsupported(self, path: str, obj, why: str = "") -> TypeError:
+        exc = unsupported(path, obj, why, self.supported)
+        return TypeError(self.prefix + str(exc)) if self.prefix else exc
+
+
+_PLAIN = Extension()
+
+
+def to_wire(obj, path: str = "obj", ext: Extension = _PLAIN):
     """``obj`` as msgpack-ready values (see the module docstring); TypeError naming the part
-    that cannot be sent."""
+    that cannot be sent.  ``ext``: a plugin's kinds of value."""
     if obj is None or type(obj) in (bool, float, str, bytes):
         return obj
     if isinstance(obj, bool):
         return bool(obj)
     if isinstance(obj, int):
         if not -(1 << 63) <= obj < (1 << 64):
-            raise unsupported(path, obj, f" (value {obj} does not fit in 64 bits)")
+            raise ext.unsupported(path, obj, f" (value {obj} does not fit in 64 bits)")
         return int(obj)
     if isinstance(obj, float):
         return float(obj)
@@ -94,37 +121,40 @@ def to_wire(obj, path: str = "obj"):
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
-            if isinstance(k, (list, dict, np.ndarray)):
-                raise unsupported(f"a key of {path}", k, " (dict keys must be scalars, "
-                                  "strings or tuples)")
-            out[to_wire(k, f"a key of {path}")] = to_wire(v, f"{path}[{k!r}]")
+            if isinstance(k, (list, dict, np.ndarray)) or ext.owns(k):
+                raise ext.unsupported(f"a key of {path}", k, " (dict keys must be scalars, "
+                                      "strings or tuples)")
+            out[to_wire(k, f"a key of {path}", ext)] = to_wire(v, f"{path}[{k!r}]", ext)
         return out
     if isinstance(obj, list):
-        return [to_wire(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return [to_wire(v, f"{path}[{i}]", ext) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return msgpack.ExtType(EXT_TUPLE, pack([to_wire(v, f"{path}[{i}]")
+        return msgpack.ExtType(EXT_TUPLE, pack([to_wire(v, f"{path}[{i}]", ext)
                                                 for i, v in enumerate(obj)]))
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in _NP_KINDS:
-            raise unsupported(path, obj, f" (dtype {obj.dtype}; numeric dtypes only)")
+            raise ext.unsupported(path, obj, f" (dtype {obj.dtype}; numeric dtypes only)")
         arr = np.ascontiguousarray(obj)
         return msgpack.ExtType(EXT_NDARRAY, pack([arr.dtype.str, list(arr.shape),
                                                   arr.tobytes()]))
     if isinstance(obj, np.generic):
         if obj.dtype.kind not in _NP_KINDS:
-            raise unsupported(path, obj, f" (dtype {obj.dtype}; numeric dtypes only)")
+            raise ext.unsupported(path, obj, f" (dtype {obj.dtype}; numeric dtypes only)")
         return msgpack.ExtType(EXT_NPSCALAR, pack([obj.dtype.str, obj.tobytes()]))
-    ext = struct_to_wire(obj, path, to_wire)
-    if ext is not None:
-        return ext
+    if ext.owns(obj):
+        return ext.to_wire(obj, path)
+    rec = struct_to_wire(obj, path, lambda v, p: to_wire(v, p, ext))
+    if rec is not None:
+        return rec
     why = " (a framework tensor: use that framework's plugin, e.g. byteps.torch)" \
-        if type(obj).__module__.split(".")[0] in ("torch", "tensorflow", "mxnet") else ""
-    raise unsupported(path, obj, why)
+        if ext is _PLAIN and type(obj).__module__.split(".")[0] in \
+        ("torch", "tensorflow", "mxnet") else ""
+    raise ext.unsupported(path, obj, why)
 
 
-def encode(obj) -> bytes:
+def encode(obj, ext: Extension = _PLAIN) -> bytes:
     """msgpack bytes of ``obj``; TypeError naming the part that cannot be sent."""
-    return pack(to_wire(obj))
+    return pack(to_wire(obj, "obj", ext))
 
 
 # --------------------------------------------------------------------------- decoding
@@ -203,43 +233,49 @@ def struct_from_wire(code: int, data: bytes, unpack):
     return NOT_MINE
 
 
-def _hook(code: int, data: bytes):
-    if code == EXT_TUPLE:
-        v = _unpack(data)
-        if not isinstance(v, list):
-            raise ValueError("bad tuple record")
-        return tuple(v)
-    if code == EXT_NDARRAY:
-        v = _unpack(data)
-        if not isinstance(v, list) or len(v) != 3:
-            raise ValueError("bad array record")
-        dt, shp, raw = np_dtype(v[0]), shape(v[1]), v[2]
-        if not isinstance(raw, bytes) or len(raw) != math.prod(shp) * dt.itemsize:
-            raise ValueError("array byte count does not match its shape")
-        return np.frombuffer(raw, dt).reshape(shp).copy()
-    if code == EXT_NPSCALAR:
-        v = _unpack(data)
-        if not isinstance(v, list) or len(v) != 2:
-            raise ValueError("bad scalar record")
-        dt, raw = np_dtype(v[0]), v[1]
-        if not isinstance(raw, bytes) or len(raw) != dt.itemsize:
-            raise ValueError("scalar byte count does not match its dtype")
-        return np.frombuffer(raw, dt)[0]
-    got = struct_from_wire(code, data, _unpack)
-    if got is NOT_MINE:
-        raise ValueError(f"unknown extension type {code} (a tensor: receive it with the "
-                         f"plugin that sent it)")
-    return got
+def fields(v, n: int, what: str) -> list:
+    """``v`` checked to be an ``n``-field record."""
+    if not isinstance(v, list) or len(v) != n:
+        raise ValueError(f"bad {what} record")
+    return v
 
 
-def _unpack(data: bytes):
-    return msgpack.unpackb(data, ext_hook=_hook, raw=False, strict_map_key=False)
+def _unpacker(ext: Extension):
+    def hook(code: int, data: bytes):
+        if code == EXT_TUPLE:
+            v = unpack(data)
+            if not isinstance(v, list):
+                raise ValueError("bad tuple record")
+            return tuple(v)
+        if code == EXT_NDARRAY:
+            ds, shp, raw = fields(unpack(data), 3, "array")
+            dt, shp = np_dtype(ds), shape(shp)
+            if not isinstance(raw, bytes) or len(raw) != math.prod(shp) * dt.itemsize:
+                raise ValueError("array byte count does not match its shape")
+            return np.frombuffer(raw, dt).reshape(shp).copy()
+        if code == EXT_NPSCALAR:
+            ds, raw = fields(unpack(data), 2, "scalar")
+            dt = np_dtype(ds)
+            if not isinstance(raw, bytes) or len(raw) != dt.itemsize:
+                raise ValueError("scalar byte count does not match its dtype")
+            return np.frombuffer(raw, dt)[0]
+        got = ext.from_wire(code, data, unpack)
+        if got is NOT_MINE:
+            got = struct_from_wire(code, data, unpack)
+        if got is NOT_MINE:
+            raise ValueError(f"unknown extension type {code}" + (
+                " (a tensor: receive it with the plugin that sent it)" if ext is _PLAIN else ""))
+        return got
+
+    def unpack(data: bytes):
+        return msgpack.unpackb(data, ext_hook=hook, raw=False, strict_map_key=False)
+    return unpack
 
 
-def decode(data: bytes):
+def decode(data: bytes, ext: Extension = _PLAIN):
     """Inverse of :func:`encode`; ValueError on malformed input."""
     try:
-        return _unpack(data)
+        return _unpacker(ext)(data)
     except ValueError:
         raise
     except Exception as exc:  # msgpack raises several types for corrupt input
