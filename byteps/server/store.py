@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from byteps.server.tree import (WRITABLE, Pool, accumulator, add, collapse, position,
+from byteps.server.tree import (WRITABLE, Nodes, Pool, accumulator, add, collapse, position,
                                  release, take)
 from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, average
 
@@ -28,16 +28,14 @@ from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, ave
 REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
 
 
-class Round:
-    __slots__ = ("nodes", "leaves", "result_used", "ranks", "result", "waiting", "pulled",
-                 "started", "warned", "div")
+class Round(Nodes):
+    """One round of a synchronous key: its reduction tree (the pushes and partial sums,
+    :class:`byteps.server.tree.Nodes`) and who pushed, pulled and waits."""
+    __slots__ = ("ranks", "result", "waiting", "pulled", "started", "warned", "div")
 
     def __init__(self):
+        Nodes.__init__(self)
         self.div = 0          # > 0: every push asked for the average, divide by this (AVG)
-        # the pushes and partial sums (byteps.server.tree.Nodes's fields)
-        self.nodes: dict = {}
-        self.leaves: set[int] = set()
-        self.result_used = False
         self.ranks: set[int] = set()
         self.result = None
         self.waiting: list = []
@@ -215,7 +213,7 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
     if flags & PUSH:
         if rank not in rs.ranks and rs.result is None:
             nbytes = arr.nbytes
-            t = rs                         # the round's tree (byteps.server.tree.Nodes)
+            t = rs                         # the round's tree (a tree.Nodes)
             pos = position(t, leaf, rank)
             # the result buffer serves partial sums too (none needed yet: left lazy)
             result = slot.result_buf(rnd) if t.nodes or slot.pipe is not None else None

@@ -57,7 +57,8 @@ def leaf_positions(workers, local_reduce: str) -> dict[int, int]:
 
 
 class Nodes:
-    """The partial results of one round (store.Round has the same three fields):
+    """The partial results of one round (a synchronous round, store.Round, is one;
+    DiLoCo's outer round keeps one, outer.Outer.tree):
     ``nodes`` ``{(level, index): (array, owned)}``: ``owned`` True for the slot's buffers
     (given back when consumed), :data:`WRITABLE` for a received push the server may
     overwrite (a socket frame of its own: partial sums go there, in place), False for a
