@@ -13,10 +13,15 @@ set and lr schedule as benchmarks/wide_area_worker.py:
 * ``diloco``: W models, each with its own AdamW; every ``--inner-steps`` (fragment f of
   ``--fragments`` at ``H (f + 1) // F``, then every H) the outer Nesterov step of
   byteps/common/outer.py on the mean outer gradient, as the servers apply it, and every
-  model takes the new global parameters (float32, no overlap: the benchmark measures
-  int8 and the overlapped exchange).
+  model takes the new global parameters.  ``--compressor`` compresses each worker's outer
+  gradient with byteps.compression's own worker pipeline (error feedback kept per worker,
+  as DiLoCo's ``compression_params`` with ``ef="vanilla"``); ``--overlap-steps D`` models
+  ``overlap=True``: the new global parameters of a round arrive D inner steps later and
+  are merged as DiLoCo merges them (``local = new_global + (local - local_at_send)``).
 
-Prints one JSON line: the settings, the validation loss every 50 steps and at the end.
+Prints one JSON line: the settings, the validation loss every 50 steps and at the end, and
+the bytes one worker pushes (outer rounds x frame bytes; SyncPS: every step's float32
+gradients) with the ratio ``sync_over`` = SyncPS's bytes / these.
 """
 from __future__ import annotations
 
@@ -40,6 +45,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--algo", choices=("sync", "diloco"), default="sync")
     ap.add_argument("--workers", type=int, default=4)
     add_training_args(ap, fragments=1)
+    ap.add_argument("--compressor", default=None,
+                    help="outer-gradient compressor (int8, onebit, randomk, ...; EF on)")
+    ap.add_argument("--k", type=float, default=None, help="the compressor's k")
+    ap.add_argument("--overlap-steps", type=int, default=0,
+                    help="model overlap=True: merge a round's answer D steps later")
     return ap.parse_args(argv)
 
 
@@ -90,28 +100,81 @@ def main(argv=None) -> int:
             return [f for f in range(F) if s >= H * (f + 1) // F
                     and (s - H * (f + 1) // F) % H == 0]
 
-        def sync(f: int) -> None:
+        pipes = outer_pipelines(a, {n: glob[n].numel() for n in names})
+        pending: list = []          # (merge step, fragment, new global, snapshots)
+        sent = [0]                  # bytes rank 0 pushed
+
+        def outer_grad(r: int, n: str, d: torch.Tensor, rnd: int) -> torch.Tensor:
+            if pipes is None:
+                sent[0] += 4 * d.numel() if r == 0 else 0
+                return d
+            x = d.numpy().astype(np.float32).ravel()
+            frame = pipes[r][n].compress(x, rnd)
+            out = np.empty_like(x)
+            pipes[r][n].decompress(frame, rnd, out)
+            sent[0] += len(frame) if r == 0 else 0
+            return torch.from_numpy(out).view_as(d)
+
+        def sync(f: int, s: int) -> None:
             ps = [dict(r[0].named_parameters()) for r in reps]
+            rnd = rounds[f]
+            rounds[f] += 1
             with torch.no_grad():
-                for n in (n for n in names if frag[n] == f):
-                    g = sum(glob[n] - p[n] for p in ps) / a.workers
+                fn = [n for n in names if frag[n] == f]
+                snaps = [{n: p[n].detach().clone() for n in fn} for p in ps]
+                for n in fn:
+                    g = sum(outer_grad(r, n, glob[n] - p[n], rnd)
+                            for r, p in enumerate(ps)) / a.workers
                     mom[n].mul_(a.outer_momentum).add_(g)
                     glob[n] -= a.outer_lr * (g + a.outer_momentum * mom[n])
-                    for p in ps:
-                        p[n].copy_(glob[n])
+                new = {n: glob[n].clone() for n in fn}
+                if a.overlap_steps and s < a.steps:
+                    pending.append((s + a.overlap_steps, f, new, snaps))
+                    return
+                for p in ps:
+                    for n in fn:
+                        p[n].copy_(new[n])
+
+        def merge(upto: int, f: int | None = None) -> None:
+            """The answers due by step ``upto`` (all of fragment f's: it syncs next)."""
+            ps = [dict(r[0].named_parameters()) for r in reps]
+            for item in [x for x in pending if x[0] <= upto or x[1] == f]:
+                pending.remove(item)
+                with torch.no_grad():
+                    for p, snap in zip(ps, item[3]):
+                        for n, v in item[2].items():
+                            p[n].add_(v - snap[n])
+        rounds = [0] * F
         for s in range(a.steps):
             for r, (mr, o, sc) in enumerate(reps):
                 step(mr, o, sc, *batch(train, rngs[r], a.batch, a.ctx))
+            merge(s + 1)
             for f in due(s + 1):
-                sync(f)
+                merge(s + 1, f)
+                sync(f, s + 1)
             if (s + 1) % 50 == 0:
                 curve.append([s + 1, round(val_loss(m), 4)])
+        merge(a.steps + a.overlap_steps)
         for f in range(F):         # finish(): the fragments with steps since their sync
             if f not in due(a.steps):
-                sync(f)
+                sync(f, a.steps)
+    sync_bytes = 4 * sum(p.numel() for p in m.parameters()) * a.steps
+    pushed = sync_bytes if a.algo == "sync" else sent[0]
     print(json.dumps({"args": vars(a), "final": val_loss(m), "curve": curve,
+                      "pushed": pushed, "sync_over": round(sync_bytes / pushed, 1),
                       "seconds": round(time.monotonic() - t0, 1)}), flush=True)
     return 0
+
+
+def outer_pipelines(a, sizes: dict) -> list | None:
+    """Per worker, per parameter: the worker-side compression pipeline DiLoCo's
+    ``compression_params={"compressor": C, "ef": "vanilla"}`` runs (None: float32)."""
+    if not a.compressor:
+        return None
+    from byteps import compression
+    spec = compression.parse({"compressor": a.compressor, "ef": "vanilla", "k": a.k})
+    return [{n: compression.worker_pipeline(spec, size, key, 0)
+             for key, (n, size) in enumerate(sizes.items())} for _ in range(a.workers)]
 
 
 def fragments(sizes: dict, F: int) -> dict:
