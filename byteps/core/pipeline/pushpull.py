@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from byteps.common.errors import BytePSError
+from byteps.common.errors import BytePSError, again
 from byteps.core import autotune as _autotune
 from byteps.core.autotune import initial as _initial
 from byteps.core.collective import handles as _coll
@@ -172,10 +172,7 @@ def synchronize(handle: int) -> np.ndarray:
     st.handles.pop(handle, None)
     _coll.release(handle)         # a name reserved by collectives.allreduce_async
     if h.error is not None:
-        err = BytePSError(str(h.error))
-        for why in ("brief", "secondary"):      # one block per cause (api/exit.py)
-            setattr(err, why, getattr(h.error, why, False))
-        raise err
+        raise again(h.error)          # its message and flags (one block per cause)
     return h.out
 
 
