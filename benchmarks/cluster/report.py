@@ -79,7 +79,14 @@ def train_row(system: str, rate: str, workers: int, records: list[dict],
     total = sum(ips)
     return {"system": system, "rate": rate, "workers": workers, "img_sec_total": total,
             "img_sec_per_worker": total / len(ips), "vs_ddp": (total / ddp_ips) if ddp_ips
-            else None, "model": records[0].get("model"), "batch": records[0].get("batch")}
+            else None, "model": records[0].get("model"), "batch": records[0].get("batch"),
+            "phase_s": _slowest_phases(records)}
+
+
+def _slowest_phases(records: list[dict]) -> dict | None:
+    """Each phase's median step time (forward, backward, optimizer step), the slowest rank's."""
+    got = [r["phase_s"] for r in records if r.get("phase_s")]
+    return {k: max(p[k] for p in got) for k in got[0]} if got else None
 
 
 def _fmt(v, spec: str) -> str:
@@ -126,10 +133,15 @@ def table(rows: list[dict], probes: dict) -> str:
 def train_table(rows: list[dict]) -> str:
     if not rows:
         return ""
-    lines = [f"{'training':<14}{'rate':>9}{'W':>3}{'img/s total':>13}{'vs DDP':>8}"]
+    lines = [f"{'training':<14}{'rate':>9}{'W':>3}{'img/s total':>13}{'vs DDP':>8}"
+             f"{'fwd ms':>8}{'bwd ms':>8}{'step ms':>9}"]
     for r in rows:
+        ph = r.get("phase_s") or {}
+        ms = [_fmt(ph[k] * 1e3 if k in ph else None, '.0f') for k in
+              ("forward", "backward", "opt_step")]
         lines.append(f"{r['system']:<14}{r['rate']:>9}{r['workers']:>3}"
-                     f"{r['img_sec_total']:>13.1f}{_fmt(r['vs_ddp'], '.2f'):>8}")
+                     f"{r['img_sec_total']:>13.1f}{_fmt(r['vs_ddp'], '.2f'):>8}"
+                     f"{ms[0]:>8}{ms[1]:>8}{ms[2]:>9}")
     return "\n".join(lines)
 
 

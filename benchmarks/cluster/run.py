@@ -78,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="TCP congestion control in every emulated host (cubic, bbr, reno; "
                          "default: the machine's, recorded in results.json)")
     ap.add_argument("--train", action="store_true", help="also run the training variant")
+    ap.add_argument("--train-only", action="store_true",
+                    help="only the training variant (no probes, no push_pull rows)")
     ap.add_argument("--train-rate", default="1gbit")
     ap.add_argument("--train-workers", type=int, default=4)
     ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 20",
@@ -90,6 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cleanup", action="store_true",
                     help="only remove namespaces left by dead runs, then exit")
     a = ap.parse_args(argv)
+    if a.train_only:
+        a.train, a.rates, a.workers = True, [], [a.train_workers]
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad:
         ap.error(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
@@ -108,6 +112,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-cluster-" + "-".join(a.rates)
             + "-w" + "-".join(map(str, a.workers)) + ("-train" if a.train else "")
             + f"-{a.burst_ms:g}ms")
+        if a.train_only:
+            a.out = a.out.with_name(a.out.name.replace("-cluster--w", "-cluster-train-"
+                                                       + a.train_rate + "-w"))
     return a
 
 

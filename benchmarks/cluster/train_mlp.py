@@ -11,6 +11,7 @@ runner); ddp reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.  Prints
 import argparse
 import json
 import os
+import statistics
 import time
 from datetime import timedelta
 
@@ -53,15 +54,22 @@ def main() -> None:
     y = torch.randint(0, 10, (a.batch,))
     loss_fn = nn.CrossEntropyLoss()
 
+    phases: list[tuple[float, float, float]] = []     # forward, backward, optimizer step
+
     def step():
+        t0 = time.perf_counter()
         opt.zero_grad()
         loss = loss_fn(run(x), y)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         return loss
 
     for _ in range(a.warmup):
         step()
+    del phases[:]
     t = time.perf_counter()
     for _ in range(a.steps):
         loss = step()
@@ -70,7 +78,11 @@ def main() -> None:
     print("CLUSTER_RESULT " + json.dumps({
         "system": a.backend, "rank": rank, "size": size, "img_sec": a.batch * a.steps / dt,
         "step_s": dt / a.steps, "model": f"mlp{a.width} ({params / 1e6:.1f} M params)",
-        "batch": a.batch, "loss": float(loss)}), flush=True)
+        "batch": a.batch, "loss": float(loss),
+        # medians over the timed steps: where a step's time goes on this worker (DDP's
+        # all-reduce runs inside backward, byteps' push_pulls finish in the optimizer step)
+        "phase_s": {k: statistics.median(p[i] for p in phases)
+                    for i, k in enumerate(("forward", "backward", "opt_step"))}}), flush=True)
     if a.backend == "ddp":
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
