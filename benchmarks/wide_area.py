@@ -199,7 +199,8 @@ def run_all(a) -> dict:
                    "exchange_received": max(r["exchange_received"] for r in recs),
                    "final_loss": r0["final_loss"],   # the curve ends with the final model
                    "curve": r0["curve"] + [[r0["train_s"], r0["final_loss"]]],
-                   "tokens": r0["tokens"], "params": r0["params"]}
+                   "tokens": r0["tokens"], "params": r0["params"],
+                   "merge_delay_steps": r0.get("merge_delay_steps")}
             out["results"][algo] = res
             print(f"{algo:12s} {res['train_s']:8.1f} s  {res['sent_bytes'] / 1e6:9.2f} MB sent  "
                   f"final loss {res['final_loss']:.3f}", flush=True)

@@ -204,11 +204,20 @@ def main() -> None:
     train_s = time.monotonic() - t0 - eval_s
     final = val_loss()
     ex_sent, ex_recv = largest_exchange()
+    delays = []           # overlap: inner steps between a round's push and its merge
+    if bps is not None and isinstance(alg, A.DiLoCo) and alg.overlap:
+        sent_at = {}
+        for ev, f, at in alg.log:
+            if ev == "sync":
+                sent_at[f] = at
+            elif ev == "merge" and f in sent_at and at < a.steps:   # not finish()'s
+                delays.append(at - sent_at.pop(f))
     print("CLUSTER_RESULT " + json.dumps({
         "algo": a.algo, "rank": rank, "size": size, "steps": a.steps, "params": nparams,
         "tokens": a.steps * a.batch * a.ctx, "train_s": train_s, "curve": curve,
         "final_loss": final, "sent_bytes": sent() - base, "received_bytes": sent(3) - base_in,
         "exchange_sent": ex_sent, "exchange_received": ex_recv,
+        "merge_delay_steps": sum(delays) / len(delays) if delays else None,
         "pid": os.getpid()}), flush=True)
     if dist is not None:
         dist.barrier()
