@@ -139,22 +139,22 @@ def test_outer_rounds_reuse_their_buffers():
 # ---------------------------------------------------------------- local reduction
 
 def test_three_local_ranks_sum_float16_in_float32_rounded_once():
-    from byteps.core.local.stages import ReduceStages
+    from byteps.core.local.stages import RowSum
     rng = np.random.default_rng(3)
     rows = [(rng.standard_normal(4096) * 10.0 ** rng.integers(-3, 4, 4096)).astype(np.float16)
             for _ in range(3)]
     dst = np.empty(4096, np.float16)
-    st = ReduceStages()
-    st._sum(rows, dst)
+    rowsum = RowSum()
+    rowsum(rows, dst)
     want = ((rows[0].astype(np.float32) + rows[1]) + rows[2]).astype(np.float16)
     assert dst.tobytes() == want.tobytes()
     assert not np.array_equal(dst, (rows[0] + rows[1]) + rows[2])   # the check can fail
-    scratch = st._f32
-    st._sum([r[:100] for r in rows], dst[:100])     # a shorter chunk: the same scratch
-    assert dst[:100].tobytes() == want[:100].tobytes() and st._f32 is scratch
-    st._sum(rows[:2], dst)                          # two rows: one rounding anyway
+    scratch = rowsum.f32
+    rowsum([r[:100] for r in rows], dst[:100])     # a shorter chunk: the same scratch
+    assert dst[:100].tobytes() == want[:100].tobytes() and rowsum.f32 is scratch
+    rowsum(rows[:2], dst)                          # two rows: one rounding anyway
     assert dst.tobytes() == (rows[0] + rows[1]).tobytes()
-    st._sum(rows, dst, np.maximum)                  # other ops: unchanged
+    rowsum(rows, dst, np.maximum)                  # other ops: unchanged
     assert dst.tobytes() == np.maximum(np.maximum(rows[0], rows[1]), rows[2]).tobytes()
 
 

@@ -27,7 +27,7 @@ def data(rank, size, dt):
 for dt in ("float32", "int64", "float16"):
     for size in (1, 3, 1000, 1025, 5000, 40000):
         chunk = max(1, api.get_config().partition_bytes // np.dtype(dt).itemsize)
-        group = [base + k for k in red.mygroup]
+        group = [base + k for k in red.stages.mygroup]
         full = sum(data(g, size, dt).astype(np.int64) for g in group).astype(dt)
 
         def pre(j, a, b, full=full, chunk=chunk, size=size):
@@ -43,5 +43,5 @@ for dt in ("float32", "int64", "float16"):
             if not np.array_equal(y, exp):
                 failures.append(f"{dt} {size} avg={avg}: {y[:5]} != {exp[:5]}")
 with open(f"{out_dir}/rank{r}.json", "w") as f:
-    json.dump({"failures": failures, "groups": red.groups, "two_level": red.two_level}, f)
+    json.dump({"failures": failures, "groups": red.groups, "two_level": red.stages.two_level}, f)
 bps.shutdown()

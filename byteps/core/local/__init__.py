@@ -63,9 +63,9 @@ def push_pull_prereduced_async(like, name: str, pre, average: bool = True, prior
     """Start a push_pull whose share on this rank is already summed over its group.
 
     ``like`` (a numpy array) gives shape and dtype; ``pre(j, a, b)`` returns the group
-    sum of elements ``[a, b)`` of chunk ``j`` (see ``LocalReducer.pre_range``).  This is
-    how the GPU path hands over the result of its NCCL reduce-scatter; the CPU then
-    sums across groups and hosts.  Returns a handle for ``api.synchronize``.
+    sum of elements ``[a, b)`` of chunk ``j`` (see :meth:`.stages.Stages.pre_range`).
+    This is how the GPU path hands over the result of its NCCL reduce-scatter; the CPU
+    then sums across groups and hosts.  Returns a handle for ``api.synchronize``.
     """
     import numpy as np
 

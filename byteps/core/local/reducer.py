@@ -15,8 +15,8 @@ over ``ipc://`` PUSH sockets, which wakes them without busy-waiting.  With
 ``BYTEPS_LOCAL_REDUCE=root`` (the default) local rank 0 pushes every slice k
 under the name ``<name>.slice<k>``; with ``slice`` local rank k pushes slice k.
 Either way each key gets one push per host, and averages divide by the
-global number of workers.  The stages after the copy are in :mod:`.stages`, autotune's
-cuts of a tensor in :mod:`.cuts`.
+global number of workers.  The stages and their order are :class:`.stages.Stages`
+(this reducer's ``stages``), autotune's cuts of a tensor in :mod:`.cuts`.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from byteps.core.local.parts import EngineSpeed, NetDone, Op, SliceTensor, alive
 from byteps.common.shm_cleanup import remove_prefix
 from byteps.core.local.settle import BarrierSettle
 from byteps.core.local.shm import Segment, SegmentMismatch, host_prefix, shm_dir, warn_once
-from byteps.core.local.stages import ReduceStages, identity
+from byteps.core.local.stages import Stages, identity
 from byteps.common.errors import BytePSError
 from byteps.transport.wire import ASYNC
 
@@ -46,7 +46,7 @@ _KEY = struct.Struct("<q")
 SMALL_BYTES = 65536     # a tensor up to this size is reduced by one local rank: fewer hand-offs
 
 
-class LocalReducer(ReduceStages, Cuts):
+class LocalReducer(Cuts):
     """Background thread that runs the local stages of every push_pull of this process."""
 
     def __init__(self, cfg, engine, book: dict, epoch: int, mode: str, groups: list[list[int]]):
@@ -60,12 +60,8 @@ class LocalReducer(ReduceStages, Cuts):
         # peers whose pid this process can see (another pid namespace: not watched)
         self.watched = {r: w for r, w in self.peers.items() if r != self.me and alive(w.get("pid"))}
         self.nhosts = len({w["host_id"] for w in workers})
-        self.size = book["size"]
-        self.nservers = max(1, len(book["servers"]))
         self.network = self.nhosts > 1
         self.groups = groups
-        self.mygroup = next(g for g in groups if self.me in g)
-        self.two_level = 1 < len(groups) < self.L
         self.dir = shm_dir(cfg.shm_dir)
         self.prefix = host_prefix(cfg.job_id, cfg.host_id) + f"e{epoch}-"
         self.ctx = zmq.Context()
@@ -99,9 +95,12 @@ class LocalReducer(ReduceStages, Cuts):
         os.set_blocking(self.wake_w, False)
         self.seq = 0
         self.out_keys: set[int] = set()       # tensors to announce to the peers (batched)
-        self.out_tasks: list[Task] = []       # slices for the Engine (batched)
-        self.speed = getattr(engine.speed, "real", engine.speed)
-        engine.speed = EngineSpeed(self.speed)
+        speed = getattr(engine.speed, "real", engine.speed)
+        engine.speed = EngineSpeed(speed)
+        # the data stages and their order (.stages), run on this reducer's thread
+        self.stages = Stages(self.me, self.L, groups, book["size"], max(1, len(book["servers"])),
+                             self.network, mode, engine, speed, cfg.host_id, self._notify,
+                             self.net_done)
         self.join = JoinState(os.path.join(self.dir, f"{self.prefix}joined"), self.L)
         self.values: dict[int, np.ndarray] = {}   # asynchronous keys without a network stage
         self.fatal: BytePSError | None = None
@@ -121,8 +120,9 @@ class LocalReducer(ReduceStages, Cuts):
         ``pre(j, a, b)``, when given, returns this rank's share of chunk ``j`` already
         summed over its group (elements ``[a, b)``, e.g. by an NCCL reduce-scatter inside
         a PCIe switch): it replaces the copy and group stages, ``src`` only gives the
-        layout.  See :meth:`pre_range`.  ``raw``: the slices go uncompressed (an exact
-        push of a compressed asynchronous name, see ``api.push_pull_async``).
+        layout.  See :meth:`.stages.Stages.pre_range`.  ``raw``: the slices go
+        uncompressed (an exact push of a compressed asynchronous name, see
+        ``api.push_pull_async``).
 
         An asynchronous name (``tensor.wire_flags`` has ``ASYNC``) sums the local ranks'
         deltas here in full precision; the network client pushes the host's sum and the
@@ -141,7 +141,7 @@ class LocalReducer(ReduceStages, Cuts):
             path = os.path.join(self.dir, f"{self.prefix}t{lkey:016x}")
             try:   # without a network stage the chunks may shrink to fit a small /dev/shm
                 seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
-                              len(self.groups) if self.two_level else 1, self.me,
+                              len(self.groups) if self.stages.two_level else 1, self.me,
                               fixed_chunk=self.network or pre is not None,
                               shape_tag=shape_tag(tensor.shape))
             except ValueError as exc:
@@ -184,7 +184,7 @@ class LocalReducer(ReduceStages, Cuts):
         if hid:                  # what a zero contribution after join() needs (.join)
             self.join.known[tensor.key] = (tensor, average, src.shape, src.dtype)
             note(os.path.join(self.dir, f"{self.prefix}n{tensor.key:016x}"), tensor, average, src)
-        if pre is not None and not self.two_level and len(self.groups) != 1:
+        if pre is not None and not self.stages.two_level and len(self.groups) != 1:
             raise BytePSError("a pre-reduced contribution needs switch groups of more than one "
                               "local rank (see BYTEPS_PCIE_SWITCH_SIZE)")
         with self.lock:
@@ -297,7 +297,7 @@ class LocalReducer(ReduceStages, Cuts):
                 while self.events:
                     nd = self.events.popleft()
                     if nd.h.error is not None:
-                        self._fail(nd.op, nd.h.error)
+                        self.stages.fail(nd.op, nd.h.error)
                     else:
                         self._notify(nd.op)
                     dirty.add(nd.op.tensor.key)
@@ -306,7 +306,7 @@ class LocalReducer(ReduceStages, Cuts):
                     dirty.update(op.tensor.key for op in active)   # safety net
                 for op in active:
                     if op.tensor.key in dirty:
-                        self._run(op)
+                        self.stages.run(op)
                 dirty.clear()
                 self._flush()
                 finished = [op for op in active if op.handle.event.is_set()]
@@ -373,8 +373,8 @@ class LocalReducer(ReduceStages, Cuts):
         if self.out_keys:
             self._send_keys(struct.pack(f"<{len(self.out_keys)}q", *self.out_keys))
             self.out_keys.clear()
-        if self.out_tasks:
-            tasks, self.out_tasks = self.out_tasks, []
+        if self.stages.out_tasks:
+            tasks, self.stages.out_tasks = self.stages.out_tasks, []
             self.engine.submit(tasks)
 
     def _send_keys(self, msg: bytes) -> None:
@@ -384,62 +384,6 @@ class LocalReducer(ReduceStages, Cuts):
             except zmq.Again:
                 pass
 
-    def _run(self, op: Op) -> None:
-        """Advance ``op`` as far as the counters allow, one chunk at a time."""
-        seg, t, C = op.seg, op.t, op.seg.C
-        while not op.handle.event.is_set():
-            if op.gather < C:
-                col = seg.done[:, op.gather]
-                if (col < 0).any():
-                    bad = [r for r in range(self.L) if col[r] < 0]
-                    err = BytePSError(f"tensor {op.tensor.name!r}: local rank(s) {bad} of "
-                                      f"host {self.cfg.host_id} failed this push_pull (see "
-                                      f"their log)")
-                    # one block per cause: local rank 0 prints the traceback (it fails
-                    # either way), the other local ranks one line each
-                    err.brief, err.secondary = self.me != 0, True
-                    return self._fail(op, err)
-                if (col >= t).all():
-                    self._gather(op)
-                    continue
-            if op.slices is not None and self.mode == "root" and self.me == 0 and \
-                    op.net < C * self.L and self._net_ready(op):
-                self._root_net(op)
-                continue
-            if op.red < C and op.red < op.copy and self._reduce_ready(op):
-                self._reduce(op)
-                continue
-            if self.two_level and op.l1 < op.copy and \
-                    (seg.copied[self.mygroup, op.l1] >= t).all():
-                self._level1(op)
-                continue
-            if op.copy < C and not seg.slot_free(op.copy, t):
-                return                   # windowed: chunk copy - W is still being gathered
-            if op.copy < C and op.pre is not None:
-                self._copy_pre(op)
-                continue
-            if op.copy < C:
-                a, b = seg.chunk_range(op.copy)
-                o = seg.off(op.copy)
-                seg.inputs[self.me, a + o:b + o] = op.src[a:b]
-                seg.copied[self.me, op.copy] = t
-                op.copy += 1
-                self._notify(op)
-                continue
-            return
-
-    def _fail(self, op: Op, err: BytePSError) -> None:
-        h = op.handle
-        if h.error is None and not h.event.is_set():
-            h.error = err
-            op.tensor.busy = None
-            try:
-                op.seg.done[self.me, :] = -1
-            except (TypeError, ValueError):
-                pass
-            h.event.set()
-            self._notify(op)
-
     def _fatal(self, err: BytePSError, active: list) -> None:
         log.error("%s", err)
         self.fatal = err
@@ -447,7 +391,7 @@ class LocalReducer(ReduceStages, Cuts):
             active = active + list(self.incoming)
             self.incoming.clear()
         for op in active:
-            self._fail(op, err)
+            self.stages.fail(op, err)
         try:
             self._flush()
         except (zmq.ZMQError, BytePSError):
