@@ -34,7 +34,7 @@ def _check(tmp_path, layout, select=None, reverse=False, job_timeout=1500,
     for f in files:
         got = suites.results(f)
         bad = {n: m for n, (s, m) in got.items()
-               if s == "failed" and suites.known(n, layout) is None}
+               if s == "failed" and suites.known(suite, n, layout) is None}
         assert not bad, f"{f.name}: {bad}"
         assert sum(s == "passed" for s, _ in got.values()) >= passed, f"{f.name}: {got}"
     assert rc == 0
