@@ -115,8 +115,9 @@ def check_root(root_rank, what: str, size: int, ps=None) -> int:
 
 _names: dict[tuple, itertools.count] = {}
 _names_lock = threading.Lock()
-_gen: list = [None]       # the (epoch, joins in it) the counters count in
+_gen: list = [None]       # the (epoch, joins, inits in it) the counters count in
 _joins: dict[int, int] = {}   # epoch -> join()s completed in it
+_inits: dict[int, int] = {}   # epoch -> init() calls made while already in it
 
 
 def _epoch() -> int:
@@ -126,7 +127,7 @@ def _epoch() -> int:
 
 def _generation() -> tuple:
     e = _epoch()
-    return e, _joins.get(e, 0)
+    return e, _joins.get(e, 0), _inits.get(e, 0)
 
 
 def auto_name(kind: str, process_set=None) -> str:
@@ -134,11 +135,14 @@ def auto_name(kind: str, process_set=None) -> str:
     process set and kind of operation (``.ps<id>`` added for a set other than the global
     one), so every rank of a set must make its unnamed calls of a kind on that set in the
     same order.  The counters start again in every membership epoch (init() after a
-    shutdown(), an elastic re-formation) and after every join(), where every rank meets,
-    and the names of those later generations carry it (``<kind>.noname.e<epoch>j<joins>.<n>``,
-    never a name of an earlier generation, whose reduction op the servers keep): a call
-    one rank skipped (an allgather refused while another rank is in join(), a test that
-    failed on one rank) shifts one counter until the next join() or init() only."""
+    shutdown(), an elastic re-formation), after every join(), where every rank meets, and
+    at every init() of a rank already in the job (Horovod's suites call init() at the start
+    of every test, without shutdown()), and the names of those later generations carry it
+    (``<kind>.noname.e<epoch>j<joins>.<n>``, ``...j<joins>i<inits>.<n>`` after such an
+    init(); never a name of an earlier generation, whose reduction op the servers keep): a
+    call one rank skipped (an allgather refused while another rank is in join(), a test
+    that one rank left early on its own timeout) shifts one counter until the next join()
+    or init() only."""
     pid = getattr(process_set, "process_set_id", None) or 0
     gen = _generation()
     with _names_lock:
@@ -146,19 +150,22 @@ def auto_name(kind: str, process_set=None) -> str:
             _names.clear()
             _gen[0] = gen
         n = next(_names.setdefault((pid, kind), itertools.count()))
-    epoch, joins = gen
-    tag = "" if joins == 0 and epoch & 0xFFFF <= 1 else f"e{epoch}j{joins}."
+    epoch, joins, inits = gen
+    tag = "" if joins == 0 == inits and epoch & 0xFFFF <= 1 else \
+        f"e{epoch}j{joins}{f'i{inits}' if inits else ''}."
     return f"{kind}.noname.{tag}{n}" if not pid else f"{kind}.noname.ps{pid}.{tag}{n}"
 
 
-def reset_names() -> None:
-    """A join() completed on this rank (on every rank alike): the counters of
-    :func:`auto_name` start a new generation."""
+def reset_names(at_init: bool = False) -> None:
+    """A join() completed on this rank (on every rank alike), or (``at_init``) init() was
+    called by a rank already in the job (every rank calls it at the same point of its
+    program): the counters of :func:`auto_name` start a new generation."""
     e = _epoch()
+    count = _inits if at_init else _joins
     with _names_lock:
-        _joins[e] = _joins.pop(e, 0) + 1
-        for old in [k for k in _joins if k != e]:     # earlier epochs are over
-            del _joins[old]
+        count[e] = count.pop(e, 0) + 1
+        for old in [k for k in count if k != e]:     # earlier epochs are over
+            del count[old]
 
 
 def position_name(i: int, kind: str = "push_pull") -> str:
