@@ -74,7 +74,7 @@ class SchedulerLink:
             identity = f"{role[0]}/{os.getpid()}/".encode() + secrets.token_hex(8).encode()
         self.sock = transport.connect(ctx, self.address, identity)
         _install_excepthook()
-        self.watch = transport.ConnWatch(self.sock)
+        self.watch = _LinkWatch(self.sock)
         self.down_since: float | None = None
         self.node_id = -1
         self.epoch = 0
@@ -117,7 +117,11 @@ class SchedulerLink:
         return hdr
 
     def register(self, info: dict, what: str) -> dict:
-        """Register and wait for the address book.  Raises BytePSError on refusal/timeout."""
+        """Register and wait for the address book.  Raises BytePSError on refusal/timeout.
+        A worker process that was in a job before (init() again after shutdown()) raises
+        when nothing listens at the scheduler's address for REFUSED_END_S, instead of
+        waiting the start-up timeout for a scheduler that is gone (the job ended)."""
+        ended = _ended_text(self.cfg) if self.role == "worker" and _WORKER_WAS_IN_A_JOB else None
         body = {"role": self.role, "host": self.cfg.node_host, "host_id": self.cfg.host_id,
                 "pid": os.getpid(), "hostname": socket.gethostname(), "machine": machine_id(),
                 "num_worker": self.cfg.num_worker, "num_server": self.cfg.num_server,
@@ -133,6 +137,11 @@ class SchedulerLink:
             now = time.monotonic()
             self.check_connection(now, what)
             left = deadline - now
+            refused = self.watch.refused_for(now)
+            if ended is not None and refused > REFUSED_END_S:
+                raise BytePSError(f"{what}: nothing listens at the scheduler's address "
+                                  f"{self.address} (connection refused for {refused:.1f} s): "
+                                  f"{ended}")
             if left <= 0:
                 raise BytePSError(
                     f"{what}: scheduler unreachable at {self.address} (no answer to registration "
@@ -155,6 +164,8 @@ class SchedulerLink:
                 self.epoch = hdr.epoch
                 self.last_heard = time.monotonic()
                 self.registered = (body, hdr.body)
+                if self.role == "worker":
+                    _WORKER_WAS_IN_A_JOB.append(True)
                 return hdr.body
 
     def check_connection(self, now: float, what: str | None = None) -> None:
@@ -203,6 +214,63 @@ class SchedulerLink:
         """Close; with ``linger_ms`` queued messages (LEAVE, EXIT) still go out."""
         self.watch.close()
         self.sock.close(linger_ms)
+
+
+class _LinkWatch(transport.ConnWatch):
+    """The link's connection events, and since when every attempt to connect was refused
+    (ZeroMQ's EVENT_CONNECT_RETRIED, one per attempt, every reconnect interval): a sign that
+    no scheduler runs, which no other event gives.  Missing one of these events only delays
+    the sign; a connection that is up (or one that never answers) never produces it."""
+    EVENTS = transport.ConnWatch.EVENTS | zmq.EVENT_CONNECT_RETRIED
+
+    def __init__(self, sock: zmq.Socket):
+        super().__init__(sock)
+        self.mon = _RetryCount(self.mon)
+
+    def refused_for(self, now: float) -> float:
+        """Seconds since the first of an unbroken run of refused attempts (0: none)."""
+        self.poll()
+        first = self.mon.first_refused
+        return 0.0 if first is None else now - first
+
+    def poll(self):
+        out = super().poll()
+        if out:                   # a connection came up or went down: a new run starts
+            self.mon.first_refused = None
+        return out
+
+
+class _RetryCount:
+    """The monitor socket, noting EVENT_CONNECT_RETRIED as its messages are read."""
+
+    def __init__(self, mon):
+        self._mon, self.first_refused = mon, None
+
+    def __getattr__(self, name):
+        return getattr(self._mon, name)
+
+    def recv_multipart(self, *a, **k):
+        msg = self._mon.recv_multipart(*a, **k)
+        if len(msg[0]) >= 2 and int.from_bytes(msg[0][:2], sys.byteorder) == \
+                zmq.EVENT_CONNECT_RETRIED and self.first_refused is None:
+            self.first_refused = time.monotonic()
+        return msg
+
+
+# init() again after shutdown(): this long of refused connections means the scheduler is gone
+# (a new scheduler that the same script starts binds within a few seconds, even under load)
+REFUSED_END_S = 10.0
+_WORKER_WAS_IN_A_JOB: list = []      # a worker link of this process registered once
+
+
+def _ended_text(cfg: Config) -> str:
+    """Why a scheduler is gone when a worker process that was in a job calls init() again."""
+    return (f"this process called shutdown() before, and its job has ended: a job ends "
+            f"BYTEPS_REINIT_WAIT_S={cfg.reinit_wait_s:g} s after all of its workers called "
+            f"shutdown() unless they call init() again, and when its workers exit. To go on, "
+            f"start a new scheduler and servers before init() (as the original BytePS's tests "
+            f"do), or keep the job: call init() again on every worker within "
+            f"BYTEPS_REINIT_WAIT_S")
 
 
 def _beat_body(beat) -> dict:

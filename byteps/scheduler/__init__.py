@@ -24,8 +24,9 @@ from byteps.common.config import Config
 from byteps.common.config import scheduler_listen_host as _bind_host
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, describe, down_grace,
                                 require_secret)
-from byteps.scheduler import lost, membership, resume
+from byteps.scheduler import lost, membership, reinit, resume
 from byteps.scheduler.checks import _check_local_reduce, _check_tuning, _pushers
+from byteps.scheduler.deadlock import Deadlocks
 from byteps.scheduler.departures import Departures
 from byteps.scheduler.failover import Failover
 from byteps.scheduler.registration import missing, node_info, replay_key
@@ -78,6 +79,7 @@ class Scheduler:
         self.departures = Departures(self.send, self.drops)
         self.elastic = membership.from_config(self)   # BYTEPS_MIN_WORKERS: elastic membership
         self.failover = Failover(self)        # BYTEPS_SERVER_REPLICAS: a server's death survived
+        self.deadlocks = Deadlocks(self)      # every worker waits in another collective
 
     # the departures' state, as failover.py and membership.py read and reset it
     barriers = property(lambda self: self.departures.barriers)
@@ -191,6 +193,7 @@ class Scheduler:
         if self.view is not None:      # the dashboard and the hang doctor (byteps/dashboard)
             self.view.note(ident, node, hdr)
         if hdr.op == Op.HEARTBEAT:
+            self.deadlocks.note(ident, hdr.body)     # blocked workers (deadlock.py)
             self.send(ident, Op.HEARTBEAT_ACK, self.view.ack(ident) if self.view else {})
         elif hdr.op == Op.BARRIER:
             self.departures.barrier(ident, hdr.body, self.workers)
@@ -349,32 +352,7 @@ class Scheduler:
             self.send(ident, Op.REGISTER_OK, {**book, "node_id": n["node_id"], "rank": n["rank"]})
 
     def register_again(self, ident: bytes, info: dict) -> None:
-        """A worker re-initialises after shutdown(): re-form when every worker has."""
-        old = next((k for k, w in self.workers.items() if w["host_id"] == info["host_id"]
-                    and w["local_rank"] == info["local_rank"]), None)
-        if old is not None and old not in self.left and old not in self.exited:
-            # the LEAVE of the old connection may still be on its way (another TCP stream)
-            self.early_rejoin[old] = (ident, info)
-            return
-        if old is None or old not in self.left:
-            return self.refuse(ident, f"worker at host {info['host_id']} local rank "
-                               f"{info['local_rank']} is not part of this job, or has not left "
-                               f"it (call shutdown() before init() again)")
-        self.rejoin[old] = dict(info, new_ident=ident)
-        self.rejoin_since = self.rejoin_since or time.monotonic()
-        if len(self.rejoin) == len(self.workers):
-            for old_ident, new in self.rejoin.items():
-                w = self.workers.pop(old_ident)
-                new_ident = new.pop("new_ident")
-                new.update(rank=w["rank"], node_id=w["node_id"], last_seen=time.monotonic())
-                self.workers[new_ident] = new
-            self.rejoin.clear()
-            self.left.clear()
-            self.departures.clear()
-            self.rejoin_since = None
-            self.epoch += 1
-            log.info("workers re-formed the job: epoch %d", self.epoch)
-            self.send_books(list(self.servers) + list(self.workers))
+        reinit.register_again(self, ident, info)
 
     def node_exit(self, ident: bytes, node: dict, body: dict) -> None:
         self.exited.add(ident)
@@ -387,6 +365,8 @@ class Scheduler:
         if ident in self.workers and self.formed:
             self.departures.worker_gone(ident, node, "exited (code 0)", self.workers,
                                         self.servers)
+            if self.elastic is None:
+                reinit.on_exit(self)     # re-registrations waiting for it: refused now
         if all(w in self.exited for w in self.workers):
             log.info("all workers exited; ending the job")
             self.broadcast(Op.TERMINATE, {"ok": True, "reason": "all workers finished"})
@@ -435,6 +415,7 @@ class Scheduler:
             return
         if self.elastic is not None:
             self.elastic.tick(now)
+        self.deadlocks.check(now)
         gone = [w for w in self.workers if w in self.exited or w in self.left]
         if len(gone) == len(self.workers) and not self.rejoin and not self.early_rejoin \
                 and not (self.elastic is not None and self.elastic.pending):

@@ -106,6 +106,9 @@ class Reporter:
         waiting = self.steps.waiting
         if waiting is not None:
             rep["waiting"], rep["waiting_s"] = str(waiting[0])[:200], round(now - waiting[1], 3)
+        blocked = _blocked(self.st)
+        if blocked is not None:  # the scheduler's deadlock detection (core/engine/deadlock.py)
+            rep["blocked"] = blocked
         tl = self.eng.timeline
         if tl is not None:       # BYTEPS_TRACE_ON / start_timeline(): the page names the file
             rep["trace"], rep["trace_written"] = str(tl.path)[-300:], bool(tl.written)
@@ -121,6 +124,38 @@ class Reporter:
                 _SIGUSR1.clear()
                 _print_stacks(rep["stacks"])
         return rep
+
+
+def _blocked(st) -> dict | None:
+    """What the main thread waits for: ``names`` (how the ranks name it), ``s`` (since),
+    ``started`` (every name this rank started and has not synchronized) and ``sets``
+    (process sets exist: the scheduler then never declares a deadlock, since a set's
+    operation needs only its members).  None: not blocked in a BytePS wait."""
+    from byteps.core.collective import handles, process_sets
+    from byteps.core.engine import deadlock
+    cur = deadlock.current()
+    if cur is None:
+        return None
+    (kind, ref), secs = cur
+    with handles._busy_lock:
+        busy = dict(handles._BUSY_BY_HANDLE)
+    started = {f"{k} {n!r}" for k, n in busy.values()}
+    started.update(f"push_pull {getattr(h.tensor, 'name', '')!r}"
+                   for hid, h in list(st.handles.items()) if hid not in busy)
+    if kind == "barrier":
+        names = [f"barrier {ref!r}"]
+        started.add(names[0])
+    elif ref in busy:
+        names = [f"{busy[ref][0]} {busy[ref][1]!r}"]
+    elif ref in st.handles:
+        names = [f"push_pull {getattr(st.handles[ref].tensor, 'name', '')!r}"]
+    else:
+        return None
+    return {"names": names, "s": round(secs, 3), "started": sorted(started)[:MAX_STARTED],
+            "sets": bool(process_sets._SETS)}
+
+
+MAX_STARTED = 256
 
 
 def _tuning(tuner, cfg) -> dict:

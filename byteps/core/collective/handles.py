@@ -138,10 +138,22 @@ def deadline(st) -> float | None:
     return time.monotonic() + limit if limit else None
 
 
+class CollectiveDeadlockError(CollectiveTimeoutError):
+    """Every worker waits in a collective that another rank never started (the scheduler's
+    deadlock detection, byteps/core/engine/deadlock.py): a ``CollectiveTimeoutError``."""
+
+
 def check_deadline(end: float | None, what: str, st) -> None:
-    """Raise :class:`CollectiveTimeoutError` when ``end`` (:func:`deadline`) has passed; the
+    """Raise :class:`CollectiveTimeoutError` when ``end`` (:func:`deadline`) has passed, or
+    :class:`CollectiveDeadlockError` when the scheduler found the ranks deadlocked; the
     caller's wait then treats it as an interruption (:func:`interrupted`: this rank leaves,
     so the other ranks fail naming it instead of waiting on)."""
+    why = getattr(getattr(st, "engine", None), "deadlock", None)
+    if why and _st.current() is st:
+        raise CollectiveDeadlockError(
+            f"worker rank {st.rank}: {what}: {why}; this rank leaves the job's current "
+            f"membership; catch the error and call shutdown() and init() on every rank to go "
+            f"on (every rank gets this error)")
     if end is None or time.monotonic() < end or _st.current() is not st:
         return                # (a wait of an ended membership: its own check fails it)
     raise CollectiveTimeoutError(

@@ -25,6 +25,7 @@ from byteps.common.config import Config
 from byteps.core.engine.compression import (COMP_LR, CannotCompress, Compression,  # noqa: F401
                                             comp_flags, comp_pipeline, result_compressed)
 from byteps.core.engine.servers import ServerLinks
+from byteps.core.engine import deadlock as _deadlock
 from byteps.core.engine.failover import WorkerFailover
 from byteps.common.metrics import RoundLatency
 from byteps.common.node import (BytePSError, SchedulerLink, describe, end_process_later,
@@ -43,10 +44,9 @@ _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 class Engine:
     """The worker's I/O thread.  ``servers``: one connection per server of the address book
-    (default: DEALER sockets to their addresses); with ``start=False`` the engine neither
-    greets the servers nor starts its thread, and a caller drives :meth:`take_pending`,
-    :meth:`dispatch`, :meth:`on_server` and :meth:`resend_overdue` itself (unit tests with
-    stand-in connections: tests/test_engine_unit.py).
+    (default: DEALER sockets to their addresses); with ``start=False`` the engine neither greets
+    the servers nor starts its thread, and a caller drives :meth:`take_pending`, :meth:`dispatch`,
+    :meth:`on_server`, :meth:`resend_overdue` (unit tests: tests/test_engine_unit.py).
 
     It holds the stages it drives: ``links`` (:class:`~byteps.core.engine.servers.ServerLinks`:
     the server connections), ``comp`` (:class:`~byteps.core.engine.compression.Compression`) and
@@ -425,8 +425,8 @@ class Engine:
                     if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
                               f"{hdr.body.get('reason')}{held}")
-        elif hdr.op == Op.HEARTBEAT_ACK and hdr.body.get("stacks") is True:
-            self.link.stacks_asked = True   # bpslaunch --stacks: the next heartbeat has them
+        elif hdr.op == Op.HEARTBEAT_ACK:    # --stacks, a deadlock (engine/deadlock.py)
+            _deadlock.on_ack(self, hdr.body)
         elif hdr.op == Op.ELASTIC:        # membership change (byteps/core/elastic/)
             from byteps.core.elastic import on_message
             on_message(self, hdr.body)

@@ -14,6 +14,7 @@ from byteps.core.autotune import initial as _initial
 from byteps.core.collective import handles as _coll
 from byteps.core.pipeline import redeclare as _redeclare
 from byteps.core.engine import Handle, Task, comp_pipeline
+from byteps.core.engine import deadlock as _deadlock
 from byteps.core.state import NameInFlightError, _contiguous, _state, rank, size  # noqa: F401
 from byteps.core import state as _st
 from byteps.core.pipeline.tensors import _check_op, _tensor
@@ -147,7 +148,8 @@ def synchronize(handle: int) -> np.ndarray:
     Handles of the collectives in :mod:`byteps.core.collective.ops` return their result
     (an array, a list of arrays, or ``(array, received_splits)`` for alltoall)."""
     if handle in _st.OPS:
-        return _coll.wait(handle)
+        with _deadlock.waiting(("handle", handle)):     # the scheduler's deadlock detection
+            return _coll.wait(handle)
     st = _state()
     h = _handle(handle)
     if st.tuner is not None:
@@ -156,15 +158,8 @@ def synchronize(handle: int) -> np.ndarray:
     st.steps.waiting = (getattr(h.tensor, "name", ""), t0)     # the hang doctor's "owes"
     end = _coll.deadline(st)          # BYTEPS_COLLECTIVE_TIMEOUT_S
     try:
-        while not h.event.wait(0.5):
-            if st.engine is not None and st.engine.fatal:
-                st.engine.fail_handle(h, st.engine.fatal)
-            elif st.engine is not None and _st.current() is not st:   # shutdown() ended it
-                st.engine.fail_handle(h, BytePSError(
-                    f"push_pull of {getattr(h.tensor, 'name', '')!r}: shutdown() ended the "
-                    f"membership it was started in"))
-            elif not h.event.is_set():
-                _coll.check_deadline(end, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
+        with _deadlock.waiting(("handle", handle)):     # the scheduler's deadlock detection
+            _wait(st, h, end)
     except BaseException as exc:      # interrupted: this rank leaves (collective/handles)
         _coll.interrupted(exc, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
         raise
@@ -174,6 +169,22 @@ def synchronize(handle: int) -> np.ndarray:
     if h.error is not None:
         raise again(h.error)          # its message and flags (one block per cause)
     return h.out
+
+
+def _wait(st, h, end) -> None:
+    """Block until handle ``h`` is done, failed, or ended (its membership, its deadline)."""
+    while not h.event.wait(0.5):
+        if st.engine is not None and st.engine.fatal:
+            st.engine.fail_handle(h, st.engine.fatal)
+        elif st.engine is not None and _st.current() is not st:   # shutdown() ended it
+            st.engine.fail_handle(h, BytePSError(
+                f"push_pull of {getattr(h.tensor, 'name', '')!r}: shutdown() ended the "
+                f"membership it was started in"))
+        elif not h.event.is_set():
+            _coll.check_deadline(end, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
+    if h.error is not None and st.engine is not None and getattr(st.engine, "deadlock", None):
+        # a deadlocked rank that left first fails this one's round: the deadlock is the cause
+        _coll.check_deadline(None, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
 
 
 def step_done(implicit: bool = False) -> None:
@@ -234,9 +245,10 @@ def barrier() -> None:
         st.tuner.release()
     if st.engine is not None:
         end = _coll.deadline(st)      # BYTEPS_COLLECTIVE_TIMEOUT_S
+        name = f"barrier.{next(st.barrier_n)}"
         try:
-            st.engine.barrier(f"barrier.{next(st.barrier_n)}",
-                              lambda: _coll.check_deadline(end, "a barrier", st))
+            with _deadlock.waiting(("barrier", name)):   # the scheduler's deadlock detection
+                st.engine.barrier(name, lambda: _coll.check_deadline(end, "a barrier", st))
         except _coll.CollectiveTimeoutError as exc:
             _coll.interrupted(exc, "a barrier", st)
             raise

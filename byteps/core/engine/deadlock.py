@@ -1,0 +1,58 @@
+"""What this worker's main thread waits for, for the scheduler's deadlock detection.
+
+Ranks that wait in different collectives (rank 0 in allreduce ``a``, rank 1 in broadcast
+``b``) would wait for each other forever.  Each heartbeat says whether the main thread is
+blocked in a BytePS wait, on what, since when, and which names this rank has started and
+not finished (api/reporter.py builds the names).  The scheduler declares a deadlock when
+every live worker has been blocked for two heartbeats on the same waits and no awaited name
+was started by every rank (byteps/scheduler/deadlock.py); it says so in its heartbeat
+answer, and every wait of this rank then fails with ``CollectiveDeadlockError`` naming the
+ranks and names (collective/handles.check_deadline).  A rank that computes, however slowly,
+is not blocked, so it never trips this.  Only the main thread's waits count: a background
+thread may still start what the others wait for.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+MAX_TEXT = 4000
+
+# the main thread's current waits, innermost last: [(("handle", id) | ("barrier", name), since)]
+_MAIN: list = []
+
+
+@contextlib.contextmanager
+def waiting(what: tuple):
+    """Mark the main thread blocked on ``what`` (a handle or a barrier) meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    entry = (what, time.monotonic())
+    _MAIN.append(entry)
+    try:
+        yield
+    finally:
+        try:
+            _MAIN.remove(entry)
+        except ValueError:
+            pass
+
+
+def current() -> tuple | None:
+    """(what, seconds) of the main thread's innermost wait, or None when it is not blocked."""
+    if not _MAIN:
+        return None
+    what, since = _MAIN[-1]
+    return what, time.monotonic() - since
+
+
+def on_ack(engine, body: dict) -> None:
+    """The scheduler's answer to a heartbeat (engine thread): ``stacks`` (bpslaunch --stacks)
+    and ``deadlock`` (the text that every wait of this rank now fails with)."""
+    if body.get("stacks") is True:
+        engine.link.stacks_asked = True   # the next heartbeat has them (api/reporter.py)
+    text = body.get("deadlock")
+    if isinstance(text, str) and text and getattr(engine, "deadlock", None) is None and _MAIN:
+        engine.deadlock = text[:MAX_TEXT]   # (a main thread no longer blocked: not this rank)
