@@ -134,14 +134,16 @@ def train_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     lines = [f"{'training':<14}{'rate':>9}{'W':>3}{'img/s total':>13}{'vs DDP':>8}"
-             f"{'fwd ms':>8}{'bwd ms':>8}{'step ms':>9}"]
+             f"{'fwd ms':>8}{'bwd ms':>8}{'step ms':>9}{'  main thread CPU ms':>21}"]
     for r in rows:
         ph = r.get("phase_s") or {}
         ms = [_fmt(ph[k] * 1e3 if k in ph else None, '.0f') for k in
               ("forward", "backward", "opt_step")]
         lines.append(f"{r['system']:<14}{r['rate']:>9}{r['workers']:>3}"
                      f"{r['img_sec_total']:>13.1f}{_fmt(r['vs_ddp'], '.2f'):>8}"
-                     f"{ms[0]:>8}{ms[1]:>8}{ms[2]:>9}")
+                     f"{ms[0]:>8}{ms[1]:>8}{ms[2]:>9}   " + " / ".join(
+                         _fmt(ph[k] * 1e3 if k in ph else None, '.0f') for k in
+                         ("forward_cpu", "backward_cpu", "opt_step_cpu")))
     return "\n".join(lines)
 
 

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.cluster import jobs, report
+from benchmarks.cluster import jobs, pipeline, report
 from benchmarks.cluster.netns import (Cluster, NetnsError, Plan, cleanup, rate_bps,
                                       run_cmds, tcp_cc_name)
 
@@ -151,6 +151,7 @@ class Runner:
         self.train_rows: list[dict] = []
         self.probes: dict = {}
         self.traces: dict = {}
+        self.pipelines: dict = {}      # fill, steady rate, drain (benchmarks/cluster/pipeline.py)
         self.last_drops: dict = {}
         self.last_cpu: dict = {}       # process description -> CPU seconds (whole life)
 
@@ -226,6 +227,8 @@ class Runner:
             specs = jobs.byteps_job(workers, workers, workers[0], argv, self.next_port(), env)
         recs = self.run(specs)
         self.traces[f"{system}-{rate}-w{w}"] = report.trace_summary(tdir)
+        self.pipelines[f"{system}-{rate}-w{w}"] = pipeline.summary(
+            tdir, self.probes.get(rate, {}).get("mesh_Gbps"))
         return recs
 
     def server_cpu_per_gb(self, rate: str, w: int) -> float | None:
@@ -331,12 +334,13 @@ def main(argv=None) -> int:
     print(report.table(runner.rows, runner.probes))
     print(report.train_table(runner.train_rows))
     print(report.trace_table(runner.traces))
+    print(pipeline.table(runner.pipelines))
     doc = {"started": started, "seconds": time.time() - started, "cpu_count": os.cpu_count(),
            **machine,
            "loadavg_at_end": os.getloadavg(),
            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "probes": runner.probes, "rows": runner.rows, "train": runner.train_rows,
-           "traces": runner.traces}
+           "traces": runner.traces, "pipeline": runner.pipelines}
     out = fresh(a.out / "results.json")
     report.write_json(out, doc)
     png = report.plot(runner.rows, fresh(a.out / "time_vs_workers.png")) if runner.rows \

@@ -3,7 +3,7 @@
     python train_mlp.py --backend byteps|ddp [--width 4096] [--batch 32] [--steps 8]
 
 A wide MLP on random 'images' (3x32x32): communication-heavy on purpose
-(about 21 M parameters = 84 MB of gradients per step at the default width).
+(29.4 M parameters = 118 MB of gradients per step at the default width).
 byteps runs under ``python -m byteps.launcher`` (DMLC_* from the cluster
 runner); ddp reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.  Prints
 ``CLUSTER_RESULT {json}`` with this worker's img/sec.
@@ -54,17 +54,18 @@ def main() -> None:
     y = torch.randint(0, 10, (a.batch,))
     loss_fn = nn.CrossEntropyLoss()
 
-    phases: list[tuple[float, float, float]] = []     # forward, backward, optimizer step
+    phases: list[tuple] = []     # wall and this thread's CPU: forward, backward, optimizer step
 
     def step():
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         opt.zero_grad()
         loss = loss_fn(run(x), y)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         loss.backward()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         opt.step()
-        phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        t3, c3 = time.perf_counter(), time.thread_time()
+        phases.append((t1 - t0, t2 - t1, t3 - t2, c1 - c0, c2 - c1, c3 - c2))
         return loss
 
     for _ in range(a.warmup):
@@ -82,7 +83,8 @@ def main() -> None:
         # medians over the timed steps: where a step's time goes on this worker (DDP's
         # all-reduce runs inside backward, byteps' push_pulls finish in the optimizer step)
         "phase_s": {k: statistics.median(p[i] for p in phases)
-                    for i, k in enumerate(("forward", "backward", "opt_step"))}}), flush=True)
+                    for i, k in enumerate(("forward", "backward", "opt_step", "forward_cpu",
+                                           "backward_cpu", "opt_step_cpu"))}}), flush=True)
     if a.backend == "ddp":
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
