@@ -61,3 +61,62 @@ def test_blocked_reports_are_validated_field_by_field():
             parse({"blocked": dict(ok, **bad)})
     with pytest.raises(ValueError):
         parse({"blocked": ["allreduce 'a'"]})
+
+
+def _formed(monkeypatch):
+    """An in-process scheduler of a formed 2-worker job (test_elastic's fixture)."""
+    from test_elastic import _scheduler
+    s = _scheduler(monkeypatch, workers=2, min=None)
+    for r in (0, 1):
+        s.workers[b"w%d" % r] = {"rank": r, "node_id": 2 + r, "host": "h", "host_id": f"h{r}",
+                                  "pid": r, "local_rank": 0}
+    s.formed = True
+    return s
+
+
+def _beats(s, reps, t0, n=2):
+    """Each worker sends ``n`` heartbeats, one interval apart, its report ``reps[rank]``."""
+    import time
+    for k in range(n):
+        for r, b in reps.items():
+            s.deadlocks.note(b"w%d" % r, {"report": {"blocked": dict(b, s=t0 + k * 1.0)}})
+    return time.monotonic()
+
+
+def _blocked(name, started, sets=False):
+    return {"names": [name], "started": sorted(started), "sets": sets}
+
+
+def test_the_rule_declares_only_what_cannot_go_on(monkeypatch):
+    """The scheduler's rule, message by message: different calls deadlock; the same call
+    (slow: every rank started it) does not, nor one rank busy, process sets, a joined rank,
+    or one heartbeat only."""
+    from byteps.transport.wire import Op
+    s = _formed(monkeypatch)
+    try:
+        a, b = "allreduce 'a'", "broadcast 'b'"
+        cases = [  # (reports by rank, heartbeats, declared?)
+            ({0: _blocked(a, {a}), 1: _blocked(b, {b})}, 2, True),
+            ({0: _blocked(a, {a}), 1: _blocked(b, {b})}, 1, False),        # one heartbeat
+            ({0: _blocked(a, {a}), 1: _blocked(a, {a})}, 2, False),        # slow, same call
+            ({0: _blocked(a, {a}), 1: _blocked(b, {a, b})}, 2, False),     # 1 started a too
+            ({0: _blocked(a, {a})}, 2, False),                             # rank 1 computes
+            ({0: _blocked(a, {a}, True), 1: _blocked(b, {b})}, 2, False),  # process sets
+        ]
+        for reps, n, want in cases:
+            s.deadlocks.last.clear()
+            s.deadlocks.declared_epoch, s.sent = None, []
+            s.deadlocks.check(_beats(s, reps, 2.0, n))
+            told = [x for x in s.sent if x[1] == Op.HEARTBEAT_ACK and "deadlock" in x[2]]
+            assert bool(told) == want, (reps, n, s.sent)
+            if want:
+                assert len(told) == 2 and "rank 0 waits in allreduce 'a'" in told[0][2][
+                    "deadlock"] and "rank 1 waits in broadcast 'b'" in told[0][2]["deadlock"]
+        s.deadlocks.last.clear()
+        s.deadlocks.declared_epoch, s.sent = None, []
+        s.departures.joined[b"w1"] = 1            # a rank inside join(): zeros come from it
+        s.deadlocks.check(_beats(s, {0: _blocked(a, {a}), 1: _blocked(b, {b})}, 2.0))
+        assert not s.sent
+    finally:
+        from test_elastic import _close
+        _close(s)

@@ -151,11 +151,13 @@ def _blocked(st) -> dict | None:
         names = [f"push_pull {getattr(st.handles[ref].tensor, 'name', '')!r}"]
     else:
         return None
-    return {"names": names, "s": round(secs, 3), "started": sorted(started)[:MAX_STARTED],
-            "sets": bool(process_sets._SETS)}
+    if len(started) > MAX_STARTED:      # cut, the list could hide a name: never a deadlock
+        return None
+    return {"names": [x[:MAX_NAME] for x in names], "s": round(secs, 3),
+            "started": sorted({x[:MAX_NAME] for x in started}), "sets": bool(process_sets._SETS)}
 
 
-MAX_STARTED = 256
+MAX_STARTED, MAX_NAME = 256, 300      # the scheduler's limits (byteps/scheduler/deadlock.py)
 
 
 def _tuning(tuner, cfg) -> dict:
