@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.scale_sim import Cpu, ring_allreduce, simulate_ps
+from benchmarks.tables import markdown
 
 # ----------------------------------------------------------------------------- calibration
 
@@ -287,46 +288,36 @@ def published_comparison() -> list[dict]:
 # ----------------------------------------------------------------------------- output
 
 def fmt_val_table(val: list[dict]) -> str:
-    lines = [("| folder | system | rate | W | S | hosts | partition | measured s | model s | "
-             "error | link-only model s | machine |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for v in val:
-        lines.append(f"| {v['folder']} | {v['system']} | {v['rate']} | {v['W']} | {v['S']} | "
-                     f"{v['hosts']} | {v['part'] / 1e6:.1f} MB | {v['measured_s']:.3f} | "
-                     f"{v['model_s']:.3f} | {v['error']:+.1%} | {v['model_link_only_s']:.3f} | "
-                     f"{'idle' if v['idle'] else 'load {:.0f}'.format(v['load'])} |")
-    return "\n".join(lines)
+    return markdown(
+        ("folder", "system", "rate", "W", "S", "hosts", "partition", "measured s", "model s",
+         "error", "link-only model s", "machine"),
+        ((v["folder"], v["system"], v["rate"], v["W"], v["S"], v["hosts"],
+          f"{v['part'] / 1e6:.1f} MB", f"{v['measured_s']:.3f}", f"{v['model_s']:.3f}",
+          f"{v['error']:+.1%}", f"{v['model_link_only_s']:.3f}",
+          "idle" if v["idle"] else f"load {v['load']:.0f}") for v in val))
 
 
 def fmt_pred_table(rows: list[dict], gpus=(8, 64, 256, 1024)) -> str:
-    lines = [("| model | link | GPUs | compute s | ring comm s | PS comm s (S=H, tuned) | "
-             "partition / credit | ring eff. | PS eff. S=H | PS eff. S=H/2 | PS eff. S=H, "
-             "defaults (4 MB x 4) | PS/ring speed | PS eff. measured CPU S=H / S=2H |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r["gpus"] not in gpus:
-            continue
-        lines.append(
-            f"| {r['model']} | {r['gbps']} G | {r['gpus']} | {r['compute_s']:.3f} | "
-            f"{r['ring_comm_s']:.3f} | {r['ps_comm_k1.0']:.3f} | "
-            f"{r['tuned_part_k1.0'] / 1e6:.3g} MB / {r['tuned_credit_k1.0']} | "
-            f"{r['ring_eff_s']:.2f} | {r['ps_eff_k1.0']:.2f} | {r['ps_eff_k0.5']:.2f} | "
-            f"{r['ps_eff_k1.0_defaults']:.2f} | "
-            f"{r['ring_step_s'] / r['ps_step_k1.0']:.2f}x | "
-            f"{r['ps_eff_k1.0_measuredcpu']:.2f} / {r['ps_eff_k2.0_measuredcpu']:.2f} |")
-    return "\n".join(lines)
+    return markdown(
+        ("model", "link", "GPUs", "compute s", "ring comm s", "PS comm s (S=H, tuned)",
+         "partition / credit", "ring eff.", "PS eff. S=H", "PS eff. S=H/2",
+         "PS eff. S=H, defaults (4 MB x 4)", "PS/ring speed", "PS eff. measured CPU S=H / S=2H"),
+        ((r["model"], f"{r['gbps']} G", r["gpus"], f"{r['compute_s']:.3f}",
+          f"{r['ring_comm_s']:.3f}", f"{r['ps_comm_k1.0']:.3f}",
+          f"{r['tuned_part_k1.0'] / 1e6:.3g} MB / {r['tuned_credit_k1.0']}",
+          f"{r['ring_eff_s']:.2f}", f"{r['ps_eff_k1.0']:.2f}", f"{r['ps_eff_k0.5']:.2f}",
+          f"{r['ps_eff_k1.0_defaults']:.2f}", f"{r['ring_step_s'] / r['ps_step_k1.0']:.2f}x",
+          f"{r['ps_eff_k1.0_measuredcpu']:.2f} / {r['ps_eff_k2.0_measuredcpu']:.2f}")
+         for r in rows if r["gpus"] in gpus))
 
 
 def fmt_pub_table(pub: list[dict]) -> str:
-    lines = [("| model | GPUs | compute s/step | ring comm s | PS comm s | model gain (overlap) | "
-             "model gain (no overlap) | published | NCCL-TCP efficiency that gives it |"),
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in pub:
-        lines.append(f"| {r['model']} | {r['gpus']} | {r['compute_s']:.3f} | {r['ring_comm_s']:.3f} "
-                     f"| {r['ps_comm_s']:.3f} | {r['gain_overlap']:+.0%} | "
-                     f"{r['gain_no_overlap']:+.0%} | {r['published_gain']:+.0%} | "
-                     f"{r['ring_eff_needed']:.2f} |")
-    return "\n".join(lines)
+    return markdown(
+        ("model", "GPUs", "compute s/step", "ring comm s", "PS comm s", "model gain (overlap)",
+         "model gain (no overlap)", "published", "NCCL-TCP efficiency that gives it"),
+        ((r["model"], r["gpus"], f"{r['compute_s']:.3f}", f"{r['ring_comm_s']:.3f}",
+          f"{r['ps_comm_s']:.3f}", f"{r['gain_overlap']:+.0%}", f"{r['gain_no_overlap']:+.0%}",
+          f"{r['published_gain']:+.0%}", f"{r['ring_eff_needed']:.2f}") for r in pub))
 
 
 def plots(rows: list[dict], val: list[dict], out: Path) -> list[str]:
@@ -334,6 +325,14 @@ def plots(rows: list[dict], val: list[dict], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     files = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        p = out / name
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        files.append(str(p))
+
     fig, axes = plt.subplots(len(MODELS), len(LINKS_GBPS), figsize=(15, 11), sharex=True)
     for i, model in enumerate(MODELS):
         for j, gbps in enumerate(LINKS_GBPS):
@@ -359,11 +358,7 @@ def plots(rows: list[dict], val: list[dict], out: Path) -> list[str]:
                 ax.set_ylabel("scaling efficiency")
     axes[0][0].legend(fontsize=7, loc="lower left")
     fig.suptitle("byteps scale model: scaling efficiency (compute / step time), V100 compute")
-    fig.tight_layout()
-    p = out / "scaling_efficiency.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    files.append(str(p))
+    save(fig, "scaling_efficiency.png")
 
     fig, ax = plt.subplots(figsize=(7, 6))
     for sysname, mk in (("byteps", "o"), ("byteps-coloc", "s"), ("gloo", "^")):
@@ -381,11 +376,7 @@ def plots(rows: list[dict], val: list[dict], out: Path) -> list[str]:
     ax.legend()
     ax.grid(alpha=.3, which="both")
     ax.set_title("scale model vs emulated cluster")
-    fig.tight_layout()
-    p = out / "validation.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    files.append(str(p))
+    save(fig, "validation.png")
 
     fig, ax = plt.subplots(figsize=(7, 5))
     ks = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0]
@@ -399,11 +390,7 @@ def plots(rows: list[dict], val: list[dict], out: Path) -> list[str]:
     ax.set_title("25 Gbit/s: servers needed to reach the M/B bound")
     ax.grid(alpha=.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = out / "servers_per_worker.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    files.append(str(p))
+    save(fig, "servers_per_worker.png")
     return files
 
 

@@ -24,15 +24,19 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.tables import fixed
 from byteps.server.store import Slot, apply
 from byteps.transport.wire import DTYPE_CODE, PULL, PUSH, Entry
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _median(fn, rounds: int, warm: int, setup=None) -> float:
@@ -90,14 +94,12 @@ def measure(n: int, dtype, length: int, rounds: int, warm: int) -> dict:
 
 
 def table(rows: list) -> str:
-    lines = [f"{'pushers':>7} {'dtype':>8} {'tree ms':>8} {'frames ms':>9} {'running ms':>10} "
-             f"{'limit ms':>9} {'x running':>9} {'frames x':>8} {'x limit':>8} {'pool':>5}"]
-    for r in rows:
-        lines.append(f"{r['pushers']:>7} {r['dtype']:>8} {r['tree_ms']:>8.2f} "
-                     f"{r['frames_ms']:>9.2f} {r['running_ms']:>10.2f} {r['limit_ms']:>9.2f} "
-                     f"{r['vs_running']:>9.2f} {r['frames_vs_running']:>8.2f} "
-                     f"{r['vs_limit']:>8.2f} {r['pool_buffers']:>5}")
-    return "\n".join(lines)
+    cols = (("pushers", 7, ""), ("dtype", 8, ""), ("tree ms", 8, ".2f"), ("frames ms", 9, ".2f"),
+            ("running ms", 10, ".2f"), ("limit ms", 9, ".2f"), ("x running", 9, ".2f"),
+            ("frames x", 8, ".2f"), ("x limit", 8, ".2f"), ("pool", 5, ""))
+    return fixed(cols, [[r[k] for k in ("pushers", "dtype", "tree_ms", "frames_ms", "running_ms",
+                                        "limit_ms", "vs_running", "frames_vs_running",
+                                        "vs_limit", "pool_buffers")] for r in rows])
 
 
 def plot(rows: list, path: Path, mb: float) -> None:
