@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 BPSLAUNCH = [sys.executable, "-m", "byteps.launcher"]
+_CLI = Path(sys.executable).parent / "bpslaunch"
+#: the ``bpslaunch`` command users type (the installed console script, else the module)
+BPSLAUNCH_CLI = [str(_CLI)] if _CLI.exists() else BPSLAUNCH
 #: Horovod's vendored suites run inside jobs (tests/horovod/run.py, tests/test_horovod_suites.py)
 collect_ignore = ["horovod"]
 
@@ -23,6 +29,33 @@ def job_env(**extra) -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def on_terminal(argv: list[str], env: dict, timeout: float = 60) -> str:
+    """Run ``argv`` with a pseudo-terminal as its stdout and stderr (as from a user's
+    shell) for at most ``timeout`` s; asserts it exited 0 and returns what it wrote."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave,
+                         stderr=slave)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:          # EIO: every writer closed the terminal
+                    break
+                if not data:
+                    break
+                out += data
+            elif p.poll() is not None:
+                break
+        assert p.wait(10) == 0, out.decode(errors="replace")
+    finally:
+        p.kill()
+        os.close(master)
+    return out.decode(errors="replace")
 
 
 def run_job(argv: list[str], workers: int = 2, servers: int = 1, timeout: float = 120,

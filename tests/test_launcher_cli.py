@@ -5,10 +5,8 @@ Real processes through the installed ``bpslaunch`` script, each with a timeout.
 from __future__ import annotations
 
 import os
-import pty
 import re
 import secrets
-import select
 import subprocess
 import sys
 import time
@@ -17,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, job_env
+from conftest import BPSLAUNCH_CLI, ROOT, SCRIPTS, job_env, on_terminal
 
 pytestmark = pytest.mark.timeout(120)
-_SCRIPT = Path(sys.executable).parent / "bpslaunch"
-BPSLAUNCH = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "byteps.launcher"]
+BPSLAUNCH = BPSLAUNCH_CLI
 JOB = [sys.executable, str(SCRIPTS / "launcher_job.py")]
 
 
@@ -272,27 +269,6 @@ def test_help_names_every_mode():
 
 
 def test_tags_by_default_on_a_terminal():
-    master, slave = pty.openpty()
-    p = subprocess.Popen(BPSLAUNCH + ["-np", "2", *JOB, "hello"], env=job_env(), cwd=ROOT,
-                         stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
-    os.close(slave)
-    out, deadline = b"", time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            if select.select([master], [], [], 0.5)[0]:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:          # EIO: every writer closed the terminal
-                    break
-                if not data:
-                    break
-                out += data
-            elif p.poll() is not None:
-                break
-        assert p.wait(10) == 0, out.decode(errors="replace")
-    finally:
-        p.kill()
-        os.close(master)
-    text = out.decode(errors="replace").replace("\r\n", "\n")
+    text = on_terminal(BPSLAUNCH + ["-np", "2", *JOB, "hello"], job_env()).replace("\r\n", "\n")
     for r in (0, 1):
         assert f"[worker {r}] hello from rank {r} of 2" in text, text

@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import io
-import os
-import pty
 import re
-import select
 import socket
 import subprocess
 import sys
@@ -13,15 +10,14 @@ import time
 import urllib.request
 
 import pytest
-from conftest import ROOT, SCRIPTS, job_env
+from conftest import BPSLAUNCH_CLI, ROOT, SCRIPTS, job_env, on_terminal
 
 from byteps.common import metrics
 from byteps.common.config import ConfigError
 from byteps.launcher import liveview
 
 pytestmark = pytest.mark.timeout(120)
-_SCRIPT = os.path.join(os.path.dirname(sys.executable), "bpslaunch")
-BPSLAUNCH = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-m", "byteps.launcher"]
+BPSLAUNCH = BPSLAUNCH_CLI
 JOB = [sys.executable, str(SCRIPTS / "metrics_job.py")]
 
 
@@ -158,29 +154,8 @@ def test_scrape_worker_server_and_scheduler_during_a_job(tmp_path):
 
 
 def test_live_view_redraws_on_a_terminal():
-    master, slave = pty.openpty()
-    p = subprocess.Popen(BPSLAUNCH + ["-np", "2", "--hosts", "2", *JOB, "/nonexistent/stop", "4"],
-                         env=job_env(BYTEPS_ENABLE_IPC=0), cwd=ROOT, stdin=subprocess.DEVNULL,
-                         stdout=slave, stderr=slave)
-    os.close(slave)
-    out, deadline = b"", time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            if select.select([master], [], [], 0.5)[0]:
-                try:
-                    data = os.read(master, 65536)
-                except OSError:          # EIO: every writer closed the terminal
-                    break
-                if not data:
-                    break
-                out += data
-            elif p.poll() is not None:
-                break
-        assert p.wait(10) == 0, out.decode(errors="replace")
-    finally:
-        p.kill()
-        os.close(master)
-    text = out.decode(errors="replace")
+    text = on_terminal(BPSLAUNCH + ["-np", "2", "--hosts", "2", *JOB, "/nonexistent/stop", "4"],
+                       job_env(BYTEPS_ENABLE_IPC=0))
     for r in (0, 1):
         steps = [int(s) for s in re.findall(
             rf"\r\x1b\[2Kbpslaunch: worker {r} \(host{r}\): step (\d+), push_pull "
