@@ -17,7 +17,7 @@ import numpy as np
 
 out, steps, kill_step, server_kill = sys.argv[1], *map(int, sys.argv[2:5])
 
-from elastic_files import mark
+from elastic_files import kill_a_server, mark
 
 import byteps.numpy as bps
 
@@ -25,24 +25,6 @@ rng = np.random.default_rng(0)
 X = rng.standard_normal((96, 12)).astype(np.float32)
 y = X @ rng.standard_normal(12).astype(np.float32)
 LR = np.float32(0.05)
-
-
-
-def kill_a_server() -> int:
-    """SIGKILL the server process bpslaunch (our parent) started last; its pid."""
-    parent, found = os.getppid(), []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == parent and b"byteps.server" in argv:
-            found.append(int(pid))
-    os.kill(max(found), 9)
-    return max(found)
 
 
 bps.init()
