@@ -42,9 +42,10 @@ def waiting(what: tuple):
 
 def current() -> tuple | None:
     """(what, seconds) of the main thread's innermost wait, or None when it is not blocked."""
-    if not _MAIN:
+    try:                      # (read on the engine thread while the main thread changes it)
+        what, since = _MAIN[-1]
+    except IndexError:
         return None
-    what, since = _MAIN[-1]
     return what, time.monotonic() - since
 
 
