@@ -6,28 +6,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import BPSLAUNCH, ROOT, SCRIPTS, job_env
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos import job_pids  # noqa: E402  (processes of a job, by BYTEPS_JOB_ID)
+
 pytestmark = pytest.mark.timeout(120)
-
-
-def _job_pids(job: str) -> list[int]:
-    tag = f"BYTEPS_JOB_ID={job}".encode()
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{d}/environ").read_bytes()
-            state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if tag in env.split(b"\0") and state != "Z":
-            found.append(int(d))
-    return found
 
 
 def _start(tmp_path, workers, *args, launcher=()):
@@ -53,9 +39,9 @@ def _finish(p, job):
         out, err = p.communicate()
         pytest.fail(f"bpslaunch did not end after SIGINT:\n{err[-3000:]}")
     deadline = time.monotonic() + 3
-    while _job_pids(job) and time.monotonic() < deadline:
+    while job_pids(job) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _job_pids(job) == [], f"processes of the job left: {_job_pids(job)}"
+    assert job_pids(job) == [], f"processes of the job left: {job_pids(job)}"
     assert [n for n in os.listdir("/dev/shm") if n.startswith(f"bps-{job}")] == []
     return out, err
 
@@ -117,7 +103,7 @@ def _burst_run(tmp_path, when: str, sigs: list[int], extra=()):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if when == "started":           # the first child runs: start-up, nothing registered yet
         deadline = time.monotonic() + 30
-        while not set(_job_pids(job)) - {p.pid} and p.poll() is None and time.monotonic() < deadline:
+        while not set(job_pids(job)) - {p.pid} and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
     elif when == "ready":
         deadline = time.monotonic() + 60
@@ -316,9 +302,8 @@ def test_a_burst_while_a_killed_scheduler_is_restarted(tmp_path):
     deadline = time.monotonic() + 60
     lines = []
     while time.monotonic() < deadline:
-        sched = [x for x in _job_pids(job) if b"DMLC_ROLE=scheduler" in
-                 Path(f"/proc/{x}/environ").read_bytes()]
-        if sched and len(list(_job_pids(job))) >= 5:
+        sched = job_pids(job, "scheduler")
+        if sched and len(list(job_pids(job))) >= 5:
             time.sleep(1.0)
             os.kill(sched[0], signal.SIGKILL)
             break
@@ -345,7 +330,7 @@ def test_a_burst_to_a_role_mode_scheduler_with_restarts(tmp_path):
     p = subprocess.Popen(BPSLAUNCH + ["--restart-scheduler"], env=env, cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while len(_job_pids(job)) < 2 and time.monotonic() < deadline:
+    while len(job_pids(job)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
     t0 = time.monotonic()

@@ -19,6 +19,9 @@ from pathlib import Path
 
 from conftest import ROOT, SCRIPTS, job_env
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos import job_pids  # noqa: E402  (processes of a job, by BYTEPS_JOB_ID)
+
 LAUNCH = [sys.executable, "-m", "byteps.launcher"]
 
 
@@ -114,19 +117,7 @@ class Cluster:
 
     def job_pids(self) -> list[int]:
         """Live (non-zombie) processes whose environment carries this job's id."""
-        tag = f"BYTEPS_JOB_ID={self.job}".encode()
-        found = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                env = Path(f"/proc/{d}/environ").read_bytes()
-                state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if tag in env.split(b"\0") and state != "Z":
-                found.append(int(d))
-        return found
+        return job_pids(self.job)
 
     def listening(self) -> dict[int, str]:
         """{port: local ip} of the job's ports that are in LISTEN state."""
