@@ -174,6 +174,7 @@ def test_bad_arguments_name_the_parameter():
     for kw, word in (({"inner_steps": 0}, "inner_steps"), ({"outer_lr": -1}, "outer_lr"),
                      ({"outer_momentum": 1.0}, "outer_momentum"),
                      ({"fragments": 0}, "fragments"), ({"inner_seconds": 0}, "inner_seconds"),
+                     ({"overlap": 0}, "overlap"), ({"overlap": 1.5}, "overlap"),
                      ({"compression_params": {"compressor": "nope"}}, "nope")):
         with pytest.raises((ValueError, TypeError), match=word):
             DiLoCo(**kw)
@@ -184,7 +185,7 @@ def test_bad_arguments_name_the_parameter():
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("diloco")
     rec = out / "rec"
-    assert_ok(run_script("diloco_job.py", out, "replay,frag,ovl,h1,sync1,digits,onebit,overlap,seconds,secjoin,join",
+    assert_ok(run_script("diloco_job.py", out, "replay,frag,ovl,ovl1,h1,sync1,digits,onebit,overlap,seconds,secjoin,join",
                          workers=2, servers=1, timeout=150, launcher_args=("--hosts", "2"),
                          BYTEPS_ENABLE_IPC=0, BYTEPS_MIN_COMPRESS_BYTES=0,
                          BYTEPS_TEST_RECORD=rec))
@@ -300,6 +301,28 @@ def test_overlap_equals_its_replay(job):
     for r in (0, 1):
         for k in want:
             np.testing.assert_array_equal(np.array(res[r]["ovl"]["p"][k], np.float32),
+                                          want[k])
+
+
+@pytest.mark.timeout(160)
+def test_bounded_overlap_merges_within_k_steps_and_equals_its_replay(job):
+    """overlap=1 (the paper's tau): every exchange is merged at most one inner step after
+    its push (waited for when it has not arrived), and the result equals the replay."""
+    res, _ = job
+    logs = [res[r]["ovl1"]["log"] for r in (0, 1)]
+    for log in logs:
+        sent = {}
+        for kind, f, at in log[:-2]:           # finish()'s last syncs are not overlapped
+            if kind == "sync":
+                sent[f] = at
+            else:
+                assert at - sent.pop(f) <= 1, log
+        assert not sent, log                    # every overlapped push was merged
+    assert sum(e[0] == "merge" for e in logs[0]) >= 2
+    want = _replay_overlap(logs, 13, 4, 0.7, 0.9, (("w",), ("b",)))
+    for r in (0, 1):
+        for k in want:
+            np.testing.assert_array_equal(np.array(res[r]["ovl1"]["p"][k], np.float32),
                                           want[k])
 
 

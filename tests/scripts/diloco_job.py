@@ -1,7 +1,7 @@
 """Worker script for tests/test_diloco.py: DiLoCo phases in one job, each under its own
 key prefix, results in OUT/rank<r>.json.
 
-    diloco_job.py OUT PHASES     (PHASES: comma-separated of replay, frag, ovl, h1,
+    diloco_job.py OUT PHASES     (PHASES: comma-separated of replay, frag, ovl, ovl1, h1,
                                   sync1, digits, onebit, overlap, seconds, join)
 
 * ``replay``/``frag``/``h1``: least squares on each rank's own rows (LS_ROWS below), plain
@@ -10,7 +10,8 @@ key prefix, results in OUT/rank<r>.json.
   outer_lr = 1, no momentum, must equal).
 * ``digits``: the digits MLP, int8-compressed outer gradients, H = 20; ``onebit``: 60
   steps, onebit + error feedback, H = 10 (the test counts the bytes at the server).
-* ``overlap``: Streaming DiLoCo, 2 fragments, overlapped exchanges.
+* ``overlap``: Streaming DiLoCo, 2 fragments, overlapped exchanges; ``ovl1``: least
+  squares with ``overlap=1`` (each exchange merged at most one step after its push).
 * ``seconds``: ``inner_seconds``, 2 fragments, rank 1 ten times slower; ``secjoin``:
   ``inner_seconds`` and rank 1 joins half-way.
 * ``join``: uneven steps (rank 1 takes fewer), ``bps.join()``, then ``finish()``.
@@ -78,6 +79,9 @@ for phase in phases:
     elif phase == "ovl":
         run_ls("ovl", 13, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, fragments=2,
                overlap=True)
+    elif phase == "ovl1":           # overlap=1: every merge at most 1 step after its push
+        run_ls("ovl1", 13, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, fragments=2,
+               overlap=1)
     elif phase == "h1":
         run_ls("h1", 6, inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
     elif phase == "sync1":          # SyncPS on the same rows: what h1 must equal

@@ -22,7 +22,9 @@ at staggered steps, ``inner_steps * (f + 1) // F`` then every ``inner_steps``, s
 carries 1/F of the model at a time.  ``overlap=True`` runs a fragment's exchange on a
 background thread while the next inner steps run; when it arrives, the new global
 parameters plus the local progress made meanwhile replace the fragment
-(``local = new_global + (local - local_at_send)``).  ``inner_seconds=T`` ends a
+(``local = new_global + (local - local_at_send)``); ``overlap=k`` (an int) bounds the
+overlap to k inner steps, the Streaming DiLoCo paper's tau: an exchange not merged k
+steps after its push is waited for then.  ``inner_seconds=T`` ends a
 fragment's round by wall time: a background thread agrees with every rank on each round
 (a synchronous control push_pull, like AsyncModelAverage's) and each rank weights its
 outer gradient by the inner steps it took.
@@ -50,7 +52,8 @@ class DiLoCo(Algorithm):
 
     def __init__(self, inner_steps: int = 500, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9, nesterov: bool = True, compression_params=None,
-                 fragments: int = 1, overlap: bool = False, inner_seconds: float | None = None,
+                 fragments: int = 1, overlap: bool | int = False,
+                 inner_seconds: float | None = None,
                  prefix: str = "DiLoCo."):
         if type(inner_steps) is not int or inner_steps < 1:
             raise ValueError(f"DiLoCo: inner_steps must be an int >= 1, got {inner_steps!r}")
@@ -60,8 +63,11 @@ class DiLoCo(Algorithm):
         if not (type(outer_momentum) in (int, float) and 0 <= outer_momentum < 1):
             raise ValueError(f"DiLoCo: outer_momentum must be a number in [0, 1), got "
                              f"{outer_momentum!r}")
-        if type(nesterov) is not bool or type(overlap) is not bool:
-            raise ValueError("DiLoCo: nesterov and overlap must be bools")
+        if type(nesterov) is not bool:
+            raise ValueError(f"DiLoCo: nesterov must be a bool, got {nesterov!r}")
+        if type(overlap) not in (bool, int) or (type(overlap) is int and overlap < 1):
+            raise ValueError(f"DiLoCo: overlap must be a bool or an int >= 1 (the most inner "
+                             f"steps an exchange may overlap), got {overlap!r}")
         if type(fragments) is not int or fragments < 1:
             raise ValueError(f"DiLoCo: fragments must be an int >= 1, got {fragments!r}")
         if inner_seconds is not None and not (type(inner_seconds) in (int, float)
@@ -72,6 +78,7 @@ class DiLoCo(Algorithm):
         self.H, self.F = inner_steps, fragments
         self.lr, self.mu, self.nesterov = float(outer_lr), float(outer_momentum), nesterov
         self.overlap, self.seconds, self.prefix = overlap, inner_seconds, prefix
+        self.tau = None if type(overlap) is bool else overlap    # overlap=k: merge by k
         self.outer = [self.lr, self.mu, self.nesterov]     # wire.outer_field
         self.log: list = []        # (event, fragment, step): syncs and merges (replays, tests)
         self.rounds = 0            # outer rounds this rank took part in
@@ -99,6 +106,7 @@ class DiLoCo(Algorithm):
         self.frags = _fragments(params, self.F)
         self.latest = params
         self.inflight: dict[int, tuple] = {}     # f -> (thread, box, snapshot)
+        self.sent_at: dict[int, int] = {}        # f -> the step its exchange started
         # without servers every rank keeps the servers' state alike (_serverless)
         self.sx: dict = {}                       # the global parameters
         self.m: dict = {}                        # the outer momentum
@@ -186,6 +194,9 @@ class DiLoCo(Algorithm):
         for f in range(self.F):
             self.steps[f] += 1
         self._merge_ready(params)
+        if self.tau is not None:                  # overlap=k: waited for after k steps
+            for f in [f for f in self.inflight if self.step - self.sent_at[f] >= self.tau]:
+                self._merge(f, params)
         for f in self._due():
             self._sync(f, params)
 
@@ -222,6 +233,7 @@ class DiLoCo(Algorithm):
                 box.append(None)
         th = threading.Thread(target=run, name=f"bps-diloco-{f}", daemon=True)
         self.inflight[f] = (th, box, snap)
+        self.sent_at[f] = self.step
         th.start()
         return None
 
