@@ -256,28 +256,41 @@ def plot(runs: list[dict], path: Path, kinds: list[str] = KINDS) -> None:
     fig.savefig(path)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--faults", type=int, default=30)
+def add_plan_args(ap: argparse.ArgumentParser, faults: int, known: list = KINDS) -> None:
+    """The options of a fault plan (also benchmarks/chaos_cluster.py's): how many faults,
+    the seed that draws them, their kinds (of ``known``) and job shapes, one alone, the
+    output folder."""
+    ap.add_argument("--faults", type=int, default=faults)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-freeze", type=float, default=30.0)
-    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--kinds", default=",".join(known))
     ap.add_argument("--shapes", default="plain,elastic")
     ap.add_argument("--only", type=int, default=None, help="run the N-th fault alone (0-based)")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
+
+
+def draw_plan(ap: argparse.ArgumentParser, a, known: list = KINDS) -> list[dict]:
+    """The faults of :func:`add_plan_args`'s options ``a``: ``--faults`` drawn with
+    ``--seed`` (``ap.error`` on a kind not ``known`` or an unknown shape), or only the
+    ``--only``-th."""
     kinds = a.kinds.split(",")
-    bad = set(kinds) - set(KINDS)
+    bad = set(kinds) - set(known)
     if bad:
-        ap.error(f"unknown fault kind(s) {sorted(bad)}; known: {','.join(KINDS)}")
-    rnd = random.Random(a.seed)
+        ap.error(f"unknown fault kind(s) {sorted(bad)}; known: {','.join(known)}")
     shapes = tuple(a.shapes.split(","))
     if set(shapes) - {"plain", "elastic"}:
         ap.error(f"--shapes: plain and/or elastic, not {a.shapes!r}")
+    rnd = random.Random(a.seed)
     specs = [dict(draw(rnd, kinds, a.max_freeze, shapes), seed=a.seed, n=i)
              for i in range(a.faults)]
-    if a.only is not None:
-        specs = [specs[a.only]]
+    return specs if a.only is None else [specs[a.only]]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_plan_args(ap, faults=30)
+    a = ap.parse_args(argv)
+    specs = draw_plan(ap, a)
     out = Path(a.out or ROOT / "benchmarks" / "results" /
                f"chaos-{datetime.date.today():%Y%m%d}-{len(specs)}faults-seed{a.seed}")
     out.mkdir(parents=True, exist_ok=True)

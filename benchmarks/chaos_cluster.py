@@ -49,7 +49,6 @@ import contextlib
 import datetime
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -333,13 +332,7 @@ def _undisturbed(plan: netns.Plan, out: Path, specs: list[dict], shapes: tuple) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--faults", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--max-freeze", type=float, default=30.0)
-    ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--shapes", default="plain,elastic")
-    ap.add_argument("--only", type=int, default=None, help="run the N-th fault alone (0-based)")
-    ap.add_argument("--out", default=None)
+    chaos.add_plan_args(ap, faults=20, known=KINDS)
     ap.add_argument("--resume", action="store_true",
                     help="run only the drawn faults that --out has no record of yet")
     ap.add_argument("--max-wall", type=float, default=None, metavar="S",
@@ -348,18 +341,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lanes", type=int, default=1,
                     help="faults run at once, each on a cluster of its own (namespaces)")
     a = ap.parse_args(argv)
-    kinds = a.kinds.split(",")
-    if set(kinds) - set(KINDS):
-        ap.error(f"unknown fault kind(s) {sorted(set(kinds) - set(KINDS))}; known: "
-                 f"{','.join(KINDS)}")
-    shapes = tuple(a.shapes.split(","))
-    if set(shapes) - {"plain", "elastic"}:
-        ap.error(f"--shapes: plain and/or elastic, not {a.shapes!r}")
-    rnd = random.Random(a.seed)
-    specs = [dict(chaos.draw(rnd, kinds, a.max_freeze, shapes), seed=a.seed, n=i)
-             for i in range(a.faults)]
-    if a.only is not None:
-        specs = [specs[a.only]]
+    specs = chaos.draw_plan(ap, a, KINDS)
     out = Path(a.out or ROOT / "benchmarks" / "results" /
                f"{datetime.date.today():%Y%m%d}-chaos-cluster-{len(specs)}faults-seed{a.seed}")
     out.mkdir(parents=True, exist_ok=True)
