@@ -34,7 +34,7 @@ def layout(name: str) -> list:
     if red is None:
         t = st.tensors[name]
         return [t.key, len(t.parts)]
-    lkey = red.layouts[name]
+    lkey = red.cuts.layouts[name]
     return [lkey, red.segs[lkey].C]
 
 
@@ -47,7 +47,7 @@ def residual(name: str, n: int) -> np.ndarray:
         t = st.tensors[name]
         pieces = [(start, t.pipes[part]) for part, start, _, _ in t.parts if part in t.pipes]
     else:
-        lkey = red.layouts[name]
+        lkey = red.cuts.layouts[name]
         seg = red.segs[lkey]
         pieces = [(seg.slice(j, k)[0], p) for k, sl in enumerate(red.slice_cache.get(lkey, []))
                   for j, p in sl.pipes.items()]
@@ -59,7 +59,7 @@ def residual(name: str, n: int) -> np.ndarray:
 def slice_keys(name: str) -> list:
     """The keys of the slices of ``name``'s current cut (local reduction)."""
     red = api._STATE.local
-    return [] if red is None else [sl.key for sl in red.slice_cache[red.layouts[name]]]
+    return [] if red is None else [sl.key for sl in red.slice_cache[red.cuts.layouts[name]]]
 
 
 def segments() -> list:

@@ -72,7 +72,7 @@ def at_boundary(st) -> None:
                 del tu.saved[(name, key)]
                 keys.append(key)
         if st.local is not None:        # the local reduction's slices of the cuts left
-            keys += st.local.old_slice_keys()
+            keys += st.local.cuts.old_slice_keys()
         live = {t.key for t in st.tensors.values()}
         keys = [k for k in dict.fromkeys(keys) if k not in r.done]
         with r.lock:

@@ -1,5 +1,6 @@
-"""Autotune's cuts of the local reduction (a mixin of
-:class:`byteps.core.local.reducer.LocalReducer`; docs/scaling.md, "Autotune").
+"""Autotune's cuts of the local reduction (:class:`Cuts`, which
+:class:`byteps.core.local.reducer.LocalReducer` keeps as its ``cuts``; docs/scaling.md,
+"Autotune").
 
 The tuned partition size is the reducer's chunk size.  Every local rank reads the same
 setting at the same step boundary, so the n-th push of a tensor is cut alike on every
@@ -17,8 +18,21 @@ from byteps.core.local.shm import Segment
 
 
 class Cuts:
-    """Needs the reducer's ``cfg``/``cfg0``, ``network``, ``mode``, ``me``, ``L``,
-    ``segs``, ``slice_cache``, ``layouts``, ``cuts`` and ``_slices``."""
+    """How this local rank (``me`` of ``L``; ``mode``: ``root`` or ``slice``; ``network``:
+    other hosts take part) cuts each tensor.  ``cfg0``: the initial settings; ``cfg()``:
+    the current ones (autotune's partition size).  The reducer's ``segs`` and
+    ``slice_cache`` (by layout key) lose a tensor's old layout at a re-cut;
+    ``slices(tensor, seg, lkey, nbytes, cut)`` makes the new slices.  ``layouts``: tensor
+    name -> layout key of its last push; ``used``: tensor name -> (its key, bytes,
+    {layout key: cut})."""
+
+    def __init__(self, cfg0, cfg, network: bool, mode: str, me: int, L: int, segs: dict,
+                 slice_cache: dict, slices):
+        self.cfg0, self.cfg, self.network, self.mode, self.me, self.L = \
+            cfg0, cfg, network, mode, me, L
+        self.segs, self.slice_cache, self.slices = segs, slice_cache, slices
+        self.layouts: dict[str, int] = {}
+        self.used: dict[str, tuple] = {}
 
     def pushed(self, tensor, lkey: int, seg: Segment, nbytes: int, cut: int) -> None:
         """User thread, at a push of ``tensor`` cut into ``cut``-byte chunks (``lkey``)."""
@@ -26,7 +40,7 @@ class Cuts:
         if prev == lkey:
             return
         self.layouts[tensor.name] = lkey
-        self.cuts.setdefault(tensor.name, (tensor.key, nbytes, {}))[2][lkey] = cut
+        self.used.setdefault(tensor.name, (tensor.key, nbytes, {}))[2][lkey] = cut
         if prev is not None:
             self._recut(tensor, prev, lkey, seg, nbytes, cut)
 
@@ -38,7 +52,7 @@ class Cuts:
         A tensor not pushed since the choice is looked at again at a later boundary."""
         from byteps.core.api import tensor_key
         out = []
-        for name, (key, nbytes, used) in self.cuts.items():
+        for name, (key, nbytes, used) in self.used.items():
             cur = self.layouts.get(name)
             if len(used) < 2 or self.layout_key(key, nbytes, name, self.chunk_bytes(
                     nbytes, name)) != cur:
@@ -56,7 +70,7 @@ class Cuts:
         leave the tensor whole; BYTEPS_PARTITION_BYTES as given without a network stage."""
         if not self.network:
             return self.cfg0.partition_bytes
-        p, p0 = self.cfg.partition_size(nbytes, name), self.cfg0.partition_size(nbytes, name)
+        p, p0 = self.cfg().partition_size(nbytes, name), self.cfg0.partition_size(nbytes, name)
         return p0 if nbytes <= min(p, p0) else p
 
     def layout_key(self, key: int, nbytes: int, name: str, cut: int) -> int:
@@ -82,7 +96,7 @@ class Cuts:
             from byteps.compression import carry_state
             old = [(old_seg.slice(j, k)[0], p) for k, st in enumerate(old_sl)
                    for j, p in st.pipes.items()]
-            new_sl = self._slices(tensor, seg, lkey, nbytes, cut)
+            new_sl = self.slices(tensor, seg, lkey, nbytes, cut)
             mine = range(self.L) if self.mode == "root" and self.me == 0 else \
                 (self.me,) if self.mode == "slice" else ()
             new = [(a, comp_pipeline(new_sl[k], j, b - a)) for k in mine

@@ -16,7 +16,7 @@ over ``ipc://`` PUSH sockets, which wakes them without busy-waiting.  With
 under the name ``<name>.slice<k>``; with ``slice`` local rank k pushes slice k.
 Either way each key gets one push per host, and averages divide by the
 global number of workers.  The stages and their order are :class:`.stages.Stages`
-(this reducer's ``stages``), autotune's cuts of a tensor in :mod:`.cuts`.
+(this reducer's ``stages``), autotune's cuts of a tensor :class:`.cuts.Cuts` (its ``cuts``).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ _KEY = struct.Struct("<q")
 SMALL_BYTES = 65536     # a tensor up to this size is reduced by one local rank: fewer hand-offs
 
 
-class LocalReducer(Cuts):
+class LocalReducer:
     """Background thread that runs the local stages of every push_pull of this process."""
 
     def __init__(self, cfg, engine, book: dict, epoch: int, mode: str, groups: list[list[int]]):
@@ -84,9 +84,9 @@ class LocalReducer(Cuts):
         self.markers: list[str | None] = []   # "small shm" warning markers this process made
         self.slice_cache: dict[int, list] = {}
         self.rounds: dict[int, int] = {}
-        self.layouts: dict[str, int] = {}     # tensor name -> layout key of its last push
-        self.cuts: dict[str, tuple] = {}      # tensor name -> (key, bytes, {layout key: cut})
-        self.cfg0 = cfg          # the initial settings (autotune changes self.cfg's partition)
+        # autotune's cuts (.cuts); autotune sets self.cfg (its partition size), cfg is the initial
+        self.cuts = Cuts(cfg, lambda: self.cfg, self.network, mode, self.me, self.L, self.segs,
+                         self.slice_cache, self._slices)
         self.by_key: dict[int, Op] = {}
         self.lock = threading.Lock()
         self.incoming: collections.deque = collections.deque()
@@ -133,9 +133,9 @@ class LocalReducer(Cuts):
             raise self.fatal
         flat_src = src.reshape(-1)
         n = flat_src.size
-        cut = self.chunk_bytes(src.nbytes, tensor.name)
+        cut = self.cuts.chunk_bytes(src.nbytes, tensor.name)
         chunk = max(1, cut // src.dtype.itemsize)
-        lkey = self.layout_key(tensor.key, src.nbytes, tensor.name, cut)
+        lkey = self.cuts.layout_key(tensor.key, src.nbytes, tensor.name, cut)
         seg = self.segs.get(lkey)
         if seg is None and n:
             path = os.path.join(self.dir, f"{self.prefix}t{lkey:016x}")
@@ -154,7 +154,7 @@ class LocalReducer(Cuts):
             seg.owner = self.owner_of(tensor.key, n * src.dtype.itemsize)
             self.segs[lkey] = seg
         if n:
-            self.pushed(tensor, lkey, seg, src.nbytes, cut)    # autotune's cuts (.cuts)
+            self.cuts.pushed(tensor, lkey, seg, src.nbytes, cut)
         h = Handle(hid, tensor, out, seg.C if n else 0, average)
         if self.engine.timeline is not None:
             self.engine.timeline.begin(hid, tensor.name, h.t0)
@@ -207,7 +207,7 @@ class LocalReducer(Cuts):
             for k in range(self.L):
                 length = sum(b - a for a, b in (seg.slice(j, k) for j in range(seg.C)))
                 name = f"{tensor.name}.slice{k}"
-                key = self.layout_key(tensor_key(name), nbytes, tensor.name, cut)
+                key = self.cuts.layout_key(tensor_key(name), nbytes, tensor.name, cut)
                 sl.append(SliceTensor(name, key, length, tensor.dtype_code,
                                       getattr(tensor, "spec", None),
                                       getattr(tensor, "wire_flags", 0),
@@ -342,7 +342,7 @@ class LocalReducer(Cuts):
                 self._unknown(key)
                 continue
             tensor, average, shape, dtype = known
-            lkey = self.layouts.get(tensor.name)
+            lkey = self.cuts.layouts.get(tensor.name)
             seg = self.segs.get(lkey)       # None: never pushed here (learned from its note)
             if seg is None or self.join.wanted(seg, self.me, self.rounds.get(lkey, 0)):
                 z = identity(getattr(tensor, "op", 0), shape, dtype)
