@@ -256,7 +256,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                 why = self.blocked(slot, rnd)
                 if why:
                     for ident, _, _ in rs.waiting:
-                        self.round_error(ident, slot.key, why)
+                        self.round_error(ident, slot.key, why, gone=True)
                     rs.waiting.clear()
         self.async_store.release(slot, self.async_ranks(), out)   # a slow rank left/joined
         if out:
@@ -280,11 +280,13 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                         f"same number of steps")
         return None
 
-    def round_error(self, ident: bytes, key: int, message: str) -> None:
+    def round_error(self, ident: bytes, key: int, message: str, gone: bool = False) -> None:
         """Fail one worker's push_pulls of ``key`` (a round that cannot complete); sent by
-        the I/O thread (this may run on an engine thread)."""
+        the I/O thread (this may run on an engine thread).  ``gone``: because a rank left
+        this membership (the worker's next init() forms the group anew)."""
         name = self.decls.get(key, {}).get("name", "")
-        self.replies.error(ident, {"key": key, "name": name, "message": message})
+        self.replies.error(ident, {"key": key, "name": name, "message": message,
+                                   **({"gone": True} if gone else {})})
 
     def on_worker(self, frames: list) -> None:
         ident = frames[0].bytes
@@ -378,7 +380,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                 continue
             why = self.blocked(slot, e.round) if self.gone and not e.flags & ASYNC else None
             if why:
-                self.round_error(ident, e.key, why)
+                self.round_error(ident, e.key, why, gone=True)
                 continue
             if e.flags & SHM and slot.segs is None and not slot.rounds:
                 try:

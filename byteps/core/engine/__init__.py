@@ -387,6 +387,8 @@ class Engine:
         if type(key) is not int or not isinstance(msg, str):
             return self.drops.warn("bad DATA_ERROR", repr(body)[:200])
         self.key_errors[key] = msg
+        if body.get("gone") is True:     # a rank left this membership: nothing global
+            self.peer_gone = msg[:2000]  # completes in it, api.init() forms the group anew
         err = BytePSError(msg)
         for k in [k for k in self.inflight if k[0] == key]:
             t = self.inflight.pop(k)
