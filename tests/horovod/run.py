@@ -195,7 +195,7 @@ def report(suite: str, layout: str, out: Path, rc: int, seconds: float) -> int:
         print("  no results (see the log)")
         return 1
     unknown = 0
-    print(f"  {'rank file':32} {'passed':>6} {'failed':>6} {'skipped':>7}")
+    print(f"  {'rank file':40} {'passed':>6} {'failed':>6} {'skipped':>7}")
     failures: dict[str, str] = {}
     lsize = int(dict(zip(LAYOUTS[layout], LAYOUTS[layout][1:])).get("--local-size", 1))
     ranks = {int(f.stem.split("_")[-2]) * lsize + int(f.stem.split("_")[-1]) for f in files}
@@ -206,7 +206,7 @@ def report(suite: str, layout: str, out: Path, rc: int, seconds: float) -> int:
     for fname, got in rows:
         count = {k: sum(1 for s, _ in got.values() if s == k)
                  for k in ("passed", "failed", "skipped")}
-        print(f"  {fname:32} {count['passed']:6} {count['failed']:6} {count['skipped']:7}")
+        print(f"  {fname:40} {count['passed']:6} {count['failed']:6} {count['skipped']:7}")
         for name, (state, msg) in sorted(got.items()):
             if state == "failed":
                 failures.setdefault(name, msg)

@@ -11,7 +11,8 @@
 # tests/horovod/run.py (HVD_LAYOUTS="2hosts local2 3workers" to change; HVD_SELECT: a
 # pytest -k expression; HVD_REVERSE=1: the tests in reverse order; HVD_JUNIT_DIR: where
 # the per-rank junit files and job logs go, default /tmp/byteps-horovod-suites).
-# MXNet's suites run in .venv-mxnet (mxnet 1.9.1 needs numpy < 1.24), the others in .venv.
+# MXNet's suites run in .venv-mxnet (mxnet 1.9.1 needs numpy < 1.24), the others in .venv;
+# tf2keras with TF_USE_LEGACY_KERAS=1 (tf-keras: the suite uses the Keras 2 API).
 #
 # A work tree from a bare mirror (as on the development machines):
 #   git -C /work/.mirror/horovod+horovod/repo worktree add /tmp/horovod HEAD
@@ -78,7 +79,9 @@ for s in "${SUITES[@]}"; do
   [ -f "$TMP/parallel/$main" ] || { echo "$s: $main not in this checkout"; status=1; continue; }
   py="$PY"; [ "$s" = mxnet ] && py="$PY_MXNET"
   suites=(--suite "$main"); [ "$s" = mxnet ] && suites+=(--suite test_mxnet2.py)
-  "$py" "$ROOT/tests/horovod/run.py" --suite-dir "$TMP/parallel" "${suites[@]}" \
+  # test_tensorflow2_keras.py is written for the Keras 2 API: tf-keras (docs/tensorflow.md)
+  legacy="${TF_USE_LEGACY_KERAS:-0}"; [ "$s" = tf2keras ] && legacy=1
+  TF_USE_LEGACY_KERAS="$legacy" "$py" "$ROOT/tests/horovod/run.py" --suite-dir "$TMP/parallel" "${suites[@]}" \
     "${largs[@]}" "${extra[@]}" --junit-dir "${HVD_JUNIT_DIR:-/tmp/byteps-horovod-suites}" \
     || status=1
 done
