@@ -128,8 +128,7 @@ class Engine:
             pass
 
     def barrier(self, name: str, check=None) -> None:
-        """Wait until every worker reaches barrier ``name``; ``check()`` runs every 0.2 s
-        of the wait and may raise (the caller's timeout)."""
+        """Wait until every worker reaches barrier ``name``; ``check()`` (may raise) every 0.2 s."""
         ev = threading.Event()
         self.barriers[name] = ev
         self.request(("barrier", name))
@@ -457,10 +456,9 @@ class Engine:
             self.send_tasks(new, tasks[s:s + 256])
 
     def retire_keys(self, keys: list, again) -> None:
-        """Forget this worker's state of ``keys`` (keys autotune left behind,
-        autotune/retire.py: declarations sent, shared-memory segments) and ask every live
-        server to free them (``FREE``).  A key that still has a partition queued or in
-        flight is handed back to ``again`` (retried at a later step boundary), never freed."""
+        """Forget this worker's state of ``keys`` (autotune/retire.py: declarations sent, shm
+        segments) and ask every live server to free them (``FREE``); a key with a partition
+        queued or in flight goes back to ``again`` (retried at a later step), never freed."""
         busy = {t.handle.tensor.key for t in self.inflight.values()} | \
             {t.handle.tensor.key for t in self.heap}
         later = [k for k in keys if k in busy]
