@@ -7,17 +7,10 @@ one failed (exit code 86)."""
 import sys
 
 import numpy as np
-from conftest import SCRIPTS, assert_ok, read_results, run_job
+from conftest import ROOT, SCRIPTS, assert_ok, read_results, run_job
 
-
-def _reference(steps):
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((96, 40)).astype(np.float32)
-    y = X @ rng.standard_normal(40).astype(np.float32)
-    w = np.zeros(40, np.float32)
-    for _ in range(steps):
-        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
-    return w
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos_job import reference  # noqa: E402  (the elastic scripts' least squares, one process)
 
 
 def _job(tmp_path, min_workers, **env):
@@ -33,7 +26,7 @@ def test_elastic_job_forms_without_a_worker_killed_before_it_registered(tmp_path
     out = read_results(tmp_path)
     assert sorted(out) == [0, 1], res.stderr[-3000:]
     assert all(o["size"] == 2 for o in out.values())
-    np.testing.assert_allclose(out[0]["w"], _reference(20), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[0]["w"], reference(20), rtol=1e-4, atol=1e-5)
     assert out[0]["w"] == out[1]["w"]
     assert "ended with signal SIGKILL; the elastic job goes on with 2 worker(s)" in res.stderr
 
@@ -136,7 +129,7 @@ def test_an_elastic_cluster_job_forms_at_once_without_a_worker_dead_before_it_re
     assert took < 50, text
     out = read_results(tmp_path)
     assert sorted(out) == [0, 1] and all(o["size"] == 2 for o in out.values()), text
-    np.testing.assert_allclose(out[0]["w"], _reference(20), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[0]["w"], reference(20), rtol=1e-4, atol=1e-5)
     assert "before the job formed; it forms without it" in outs[0], text
 
 

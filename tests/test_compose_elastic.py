@@ -15,21 +15,13 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import SCRIPTS, assert_ok, read_results, run_job
+from conftest import ROOT, SCRIPTS, assert_ok, read_results, run_job
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos_job import reference  # noqa: E402  (the elastic scripts' least squares, one process)
 
 pytestmark = pytest.mark.timeout(200)
 STEPS = 40
-
-
-def _reference(steps: int = STEPS) -> np.ndarray:
-    """elastic_compose.py's training in one process: every step once, the whole batch."""
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((96, 40)).astype(np.float32)
-    y = X @ rng.standard_normal(40).astype(np.float32)
-    w = np.zeros(40, np.float32)
-    for _ in range(steps):
-        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
-    return w
 
 
 def _job(tmp_path, mode: str, worker_kill: int, server_kill: int, workers=3, **env):
@@ -51,7 +43,7 @@ def _check_exact(res, ranks, survivors: int):
     for r, g in enumerate(got):
         assert ranks[r]["size"] == survivors
         assert np.array_equal(g, got[0]), "ranks differ"
-    np.testing.assert_allclose(got[0], _reference(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[0], reference(STEPS), rtol=1e-4, atol=1e-5)
 
 
 def test_elastic_with_replicas_survives_a_worker_then_a_server(tmp_path):
@@ -99,7 +91,6 @@ def test_elastic_over_ssh_worker_lost_and_one_started_by_discovery(tmp_path):
     import os
     import subprocess
     from conftest import BPSLAUNCH, ROOT, job_env
-    from test_elastic import _numpy_reference
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "ssh").write_text(FAKE_SSH)
@@ -126,7 +117,7 @@ def test_elastic_over_ssh_worker_lost_and_one_started_by_discovery(tmp_path):
         assert ranks[r]["resets"] == [[20, r, 3], [45, r, 4]], ranks[r]["resets"]
     got = [np.array(ranks[r]["w"], np.float32) for r in range(4)]
     assert all(np.array_equal(g, got[0]) for g in got)
-    np.testing.assert_allclose(got[0], _numpy_reference(60), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[0], reference(60), rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------- under Slurm
@@ -156,4 +147,4 @@ def test_elastic_slurm_tasks_go_on_without_a_lost_one(tmp_path):
     assert sorted(ranks) == [0, 1], text[-4000:]
     got = [np.array(ranks[r]["w"], np.float32) for r in (0, 1)]
     assert np.array_equal(got[0], got[1]) and ranks[0]["size"] == 2
-    np.testing.assert_allclose(got[0], _reference(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[0], reference(STEPS), rtol=1e-4, atol=1e-5)

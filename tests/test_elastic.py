@@ -14,7 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import SCRIPTS, assert_ok, job_env, read_results, run_job
+from conftest import ROOT, SCRIPTS, assert_ok, job_env, read_results, run_job
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos_job import reference  # noqa: E402  (the elastic scripts' least squares, one process)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -160,17 +163,6 @@ def _elastic_job(tmp_path, script, steps, kill, add, timeout):
                    BYTEPS_ENABLE_IPC=0, BYTEPS_HEARTBEAT_INTERVAL=0.2)
 
 
-def _numpy_reference(steps):
-    """elastic_numpy.py's training in one process: every step once, the whole batch."""
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((96, 40)).astype(np.float32)
-    y = X @ rng.standard_normal(40).astype(np.float32)
-    w = np.zeros(40, np.float32)
-    for _ in range(steps):
-        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
-    return w
-
-
 def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
     res = _elastic_job(tmp_path, "elastic_numpy.py", 60, 20, 40, timeout=100)
     assert_ok(res)
@@ -186,7 +178,7 @@ def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
     for r in (0, 1, 2):
         assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], out[r]["resets"]
     assert out[3]["resets"] == [] and out[3]["size"] == 4
-    w = _numpy_reference(60)
+    w = reference(60)
     got = [np.array(out[r]["w"], np.float32) for r in range(4)]
     for g in got:
         assert np.array_equal(g, got[0])                 # identical on every rank
@@ -208,7 +200,7 @@ def test_collectives_first_used_after_a_loss_work_with_a_newcomer(tmp_path):
         assert [s for s, n in out[r]["late"] if n == 3] == list(range(11, 20))
     for r in range(4):
         assert [s for s, n in out[r]["late"] if n == 4] == list(range(20, 30)), out[r]["late"]
-    w = _numpy_reference(30)
+    w = reference(30)
     for r in range(4):
         np.testing.assert_allclose(np.array(out[r]["w"], np.float32), w, rtol=1e-4, atol=1e-5)
 
@@ -295,7 +287,7 @@ def test_numpy_elastic_in_the_emulated_cluster(tmp_path):
         assert res[r]["resets"] == [[20, r, 3], [45, r, 4]], (res[r]["resets"], text)
     got = [np.array(res[r]["w"], np.float32) for r in range(4)]
     assert all(np.array_equal(g, got[0]) for g in got), text
-    np.testing.assert_allclose(got[0], _numpy_reference(60), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[0], reference(60), rtol=1e-4, atol=1e-5)
 
 
 class _Var:

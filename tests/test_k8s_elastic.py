@@ -20,6 +20,9 @@ import pytest
 from conftest import ROOT, SCRIPTS
 from test_k8s import K8S_VERSIONS, generate, pod_env
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chaos_job import reference  # noqa: E402  (the elastic scripts' least squares, one process)
+
 from byteps.launcher import free_port, k8s
 
 yaml = pytest.importorskip("yaml")
@@ -74,14 +77,6 @@ def test_bad_elastic_options_are_one_line(args, text, capsys):
 
 
 # ------------------------------------------------------------------ running the pods
-def _reference(steps: int) -> np.ndarray:
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((96, 40)).astype(np.float32)
-    y = X @ rng.standard_normal(40).astype(np.float32)
-    w = np.zeros(40, np.float32)
-    for _ in range(steps):
-        w -= np.float32(0.05) * (X.T @ (X @ w - y) / np.float32(96))
-    return w
 
 
 class Pods:
@@ -223,7 +218,7 @@ def test_elastic_pods_scale_up_lose_a_pod_and_finish_exact(tmp_path):
         assert all(c[2] == size_at(c[0]) for c in ranks[r]["checked"]), ranks[r]["checked"]
     got = [np.array(ranks[r]["w"], np.float32) for r in (0, 1, 2)]
     assert all(np.array_equal(g, got[0]) for g in got)
-    np.testing.assert_allclose(got[0], _reference(STEPS), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[0], reference(STEPS), rtol=1e-4, atol=1e-5)
 
 
 def test_scheduler_holds_a_pod_over_max_until_a_loss_frees_its_place(monkeypatch):
