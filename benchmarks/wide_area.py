@@ -14,7 +14,8 @@ library's source for the same number of tokens, with one method:
 * ``ddp``: torch.distributed gloo allreduce of the gradients every step;
 * ``sync`` / ``sync_onebit``: SyncPS, float32 / onebit with error feedback;
 * ``diloco`` / ``diloco_int8``: DiLoCo (``--inner-steps``), float32 / int8 outer gradients;
-* ``streaming``: Streaming DiLoCo, ``--fragments`` fragments, int8, overlapped.
+* ``streaming``: Streaming DiLoCo, ``--fragments`` fragments, int8, overlapped by at
+  most ``--overlap`` inner steps (``DiLoCo(overlap=k)``).
 
 The network: every worker's connections to the server go through the user-space proxy
 (benchmarks/cluster/delay_proxy.py; this kernel has no ``netem``) that holds each chunk
@@ -109,8 +110,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rate-mbit", type=float, default=100.0)
     ap.add_argument("--delay-ms", type=float, default=50.0, help="one way")
     ap.add_argument("--steps", type=int, default=600, help="per worker (same tokens)")
-    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--inner-steps", type=int, default=30)
     ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument("--overlap", type=int, default=5,
+                    help="streaming's DiLoCo(overlap=k): merged at most k inner steps after "
+                         "the push (0: overlap=True, whenever it arrives)")
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16, help="sequences per step and worker")
     ap.add_argument("--outer-lr", type=float, default=1.0, help="DiLoCo's outer_lr")
@@ -130,7 +134,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def worker_argv(a, algo: str) -> list[str]:
     return [sys.executable, str(HERE / "wide_area_worker.py"), "--algo", algo, "--steps",
             str(a.steps), "--inner-steps", str(a.inner_steps), "--fragments",
-            str(a.fragments), "--dim", str(a.dim), "--eval-every", str(a.eval_every),
+            str(a.fragments), "--overlap", str(a.overlap), "--dim", str(a.dim),
+            "--eval-every", str(a.eval_every),
             "--batch", str(a.batch), "--outer-lr", str(a.outer_lr), "--outer-momentum",
             str(a.outer_momentum), "--lr", str(a.lr), "--warmup", str(a.warmup),
             "--min-lr", str(a.min_lr)]

@@ -81,7 +81,7 @@ def add_training_args(ap: argparse.ArgumentParser, fragments: int) -> None:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1.2e-2)
-    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--inner-steps", type=int, default=30)
     ap.add_argument("--outer-lr", type=float, default=1.0)
     ap.add_argument("--outer-momentum", type=float, default=0.4)
     ap.add_argument("--fragments", type=int, default=fragments)
@@ -96,6 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--algo", required=True)
     ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--overlap", type=int, default=5,
+                    help="streaming: DiLoCo(overlap=k), merged at most k steps after the "
+                         "push (0: overlap=True, whenever it arrives)")
     add_training_args(ap, fragments=4)
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -126,7 +129,7 @@ def main() -> None:
             "diloco": (A.DiLoCo(**outer), None),
             "diloco_int8": (A.DiLoCo(**outer, compression_params=int8), None),
             "streaming": (A.DiLoCo(**outer, compression_params=int8, fragments=a.fragments,
-                                   overlap=True), None),
+                                   overlap=a.overlap or True), None),
         }[a.algo]
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
         opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
