@@ -29,7 +29,8 @@ from byteps.common import torchrun, variables
 from byteps.common.config import NAMES_CHECKED, Config, ConfigError, name_report
 from byteps.launcher import dashboard, liveview, lost
 from byteps.launcher.report import print_summaries, trace_note
-from byteps.launcher.supervise import Job, LaunchError, Proc, _child_setup, say  # noqa: F401
+from byteps.launcher.supervise import (  # noqa: F401
+    Job, LaunchError, Proc, _child_setup, refuse, say)
 
 
 def free_port() -> int:
@@ -167,12 +168,8 @@ def standalone(args, cmd: list[str]) -> int:
             "server": dict(base, DMLC_ROLE="server"), "worker": worker_env(0, 0)})
         check_command(cmd, base)
         args.live = (liveview.mode(getattr(args, "live", None), base), liveview.interval(base))
-    except ConfigError as exc:
-        say(str(exc))
-        return 2
-    except LaunchError as exc:
-        say(str(exc))
-        return exc.code
+    except (ConfigError, LaunchError) as exc:
+        return refuse(exc)
     tag = _tagging(args.tag_output, hosts * local)
     dashboard.standalone_env(args, base, free_port)    # --dashboard: the port, the URL
     restarts = getattr(args, "max_restarts", 0)
@@ -268,8 +265,7 @@ def role_mode(args, cmd: list[str]) -> int:
         check_config({role: env0})
         cfg = Config.from_env(role=role, warn_unknown=False)
     except ConfigError as exc:
-        say(str(exc))
-        return 2
+        return refuse(exc)
     if getattr(args, "restart_scheduler", False):     # (launcher/reschedule.py)
         from byteps.launcher import reschedule
         reschedule.wait_for_restarts()

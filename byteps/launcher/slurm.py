@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from byteps.common import torchrun
 from byteps.common.config import NAMES_CHECKED, ConfigError
-from byteps.launcher.supervise import Job, LaunchError, say
+from byteps.launcher.supervise import Job, LaunchError, refuse, say
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 
@@ -249,12 +249,8 @@ def run(args, cmd: list[str]) -> int:
     try:
         check_config(envs)
         check_command(cmd, base)
-    except ConfigError as exc:
-        say(str(exc))
-        return 2
-    except LaunchError as exc:
-        say(str(exc))
-        return exc.code
+    except (ConfigError, LaunchError) as exc:
+        return refuse(exc)
     status = tempfile.mkdtemp(prefix="bpslaunch-slurm-")
     quiet = {NAMES_CHECKED: "1", "BPSLAUNCH_STATUS_DIR": status,
              "BPSLAUNCH_SUMMARY_DIR": status}       # each worker's end-of-job line

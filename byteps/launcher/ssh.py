@@ -58,7 +58,7 @@ from byteps.launcher.hosts import (  # noqa: F401  (the names tests and elastic.
     plan,
     read_hostfile,
 )
-from byteps.launcher.supervise import Job, LaunchError, _child_setup, _pump, say
+from byteps.launcher.supervise import Job, LaunchError, _child_setup, _pump, refuse, say
 
 MARK = b"bpslaunch-remote:"
 SUMMARY = MARK + b" SUMMARY "
@@ -352,8 +352,7 @@ def run(args, cmd: list[str]) -> int:
         say(str(exc))
         return 2
     except ConfigError as exc:
-        say(str(exc))
-        return 2
+        return refuse(exc)
     python = args.remote_python or sys.executable
     names = list(dict.fromkeys(r.host for r in roles))
     remote = [h for h in names if not is_local(h)]

@@ -187,6 +187,13 @@ def say(text: str) -> None:
         print(f"bpslaunch: {text}", file=sys.stderr, flush=True)
 
 
+def refuse(exc: Exception) -> int:
+    """bpslaunch will not start the job: say why (``exc``: a ConfigError or a
+    LaunchError) and return its exit code (a LaunchError's own, else 2)."""
+    say(str(exc))
+    return exc.code if isinstance(exc, LaunchError) else 2
+
+
 class Job:
     """A set of child processes supervised together."""
 
