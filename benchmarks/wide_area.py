@@ -205,7 +205,9 @@ def run_all(a) -> dict:
                    "final_loss": r0["final_loss"],   # the curve ends with the final model
                    "curve": r0["curve"] + [[r0["train_s"], r0["final_loss"]]],
                    "tokens": r0["tokens"], "params": r0["params"],
-                   "merge_delay_steps": r0.get("merge_delay_steps")}
+                   "merge_delay_steps": r0.get("merge_delay_steps"),
+                   "merge_delay_steps_by_rank": [r.get("merge_delay_steps") for r in
+                                                 sorted(recs, key=lambda r: r["rank"])]}
             out["results"][algo] = res
             print(f"{algo:12s} {res['train_s']:8.1f} s  {res['sent_bytes'] / 1e6:9.2f} MB sent  "
                   f"final loss {res['final_loss']:.3f}", flush=True)
