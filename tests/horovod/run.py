@@ -81,12 +81,12 @@ _GRAPPLER = ("graph mode only: TensorFlow's graph optimizer (arithmetic optimiza
              "eager mode passes; "
              "with 2 ranks both sides only double, which is exact)")
 _EXACT = ("the test's reference is the tensor itself (the exact average of three equal "
-          "values), but an average computed from the rounded float sum does not always give the "
-          "value back: 14 % of float32 and float16 values differ in the last place (byteps "
-          "divides the sum), 32 % of float32 ones under Horovod's arithmetic (the sum scaled by "
-          "float32(1/3)); test_horovod_allreduce_average_cpu's reference, (x * 3) / 3 in the "
-          "tensor's dtype, is what byteps gives (it passes): the two references cannot both "
-          "hold; 2 ranks are exact")
+          "values), but an average computed from the rounded float32 sum does not always give "
+          "the value back: 14 % of float32 values differ in the last place (byteps divides the "
+          "sum; float16 ones come back exact), 32 % under Horovod's arithmetic (the sum scaled "
+          "by float32(1/3)); test_horovod_allreduce_average_cpu's float32 reference, "
+          "(x * 3) / 3, is what byteps gives: the two references cannot both hold; 2 ranks "
+          "are exact")
 _TF16 = ("float16 averaged or postscaled with 3 ranks: the test's reference rounds the float16 "
          "sum first, then scales it in float32 (Horovod's CPU arithmetic: its float16 sum rounds "
          "at each step), while the core rounds once, after dividing or scaling the float32 sum, "
