@@ -149,8 +149,10 @@ def run(suite: str, layout: str, out: Path, reverse: bool, select: str | None,
         res = subprocess.run(cmd, check=False, cwd=suite_dir, env=env, capture_output=True,
                              text=True, timeout=job_timeout)
         rc, log = res.returncode, res.stdout + res.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, log = -1, f"job timed out after {job_timeout} s\n{exc.stdout or ''}{exc.stderr or ''}"
+    except subprocess.TimeoutExpired as exc:       # its output so far comes back as bytes
+        text = [o.decode(errors="replace") if isinstance(o, bytes) else o or ""
+                for o in (exc.stdout, exc.stderr)]
+        rc, log = -1, f"job timed out after {job_timeout} s\n{text[0]}{text[1]}"
     (out / f"{Path(suite).stem}_{layout}.log").write_text(log)
     return report(suite, layout, out, rc, time.monotonic() - t0)
 
