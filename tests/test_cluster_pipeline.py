@@ -45,3 +45,17 @@ def test_phases_of_a_traced_operation(tmp_path):
 def test_no_traces(tmp_path):
     assert pipeline.summary(tmp_path) == {}
     assert pipeline.table({"x": {}}) == ""
+
+
+def test_tcp_cc_outside_the_allowed_list_is_refused_with_the_fix():
+    from pathlib import Path
+
+    from benchmarks.cluster.netns import tcp_cc_name
+    f = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+    if not f.exists():
+        pytest.skip("no Linux TCP sysctls here")
+    allowed = f.read_text().split()
+    assert tcp_cc_name(allowed[0]) == allowed[0]
+    name = next(c for c in ("vegas", "westwood", "htcp", "zzz") if c not in allowed)
+    with pytest.raises(ValueError, match="tcp_allowed_congestion_control"):
+        tcp_cc_name(name)

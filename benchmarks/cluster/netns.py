@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Self
 
 PREFIX = "bpsc-"
@@ -66,6 +67,15 @@ def tcp_cc_name(cc: str) -> str:
     """``cc`` if it is a congestion-control name (cubic, bbr, reno), else ValueError."""
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", cc):
         raise ValueError(f"TCP congestion control {cc!r} is not a name like cubic or bbr")
+    try:            # a namespace may only pick what the machine allows (EPERM otherwise)
+        allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+    except OSError:
+        return cc
+    if cc not in allowed:
+        raise ValueError(f"TCP congestion control {cc!r} is not allowed in network namespaces "
+                         f"on this machine (allowed: {' '.join(allowed)}); allow it with "
+                         f"sudo sysctl -w net.ipv4.tcp_allowed_congestion_control="
+                         f"'{' '.join(allowed + [cc])}'")
     return cc
 
 
