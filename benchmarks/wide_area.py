@@ -112,7 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=600, help="per worker (same tokens)")
     ap.add_argument("--inner-steps", type=int, default=30)
     ap.add_argument("--fragments", type=int, default=4)
-    ap.add_argument("--overlap", type=int, default=5,
+    ap.add_argument("--overlap", type=int, default=2,
                     help="streaming's DiLoCo(overlap=k): merged at most k inner steps after "
                          "the push (0: overlap=True, whenever it arrives)")
     ap.add_argument("--dim", type=int, default=64)
