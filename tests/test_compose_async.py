@@ -224,7 +224,7 @@ def test_server_wire_checks_of_compressed_async_pushes():
     whose length the frame decoder already checked); a compressed push to an
     uncompressed key is still dropped."""
     from byteps import compression
-    from byteps.server.decls import TensorChecks
+    from byteps.server.decls import Tensors
     from byteps.server.store import Slot
     from byteps.transport.wire import ASYNC, COMP, PULL, PUSH, Entry
 
@@ -235,8 +235,8 @@ def test_server_wire_checks_of_compressed_async_pushes():
         def warn(self, what, detail):
             self.said.append(f"{what}: {detail}")
 
-    chk = TensorChecks.__new__(TensorChecks)
-    chk.decls, chk.drops = {7: {"name": "w"}}, Drops()
+    chk = Tensors(Drops(), {}, None)
+    chk.decls[7] = {"name": "w"}
     spec = compression.parse({"compressor": "onebit", "ef": "vanilla"})
     slot = Slot(7, 0, 0, 1000, -1, compression.server_pipeline(spec, 1000, 7, 0))
     frame = np.zeros(slot.pipe.frame_bytes, np.uint8)

@@ -455,14 +455,15 @@ def test_ranks_with_different_outer_settings_get_an_error_naming_both():
     """The server's declaration check (byteps/server/decls.py) on its own: the same key
     declared with another outer optimizer fails the key for every worker, naming the
     tensor, both ranks and the fix; a plain asynchronous declaration has no outer."""
-    from byteps.server.decls import TensorChecks
+    from byteps.server.decls import Tensors
     from byteps.transport.wire import Op
 
-    class Checks(TensorChecks):             # the server's state TensorChecks reads
+    class Checks(Tensors):                  # the sends a server's Tensors makes, kept
         def __init__(self):
-            self.decls, self.slots, self.peers, self.sent = {}, {}, {b"w0": {}, b"w1": {}}, []
+            super().__init__(None, {b"w0": {}, b"w1": {}}, self.keep)
+            self.sent = []
 
-        def send(self, ident, op, body, payload=()):
+        def keep(self, ident, op, body, payload=()):
             self.sent.append((ident, op, body))
     c = Checks()
     c.declare([7, "DiLoCo.w", [4], 0, 0, [], 0, [0.7, 0.9, True]], {"rank": 0, "host_id": "a"})

@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT, SCRIPTS, read_results, run_job, run_script
 from byteps.common.config import Config, ConfigError
 from byteps.server import Server
-from byteps.server.decls import TensorChecks
+from byteps.server.decls import Tensors
 from byteps.server.replica import Replicator
 from byteps.server.staleness import AsyncStore
 from byteps.server.store import apply
@@ -173,16 +173,17 @@ class _Link:
     node_id, epoch = 1, 1
 
 
-class _Srv(TensorChecks):
+class _Srv:
     """The parts of a Server that the replicator and the store use."""
 
     def __init__(self):
         self.cfg = Config(server_replicas=1, job_id="t")
         self.secret = None
         self.link = _Link()
-        self.decls, self.slots, self.peers, self.peer_fds = {}, {}, {}, {}
-        self.engine_load = [0]
+        self.peers, self.peer_fds = {}, {}
         self.drops = RateLimitedLog(__import__("logging").getLogger("t"))
+        self.tensors = Tensors(self.drops, self.peers, self.send, 1)
+        self.decls, self.slots = self.tensors.decls, self.tensors.slots   # as Server.__init__
         self.async_store = AsyncStore(None)
         self.nworkers, self.joined, self.gone = 2, frozenset(), {}
         self.joined_ranks, self.local_reduce = frozenset(), "off"   # as Server.__init__

@@ -17,6 +17,7 @@ from byteps.common.config import Config
 from byteps.core import autotune
 from byteps.core.autotune import retire
 from byteps.core.api import Tensor, tensor_key
+from byteps.server.decls import Tensors
 from byteps.server.retire import KeyRetirement
 from byteps.server.store import Slot, apply
 from byteps.transport.wire import MAX_FREE_KEYS, PULL, PUSH, Entry, WireError, free_body
@@ -110,18 +111,19 @@ def test_worker_hands_over_only_keys_it_is_done_with():
     assert len(eng.requests) == 3 and tu.retire.count == 5
 
 
-class _Server(KeyRetirement):
-    """The state KeyRetirement uses, without sockets."""
+class _Server:
+    """The state of a server that KeyRetirement uses, without sockets."""
 
     def __init__(self):
-        self.decls, self.slots, self.free_votes = {}, {}, {}
+        self.drops = transport.RateLimitedLog(logging.getLogger("test"))
+        self.tensors = Tensors(self.drops, {}, None, 1)
+        self.decls, self.slots = self.tensors.decls, self.tensors.slots
         self.pushers, self.gone, self.joined, self.nworkers = {0, 1}, {}, frozenset(), 2
         self.lock = threading.Lock()
         self.address = "test"
-        self.engine_load = [0]
         self.push_maps = {}
-        self.drops = transport.RateLimitedLog(logging.getLogger("test"))
         self.replica = SimpleNamespace(in_flight=lambda k, p: False, forget=lambda k: None)
+        self.retire = KeyRetirement(self)
 
     def declare(self, key, parts=2):
         self.decls[key] = {"name": f"t{key}", "shape": [parts * 4], "dtype": 0}
@@ -146,14 +148,14 @@ def test_server_frees_a_key_once_every_rank_asked_and_nothing_is_in_flight(caplo
     _round(srv, 1, [0, 1])                    # finished and pulled by both
     _round(srv, 2, [0])                       # rank 1 never pushed: in flight
     w0, w1 = {"rank": 0}, {"rank": 1}
-    srv.on_free(w0, {"keys": [1, 2, 3, 77]})  # 77: not declared here, ignored
-    assert set(srv.decls) == {1, 2, 3} and srv.keys_freed == 0 and 77 not in srv.free_votes
+    srv.retire.on_free(w0, {"keys": [1, 2, 3, 77]})  # 77: not declared here, ignored
+    assert set(srv.decls) == {1, 2, 3} and srv.retire.keys_freed == 0 and 77 not in srv.retire.free_votes
     with caplog.at_level(logging.WARNING, "byteps.server"):
-        srv.on_free(w1, {"keys": [1, 2, 3]})
+        srv.retire.on_free(w1, {"keys": [1, 2, 3]})
     assert set(srv.decls) == {2} and {k[0] for k in srv.slots} == {2}
-    assert srv.keys_freed == 2 and srv.free_refused == 1
+    assert srv.retire.keys_freed == 2 and srv.retire.free_refused == 1
     assert "keeps tensor 't2'" in caplog.text and "round 0 of partition" in caplog.text
-    srv.on_free(w0, {"keys": "nope"})         # malformed: dropped, nothing changes
+    srv.retire.on_free(w0, {"keys": "nope"})         # malformed: dropped, nothing changes
     assert set(srv.decls) == {2}
 
 
@@ -164,5 +166,5 @@ def test_server_keeps_asynchronous_keys_and_unpulled_rounds():
     srv.declare(6)
     _round(srv, 6, [0, 1], pull=False)        # finished, nobody pulled it yet
     for w in ({"rank": 0}, {"rank": 1}):
-        srv.on_free(w, {"keys": [5, 6]})
-    assert set(srv.decls) == {5, 6} and srv.free_refused == 2
+        srv.retire.on_free(w, {"keys": [5, 6]})
+    assert set(srv.decls) == {5, 6} and srv.retire.free_refused == 2

@@ -25,7 +25,7 @@ from byteps.common.config import Config
 from byteps.common.node import (PEER_FAILED_EXIT, BytePSError, SchedulerLink, describe,
                                 failure_exit_code)
 from byteps.compression import CompressionError
-from byteps.server.decls import INLINE_BYTES, TensorChecks, engine_threads  # noqa: F401
+from byteps.server.decls import INLINE_BYTES, Tensors, engine_threads  # noqa: F401
 from byteps.server.metrics import serve_server
 from byteps.server.records import Records
 from byteps.server.replica import Replicator
@@ -45,7 +45,12 @@ log = logging.getLogger("byteps.server")
 TICK_S = 0.01
 
 
-class Server(TensorChecks, StallReports, Records, KeyRetirement):
+class Server:
+    """One server process.  Its concepts are parts it keeps: ``tensors`` (declarations,
+    slots, checks: decls.py), ``stalls`` (stall reports: stalls.py), ``records`` (byte
+    counts, test records: records.py), ``retire`` (FREE: retire.py), ``replies``,
+    ``replica`` and ``async_store``."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
         malloc.tune(cfg.malloc_tune)        # receive buffers stay in the heap
@@ -55,25 +60,25 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             self.ctx, f"tcp://{cfg.node_host}:{cfg.server_port}", cfg.max_msg_bytes)
         self.link = SchedulerLink(cfg, self.ctx, "server")
         self.drops = transport.RateLimitedLog(log)
-        self.slots: dict[tuple, Slot] = {}
-        self.decls: dict[int, dict] = {}      # tensor key -> declaration / error
         self.peers: dict[bytes, dict] = {}    # worker identity -> book entry
+        # declarations and slots (decls.py); the same dicts under the names the hot path
+        # and the other server modules read
+        self.tensors = Tensors(self.drops, self.peers, self.send, engine_threads(cfg),
+                               cfg.enable_async)
+        self.slots: dict[tuple, Slot] = self.tensors.slots
+        self.decls: dict[int, dict] = self.tensors.decls      # tensor key -> declaration / error
         self.workers_by_id: dict[int, dict] = {}
         self.nworkers = self.size = 0
         self.seqs = transport.SeqTracker()    # replay guard per worker node id
         self.watch = transport.ConnWatch(self.sock)
         self.peer_fds: dict[int, dict] = {}
         self.dropper = transport.Dropper(0.0, 0)
-        self.engine_load = [0] * engine_threads(cfg)
         self.replies = Replies(self)          # every message to a worker (replies.py)
-        self.queues = [queue.SimpleQueue() for _ in self.engine_load]
+        self.queues = [queue.SimpleQueue() for _ in self.tensors.engine_load]
         self.lock = threading.Lock()       # guards slots/decls across engine threads
-        self.record = os.environ.get("BYTEPS_TEST_RECORD")
         self.exit_code = None
-        self.bytes_received = 0
-        self.stall_reports = 0                    # STALL messages sent (metrics)
-        self.wire_received = 0                    # DATA messages, every frame (headers too)
-        self.bytes_by_host: dict[str, int] = {}   # pushed payload bytes per worker host
+        self.records = Records(self)       # byte counts, BYTEPS_TEST_RECORD (records.py)
+        self.stalls = StallReports(self)   # rounds waiting too long (stalls.py)
         self.local_reduce = "off"
         self.push_maps: dict[tuple, np.ndarray] = {}
         # membership within an epoch (the scheduler's MEMBERS): ranks that called join()
@@ -84,7 +89,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         self.leaves: dict = {}          # rank -> position in the reduction tree (tree.py)
         self.async_store = AsyncStore(cfg.async_staleness)   # ASYNC entries (staleness.py)
         self.replica = Replicator(self)    # BYTEPS_SERVER_REPLICAS: backup, failover
-        self.free_votes: dict[int, set] = {}   # FREE: key -> ranks done with it (retire.py)
+        self.retire = KeyRetirement(self)  # FREE: keys every worker is done with (retire.py)
 
     # ---------------------------------------------------------------- set-up
     def start(self) -> None:
@@ -111,7 +116,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         pushers = body.get("pushers")
         self.pushers = set(pushers if isinstance(pushers, list) else (w["rank"] for w in workers))
         self.joined, self.joined_ranks, self.gone = frozenset(), frozenset(), {}
-        self.free_votes.clear()         # ranks of the new book vote again
+        self.retire.new_book()          # ranks of the new book vote again
         self.peers.clear()
         self.seqs.forget()
         for s in self.slots.values():
@@ -166,10 +171,10 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
                 self.replica.tick(now)
                 if now >= next_scan:
                     next_scan = now + 1.0
-                    self.scan_stalls(now)
+                    self.stalls.scan(now)
             return self.exit_code
         finally:
-            self.report_bytes()
+            self.records.report()
             self.watch.close()
             self.sock.close(0)
             self.link.close()
@@ -319,10 +324,10 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
         if not self.seqs.accept(hdr.sender, hdr.seq):
             return self.drops.warn("replayed message", f"sender {hdr.sender}, seq {hdr.seq}")
         if hdr.op == Op.FREE:                        # keys autotune left behind
-            return self.on_free(w, hdr.body)
+            return self.retire.on_free(w, hdr.body)
         if hdr.op != Op.DATA:
             return self.drops.warn("unexpected op", Op(hdr.op).name)
-        self.wire_received += sum(len(f) for f in frames[1:])
+        self.records.wire_received += sum(len(f) for f in frames[1:])
         if self.dropper.drop():                      # BYTEPS_TEST_DROP_RATE
             return
         entries, decls = hdr.body
@@ -360,23 +365,23 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
     def on_data(self, ident, w, entries, decls, arrays) -> None:
         rank = w["rank"]
         for d in decls:
-            self.declare(d, w)
+            self.tensors.declare(d, w)
         out: dict = {}
         for e, arr in zip(entries, arrays):
             err = self.decls.get(e.key, {}).get("error")
             if err or e.key not in self.decls:
-                self.key_error(e.key, err or f"partition key {e.key} pushed by rank {rank} "
-                               f"without a declaration")
+                self.tensors.key_error(e.key, err or f"partition key {e.key} pushed by rank "
+                                       f"{rank} without a declaration")
                 continue
             slot = self.slots.get((e.key, e.part))
             if slot is None:
-                slot = self.new_slot(e, rank)
+                slot = self.tensors.new_slot(e, rank)
                 if slot is None:
                     continue
             elif slot.dtype != e.dtype or slot.length != e.length:
-                self.key_error(e.key, self.mismatch(e, slot, rank))
+                self.tensors.key_error(e.key, self.tensors.mismatch(e, slot, rank))
                 continue
-            if arr is not None and not self.comp_ok(slot, e, arr, rank):
+            if arr is not None and not self.tensors.comp_ok(slot, e, arr, rank):
                 continue
             why = self.blocked(slot, e.round) if self.gone and not e.flags & ASYNC else None
             if why:
@@ -396,11 +401,7 @@ class Server(TensorChecks, StallReports, Records, KeyRetirement):
             if arr is not None:
                 out.setdefault(ident, []).append(
                     (Entry(e.key, e.part, e.round, ACK, e.dtype, e.length), None))
-                self.bytes_received += arr.nbytes
-                hid = w.get("host_id") or "?"
-                self.bytes_by_host[hid] = self.bytes_by_host.get(hid, 0) + arr.nbytes
-                if self.record:
-                    self.record_push(rank, e)
+                self.records.pushed(w, e, arr.nbytes)
             if e.flags & ASYNC and arr is not None and self.replica.active:
                 self.replica.forward(e, arr, rank)     # copied before its pull is answered
             if slot.engine < 0:

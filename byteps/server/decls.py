@@ -1,8 +1,9 @@
 """The server's tensor declarations and the checks on each push: layout, compression
 settings and reduce op agree across ranks; a compressed frame has the pipeline's size.
 
-:class:`TensorChecks` is a base of :class:`byteps.server.Server` (it uses its ``decls``,
-``slots``, ``drops``, ``peers`` and ``send``).
+:class:`Tensors` owns a server's declarations, partition slots and the bytes each engine
+thread sums; the :class:`byteps.server.Server` keeps one as ``tensors`` (its ``decls`` and
+``slots`` are the same dicts, the names the hot path and the other server modules read).
 """
 from __future__ import annotations
 
@@ -18,8 +19,20 @@ log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024     # partitions up to this size are summed on the I/O thread
 
 
-class TensorChecks:
-    """Declarations, slots and per-tensor errors of a server."""
+class Tensors:
+    """Declarations, slots and per-tensor errors of a server.
+
+    ``drops``: the server's rate-limited log; ``peers``: its worker connections (a key's
+    error goes to each, through ``send(ident, op, body)``); ``engines``: summation threads
+    (:func:`engine_threads`); ``asynchronous``: BYTEPS_ENABLE_ASYNC (every key inline)."""
+
+    def __init__(self, drops, peers: dict, send, engines: int = 0,
+                 asynchronous: bool = False):
+        self.decls: dict[int, dict] = {}      # tensor key -> declaration / error
+        self.slots: dict[tuple, Slot] = {}    # (key, partition) -> round state
+        self.engine_load = [0] * engines      # bytes of the slots each engine thread sums
+        self.drops, self.peers, self.send = drops, peers, send
+        self.asynchronous = asynchronous
 
     def comp_ok(self, slot: Slot, e: Entry, buf, rank: int) -> bool:
         """A push is compressed exactly when its tensor was declared with compression,
@@ -86,7 +99,7 @@ class TensorChecks:
     def new_slot(self, e: Entry, rank: int):
         nbytes = e.length * DTYPES[e.dtype].itemsize
         engine = -1
-        if nbytes > INLINE_BYTES and self.engine_load and not self.cfg.enable_async:
+        if nbytes > INLINE_BYTES and self.engine_load and not self.asynchronous:
             engine = min(range(len(self.engine_load)), key=self.engine_load.__getitem__)
             self.engine_load[engine] += nbytes
         spec = self.decls.get(e.key, {}).get("comp")
@@ -114,6 +127,23 @@ class TensorChecks:
         for ident in list(self.peers):
             self.send(ident, Op.DATA_ERROR, {"key": key, "name": d.get("name", ""),
                                              "message": message})
+
+
+    def drop(self, slot: Slot) -> int:
+        """Forget one partition slot (its engine thread's share, buffers, shared-memory
+        result segments); returns the bytes of buffers it held."""
+        self.slots.pop((slot.key, slot.part), None)
+        itemsize = DTYPES[slot.dtype].itemsize
+        if slot.engine >= 0:
+            self.engine_load[slot.engine] -= slot.length * itemsize
+        held = (slot.length * itemsize * 2 if slot.bufs is not None else 0) + \
+            sum(a.nbytes for a in (slot.value, slot.scratch) if a is not None)
+        slot.reset_rounds()
+        slot.bufs = slot.scratch = slot.value = slot.frames = None
+        segs, slot.segs = slot.segs or (), None
+        for seg in segs:
+            seg.close()         # unlinked; the mapping goes once no view is left
+        return held
 
 
 def engine_threads(cfg) -> int:

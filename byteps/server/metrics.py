@@ -29,14 +29,15 @@ def server_families(core, srv) -> list:
                   if rs.result is None and rs.ranks)
     return [
         one(core.CounterMetricFamily, "byteps_server_received_bytes",
-            "payload bytes of the pushes received", srv.bytes_received),
+            "payload bytes of the pushes received", srv.records.bytes_received),
         one(core.CounterMetricFamily, "byteps_server_received_wire_bytes",
-            "bytes of every DATA message received (headers too)", srv.wire_received),
+            "bytes of every DATA message received (headers too)",
+            srv.records.wire_received),
         one(core.CounterMetricFamily, "byteps_server_rounds",
             "partition rounds summed (every worker's push in)", store.ROUNDS_DONE[0]),
         one(core.CounterMetricFamily, "byteps_server_stall_reports",
             "stall reports sent to the scheduler (BYTEPS_STALL_WARNING_S)",
-            getattr(srv, "stall_reports", 0)),
+            srv.stalls.sent),
         one(core.GaugeMetricFamily, "byteps_server_open_rounds",
             "rounds that have some pushes but not all (waiting for workers)", pending),
         one(core.GaugeMetricFamily, "byteps_server_queue_depth",
@@ -49,7 +50,7 @@ def server_families(core, srv) -> list:
             sum(1 for d in list(srv.decls.values()) if "shape" in d)),
         one(core.CounterMetricFamily, "byteps_server_keys_freed",
             "tensor keys freed once every worker was done with them (FREE)",
-            getattr(srv, "keys_freed", 0)),
+            srv.retire.keys_freed),
         one(core.GaugeMetricFamily, "byteps_server_heartbeat_age_seconds",
             "seconds since the last message from the scheduler", now - srv.link.last_heard),
     ]

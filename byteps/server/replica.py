@@ -317,7 +317,7 @@ class Replicator:
             return self.srv.drops.warn("replica with wrong payload count", str(len(payload)))
         w = {"rank": -1, "host_id": s.get("host_id"), "node_id": s["node_id"]}
         for d in decls:
-            self.srv.declare(d, dict(w, rank=d[4]))
+            self.srv.tensors.declare(d, dict(w, rank=d[4]))
         stored = []
         for e, rank, frame in zip(map(Entry._make, entries), ranks, payload):
             try:
@@ -332,7 +332,7 @@ class Replicator:
         srv = self.srv
         if e.key not in srv.decls or srv.decls[e.key].get("error"):
             raise WireError(f"key {e.key} without a valid declaration")
-        slot = srv.slots.get((e.key, e.part)) or srv.new_slot(e, rank)
+        slot = srv.slots.get((e.key, e.part)) or srv.tensors.new_slot(e, rank)
         if slot.dtype != e.dtype or slot.length != e.length:
             raise WireError(f"entry {e} does not match the stored {slot.length} x "
                             f"{DTYPES[slot.dtype].name}")

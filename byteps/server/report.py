@@ -16,6 +16,6 @@ def report(srv) -> dict:
              f"copies to node {rep.backup['node_id']}" + ("" if rep.ready else " (connecting)")
              if rep.backup is not None else "no backup")
     return {"keys": sum(1 for d in list(srv.decls.values()) if "shape" in d),
-            "bytes": int(srv.bytes_received), "rounds": int(store.ROUNDS_DONE[0]),
+            "bytes": int(srv.records.bytes_received), "rounds": int(store.ROUNDS_DONE[0]),
             "open": pending, "queue": sum(q.qsize() for q in srv.queues),
             "replica": state[:80]}

@@ -23,13 +23,14 @@ the replication bookkeeping.  With ``BYTEPS_SERVER_REPLICAS=1`` a backup frees i
 the same way: the workers send ``FREE`` to every server, so the backup counts the same
 votes (copies are finished rounds that nobody pulls: never in flight).
 
-:class:`KeyRetirement` is a base of :class:`byteps.server.Server`.
+:class:`KeyRetirement` owns the votes and the counts; :class:`byteps.server.Server` keeps one
+as ``retire`` (it frees through the server's ``tensors``).
 """
 from __future__ import annotations
 
 import logging
 
-from byteps.transport.wire import DTYPES, WireError, free_body
+from byteps.transport.wire import WireError, free_body
 
 log = logging.getLogger("byteps.server")
 
@@ -37,21 +38,28 @@ log = logging.getLogger("byteps.server")
 class KeyRetirement:
     """FREE votes and the freeing of keys; runs on the server's I/O thread."""
 
-    free_votes: dict     # key -> ranks that asked to free it (cleared with a new book)
-    keys_freed = 0       # keys freed (metrics, the exit report)
-    free_refused = 0     # keys every rank asked for but kept (a round in flight)
+    def __init__(self, srv):
+        self.srv = srv                      # byteps.server.Server
+        self.free_votes: dict[int, set] = {}   # key -> ranks that asked to free it
+        self.keys_freed = 0        # keys freed (metrics, the exit report)
+        self.free_refused = 0      # keys every rank asked for but kept (a round in flight)
+
+    def new_book(self) -> None:
+        """The ranks of a new address book vote again."""
+        self.free_votes.clear()
 
     def on_free(self, w: dict, body) -> None:
         """A worker's FREE: count its vote for each declared key; free those every
         pushing rank asked for."""
+        srv = self.srv
         try:
             keys = free_body(body)
         except WireError as exc:
-            return self.drops.warn("bad FREE", f"from rank {w['rank']}: {exc}")
-        need = set(self.pushers) - set(self.gone)
+            return srv.drops.warn("bad FREE", f"from rank {w['rank']}: {exc}")
+        need = set(srv.pushers) - set(srv.gone)
         ready = []
         for k in keys:
-            d = self.decls.get(k)
+            d = srv.tensors.decls.get(k)
             if d is None or "shape" not in d or d.get("error"):
                 continue        # not held here (or an error kept for the workers to see)
             votes = self.free_votes.setdefault(k, set())
@@ -63,36 +71,37 @@ class KeyRetirement:
 
     def free_keys(self, keys: list) -> None:
         """Free the keys that have no round in flight; keep (and name) the others."""
+        srv, tensors = self.srv, self.srv.tensors
         wanted = set(keys)
         by_key: dict = {}
-        for kp, slot in list(self.slots.items()):
+        for kp, slot in list(tensors.slots.items()):
             if kp[0] in wanted:
                 by_key.setdefault(kp[0], []).append(slot)
         freed, nslots, nbytes, names = 0, 0, 0, []
-        with self.lock:
+        with srv.lock:
             for k in keys:
                 slots = by_key.get(k, [])
                 why = self.key_busy(k, slots)
-                name = self.decls[k].get("name", k)
+                name = tensors.decls[k].get("name", k)
                 if why:
                     self.free_refused += 1
                     self.free_votes.pop(k, None)     # asked again at a later boundary
                     log.warning("server %s keeps tensor %r (key %d) that every worker asked "
-                                "to free: %s", self.address, name, k, why)
+                                "to free: %s", srv.address, name, k, why)
                     continue
                 for slot in slots:
                     nbytes += self.drop_slot(slot)
                 nslots += len(slots)
-                del self.decls[k]
+                del tensors.decls[k]
                 self.free_votes.pop(k, None)
-                self.replica.forget(k)
+                srv.replica.forget(k)
                 freed += 1
                 names.append(name)
         self.keys_freed += freed
         if freed:
             log.info("server %s freed %d key(s) no worker uses any more (autotune's other "
                      "partition sizes): %d partition slot(s), %d bytes of buffers; tensors %s",
-                     self.address, freed, nslots, nbytes,
+                     srv.address, freed, nslots, nbytes,
                      ", ".join(repr(n) for n in sorted(set(names), key=str)[:8])
                      + (" ..." if len(set(names)) > 8 else ""))
 
@@ -107,27 +116,19 @@ class KeyRetirement:
                     return (f"round {rnd} of partition {slot.part} is in flight (pushed by "
                             f"rank(s) {sorted(rs.ranks)})")
                 if rs.result is not None and rs.ranks and \
-                        len(rs.pulled | self.joined) < self.nworkers:
+                        len(rs.pulled | self.srv.joined) < self.srv.nworkers:
                     return (f"round {rnd} of partition {slot.part} was not pulled by every "
                             f"worker yet")
-            if self.replica.in_flight(key, slot.part):
+            if self.srv.replica.in_flight(key, slot.part):
                 return (f"a result of partition {slot.part} waits for the backup server's "
                         f"confirmation")
         return None
 
     def drop_slot(self, slot) -> int:
-        """Forget one partition slot; returns the bytes of buffers it held."""
-        self.slots.pop((slot.key, slot.part), None)
-        itemsize = DTYPES[slot.dtype].itemsize
-        if slot.engine >= 0:
-            self.engine_load[slot.engine] -= slot.length * itemsize
-        held = (slot.length * itemsize * 2 if slot.bufs is not None else 0) + \
-            sum(a.nbytes for a in (slot.value, slot.scratch) if a is not None)
-        slot.reset_rounds()
-        slot.bufs = slot.scratch = slot.value = slot.frames = None
-        segs, slot.segs = slot.segs or (), None
-        for seg in segs:
-            seg.close()         # unlinked; the mapping goes once no view is left
-        for k in [k for k in self.push_maps if k[1] == slot.key and k[2] == slot.part]:
-            del self.push_maps[k]
+        """Forget one partition slot and the mappings of the workers' push segments of it;
+        returns the bytes of buffers it held."""
+        held = self.srv.tensors.drop(slot)
+        maps = self.srv.push_maps
+        for k in [k for k in maps if k[1] == slot.key and k[2] == slot.part]:
+            del maps[k]
         return held
