@@ -129,7 +129,7 @@ def raw_np_add(nbytes: int) -> float:
 def server_sum(nbytes: int, workers: int) -> float:
     """Seconds the server's store.apply needs per worker push of nbytes (same code path)."""
     from byteps.server.store import Slot, apply
-    from byteps.transport.wire import PULL, PUSH
+    from byteps.transport.wire import PULL, PUSH, Entry
     arrs = [np.ones(nbytes // 4, np.float32) for _ in range(workers)]
     best = 1e9
     slot = Slot(1, 0, 0, nbytes // 4, -1)     # steady state: result buffers are reused
@@ -137,7 +137,7 @@ def server_sum(nbytes: int, workers: int) -> float:
         out: dict = {}
         t0 = time.perf_counter()
         for r, a in enumerate(arrs):
-            apply(slot, [1, 0, rnd, PUSH | PULL, 0, a.size], a, r, b"w%d" % r, workers, out)
+            apply(slot, Entry(1, 0, rnd, PUSH | PULL, 0, a.size), a, r, b"w%d" % r, workers, out)
         if rnd:
             best = min(best, (time.perf_counter() - t0) / (workers - 1))
     return best
