@@ -120,3 +120,33 @@ def test_the_rule_declares_only_what_cannot_go_on(monkeypatch):
     finally:
         from test_elastic import _close
         _close(s)
+
+
+def test_a_name_this_rank_finished_counts_as_started():
+    """A rank past a collective (its round completed) reports that name among the started
+    ones, so ranks still waiting for the round's answer are slow, not deadlocked: a loaded CI
+    run declared one when rank 1 had finished push_pull '#contributors' and waited in a
+    barrier while ranks 0, 2 and 3 still waited for '#contributors' (the rule's row "1
+    started a too" above then holds). A wait that failed is not a finished name."""
+    import threading
+
+    from byteps.core.engine import deadlock
+    with deadlock.waiting(("handle", 1), "push_pull 'x'"):
+        assert deadlock.current()[0] == ("handle", 1)
+    assert deadlock.current() is None
+
+    def other():
+        with deadlock.waiting(("handle", 2), "allreduce 'y'"):
+            pass
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(10)
+    with pytest.raises(RuntimeError):
+        with deadlock.waiting(("handle", 3), "push_pull 'z'"):
+            raise RuntimeError("failed")
+    done = deadlock.finished()
+    assert "push_pull 'x'" in done and "allreduce 'y'" in done and "push_pull 'z'" not in done
+    for i in range(deadlock.MAX_DONE + 5):
+        with deadlock.waiting(("handle", 10 + i), f"push_pull 'n{i}'"):
+            pass
+    assert len(deadlock.finished()) == deadlock.MAX_DONE

@@ -128,7 +128,8 @@ class Reporter:
 
 def _blocked(st) -> dict | None:
     """What the main thread waits for: ``names`` (how the ranks name it), ``s`` (since),
-    ``started`` (every name this rank started and has not synchronized) and ``sets``
+    ``started`` (every name this rank started and has not synchronized, and the latest it
+    finished: a name another rank waits for and this one finished can complete) and ``sets``
     (process sets exist: the scheduler then never declares a deadlock, since a set's
     operation needs only its members).  None: not blocked in a BytePS wait."""
     from byteps.core.collective import handles, process_sets
@@ -142,6 +143,7 @@ def _blocked(st) -> dict | None:
     started = {f"{k} {n!r}" for k, n in busy.values()}
     started.update(f"push_pull {getattr(h.tensor, 'name', '')!r}"
                    for hid, h in list(st.handles.items()) if hid not in busy)
+    started.update(deadlock.finished())   # finished by this rank: the round completed
     if kind == "barrier":
         names = [f"barrier {ref!r}"]
         started.add(names[0])

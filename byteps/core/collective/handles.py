@@ -59,6 +59,13 @@ def _unclaim(key: tuple) -> None:
             del _BUSY[key]
 
 
+def busy_label(handle: int) -> str | None:
+    """``handle``'s operation as the deadlock reports spell it (``allreduce 'x'``), or None."""
+    with _busy_lock:
+        key = _BUSY_BY_HANDLE.get(handle)
+    return None if key is None else f"{key[0]} {key[1]!r}"
+
+
 def release(handle: int) -> None:
     """Free the name reserved by ``handle`` (api.synchronize calls this)."""
     with _busy_lock:

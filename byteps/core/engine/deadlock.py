@@ -13,31 +13,48 @@ thread may still start what the others wait for.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
 
 MAX_TEXT = 4000
+MAX_DONE = 32
+
+# the names (as the reports spell them) of this rank's latest finished waits, any thread: a
+# name another rank still waits for has completed its round, so that rank can go on
+_DONE: collections.deque = collections.deque(maxlen=MAX_DONE)
 
 # the main thread's current waits, innermost last: [(("handle", id) | ("barrier", name), since)]
 _MAIN: list = []
 
 
 @contextlib.contextmanager
-def waiting(what: tuple):
-    """Mark the main thread blocked on ``what`` (a handle or a barrier) meanwhile."""
+def waiting(what: tuple, label: str | None = None):
+    """Mark the main thread blocked on ``what`` (a handle or a barrier) meanwhile; when the
+    wait ends without an error, ``label`` (the name as the reports spell it) joins the
+    finished names, whichever thread waited."""
     if threading.current_thread() is not threading.main_thread():
         yield
+        if label:
+            _DONE.append(label)
         return
     entry = (what, time.monotonic())
     _MAIN.append(entry)
     try:
         yield
+        if label:
+            _DONE.append(label)
     finally:
         try:
             _MAIN.remove(entry)
         except ValueError:
             pass
+
+
+def finished() -> list:
+    """This rank's latest finished names (api/reporter.py counts them as started)."""
+    return list(_DONE)
 
 
 def current() -> tuple | None:

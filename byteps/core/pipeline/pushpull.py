@@ -148,7 +148,8 @@ def synchronize(handle: int) -> np.ndarray:
     Handles of the collectives in :mod:`byteps.core.collective.ops` return their result
     (an array, a list of arrays, or ``(array, received_splits)`` for alltoall)."""
     if handle in _st.OPS:
-        with _deadlock.waiting(("handle", handle)):     # the scheduler's deadlock detection
+        busy = _coll.busy_label(handle)
+        with _deadlock.waiting(("handle", handle), busy):   # the scheduler's deadlock detection
             return _coll.wait(handle)
     st = _state()
     h = _handle(handle)
@@ -158,7 +159,8 @@ def synchronize(handle: int) -> np.ndarray:
     st.steps.waiting = (getattr(h.tensor, "name", ""), t0)     # the hang doctor's "owes"
     end = _coll.deadline(st)          # BYTEPS_COLLECTIVE_TIMEOUT_S
     try:
-        with _deadlock.waiting(("handle", handle)):     # the scheduler's deadlock detection
+        with _deadlock.waiting(("handle", handle),      # the scheduler's deadlock detection
+                               f"push_pull {getattr(h.tensor, 'name', '')!r}"):
             _wait(st, h, end)
     except BaseException as exc:      # interrupted: this rank leaves (collective/handles)
         _coll.interrupted(exc, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
@@ -247,7 +249,7 @@ def barrier() -> None:
         end = _coll.deadline(st)      # BYTEPS_COLLECTIVE_TIMEOUT_S
         name = f"barrier.{next(st.barrier_n)}"
         try:
-            with _deadlock.waiting(("barrier", name)):   # the scheduler's deadlock detection
+            with _deadlock.waiting(("barrier", name), f"barrier {name!r}"):   # deadlock detection
                 st.engine.barrier(name, lambda: _coll.check_deadline(end, "a barrier", st))
         except _coll.CollectiveTimeoutError as exc:
             _coll.interrupted(exc, "a barrier", st)
