@@ -290,18 +290,23 @@ def _replay_overlap(logs, steps, H, lr, mu, frags):
     return G
 
 
+def _equals_overlap_replay(res, phase, logs):
+    """Both ranks' parameters after ``phase`` equal the replay of the merges they logged."""
+    assert sum(e[0] == "merge" for e in logs[0]) >= 2
+    want = _replay_overlap(logs, 13, 4, 0.7, 0.9, (("w",), ("b",)))
+    for r in (0, 1):
+        for k in want:
+            np.testing.assert_array_equal(np.array(res[r][phase]["p"][k], np.float32),
+                                          want[k])
+
+
 @pytest.mark.timeout(160)
 def test_overlap_equals_its_replay(job):
     """Streaming DiLoCo with overlapped exchanges: merged when they arrive (the steps each
     rank recorded), equal to the replay of those merges bit for bit."""
     res, _ = job
     logs = [res[r]["ovl"]["log"] for r in (0, 1)]
-    assert sum(e[0] == "merge" for e in logs[0]) >= 2
-    want = _replay_overlap(logs, 13, 4, 0.7, 0.9, (("w",), ("b",)))
-    for r in (0, 1):
-        for k in want:
-            np.testing.assert_array_equal(np.array(res[r]["ovl"]["p"][k], np.float32),
-                                          want[k])
+    _equals_overlap_replay(res, "ovl", logs)
 
 
 @pytest.mark.timeout(160)
@@ -318,12 +323,7 @@ def test_bounded_overlap_merges_within_k_steps_and_equals_its_replay(job):
             else:
                 assert at - sent.pop(f) <= 1, log
         assert not sent, log                    # every overlapped push was merged
-    assert sum(e[0] == "merge" for e in logs[0]) >= 2
-    want = _replay_overlap(logs, 13, 4, 0.7, 0.9, (("w",), ("b",)))
-    for r in (0, 1):
-        for k in want:
-            np.testing.assert_array_equal(np.array(res[r]["ovl1"]["p"][k], np.float32),
-                                          want[k])
+    _equals_overlap_replay(res, "ovl1", logs)
 
 
 @pytest.mark.timeout(160)
