@@ -19,6 +19,9 @@ import threading
 import time
 import traceback
 
+from byteps.core.collective import rules as _rules
+from byteps.core.engine import deadlock as _deadlock
+
 MAX_FRAMES = 12          # frames per thread, innermost last
 MAX_THREADS = 16
 STEP_WINDOW = 20         # steps averaged for the step time split
@@ -105,10 +108,18 @@ class Reporter:
             rep["step_ms"], rep["wait_ms"] = round(step_ms, 3), round(min(wait_ms, step_ms), 3)
         waiting = self.steps.waiting
         if waiting is not None:
-            rep["waiting"], rep["waiting_s"] = str(waiting[0])[:200], round(now - waiting[1], 3)
+            rep["waiting"] = str(waiting[0])[:200]     # (set after ``now`` was read: >= 0)
+            rep["waiting_s"] = round(max(0.0, now - waiting[1]), 3)
         blocked = _blocked(self.st)
         if blocked is not None:  # the scheduler's deadlock detection (core/engine/deadlock.py)
             rep["blocked"] = blocked
+        rep["gen"] = list(_rules.generation())      # and its "behind" rule: any thread's
+        waits = _deadlock.waits()                    # waits, with this rank's generation
+        if waits:
+            started = _started(self.st)
+            if started is not None:
+                rep["waits"] = {"names": [w[0][:MAX_NAME] for w in waits[:MAX_WAITS]],
+                                "s": round(waits[0][1], 3), "started": started}
         tl = self.eng.timeline
         if tl is not None:       # BYTEPS_TRACE_ON / start_timeline(): the page names the file
             rep["trace"], rep["trace_written"] = str(tl.path)[-300:], bool(tl.written)
@@ -133,17 +144,16 @@ def _blocked(st) -> dict | None:
     (process sets exist: the scheduler then never declares a deadlock, since a set's
     operation needs only its members).  None: not blocked in a BytePS wait."""
     from byteps.core.collective import handles, process_sets
-    from byteps.core.engine import deadlock
-    cur = deadlock.current()
+    cur = _deadlock.current()
     if cur is None:
         return None
     (kind, ref), secs = cur
     with handles._busy_lock:
         busy = dict(handles._BUSY_BY_HANDLE)
-    started = {f"{k} {n!r}" for k, n in busy.values()}
-    started.update(f"push_pull {getattr(h.tensor, 'name', '')!r}"
-                   for hid, h in list(st.handles.items()) if hid not in busy)
-    started.update(deadlock.finished())   # finished by this rank: the round completed
+    started = _started(st, busy)
+    if started is None:
+        return None
+    started = set(started)
     if kind == "barrier":
         names = [f"barrier {ref!r}"]
         started.add(names[0])
@@ -156,10 +166,26 @@ def _blocked(st) -> dict | None:
     if len(started) > MAX_STARTED:      # cut, the list could hide a name: never a deadlock
         return None
     return {"names": [x[:MAX_NAME] for x in names], "s": round(secs, 3),
-            "started": sorted({x[:MAX_NAME] for x in started}), "sets": bool(process_sets._SETS)}
+            "started": sorted(started), "sets": bool(process_sets._SETS)}
 
 
-MAX_STARTED, MAX_NAME = 256, 300      # the scheduler's limits (byteps/scheduler/deadlock.py)
+def _started(st, busy: dict | None = None) -> list | None:
+    """Every name this rank started and has not synchronized, and the latest it finished (a
+    name another rank waits for and this one finished can complete), as the reports spell
+    them; None when there are more than the scheduler takes (a cut list could hide one)."""
+    from byteps.core.collective import handles
+    if busy is None:
+        with handles._busy_lock:
+            busy = dict(handles._BUSY_BY_HANDLE)
+    started = {f"{k} {n!r}" for k, n in busy.values()}
+    started.update(f"push_pull {getattr(h.tensor, 'name', '')!r}"
+                   for hid, h in list(st.handles.items()) if hid not in busy)
+    started.update(_deadlock.finished())
+    started = {x[:MAX_NAME] for x in started}
+    return None if len(started) > MAX_STARTED else sorted(started)
+
+
+MAX_STARTED, MAX_NAME, MAX_WAITS = 256, 300, 8  # the scheduler's limits (scheduler/deadlock.py)
 
 
 def _tuning(tuner, cfg) -> dict:

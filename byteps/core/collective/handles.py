@@ -150,11 +150,25 @@ class CollectiveDeadlockError(CollectiveTimeoutError):
     deadlock detection, byteps/core/engine/deadlock.py): a ``CollectiveTimeoutError``."""
 
 
+class CollectiveBehindError(CollectiveTimeoutError):
+    """This rank waits in an unnamed collective of an earlier generation than the other
+    ranks': they called init() (or join()) again without making it, so it never completes
+    (the scheduler's "behind" rule, byteps/scheduler/deadlock.py).  Only this rank's waits
+    of that generation fail, and it stays in the job: a ``CollectiveTimeoutError``."""
+
+
 def check_deadline(end: float | None, what: str, st) -> None:
     """Raise :class:`CollectiveTimeoutError` when ``end`` (:func:`deadline`) has passed, or
     :class:`CollectiveDeadlockError` when the scheduler found the ranks deadlocked; the
     caller's wait then treats it as an interruption (:func:`interrupted`: this rank leaves,
     so the other ranks fail naming it instead of waiting on)."""
+    behind = getattr(getattr(st, "engine", None), "behind", None)
+    if behind and _st.current() is st:
+        from byteps.core.collective.rules import generation
+        if generation() < behind[0]:
+            raise CollectiveBehindError(
+                f"worker rank {st.rank}: {what}: {behind[1]}; this rank stays in the job: "
+                f"its next init() (or join()) is where the other ranks are")
     why = getattr(getattr(st, "engine", None), "deadlock", None)
     if why and _st.current() is st:
         raise CollectiveDeadlockError(
@@ -179,7 +193,7 @@ def interrupted(exc: BaseException, what: str, st=None) -> None:
     every rank's next init() forms the group again).  Ctrl-C and sys.exit keep their own
     path (the launcher ends the job).  ``st``: the state the wait belongs to; a wait left
     over from a membership that shutdown() ended never touches the current one."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, CollectiveBehindError)):
         return
     if st is not None and _st.current() is not st:
         return

@@ -21,6 +21,8 @@ from __future__ import annotations
 import itertools
 import threading
 
+from byteps.common.generation import tag as _generation_tag
+
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "SUM_OR_AVERAGE", "ReduceOp",
            "auto_name", "check_name", "check_root", "check_unscaled", "position_name",
            "reset_names", "resolve_op", "sum_or_average"]
@@ -125,9 +127,12 @@ def _epoch() -> int:
     return getattr(getattr(_st.current(), "link", None), "epoch", 0)
 
 
-def _generation() -> tuple:
+def generation() -> tuple:
+    """This rank's current ``(epoch, joins, inits)`` (byteps/common/generation.py): its
+    heartbeats report it, for the scheduler's "behind" rule."""
     e = _epoch()
     return e, _joins.get(e, 0), _inits.get(e, 0)
+
 
 
 def auto_name(kind: str, process_set=None) -> str:
@@ -144,15 +149,13 @@ def auto_name(kind: str, process_set=None) -> str:
     that one rank left early on its own timeout) shifts one counter until the next join()
     or init() only."""
     pid = getattr(process_set, "process_set_id", None) or 0
-    gen = _generation()
+    gen = generation()
     with _names_lock:
         if _gen[0] != gen:
             _names.clear()
             _gen[0] = gen
         n = next(_names.setdefault((pid, kind), itertools.count()))
-    epoch, joins, inits = gen
-    tag = "" if joins == 0 == inits and epoch & 0xFFFF <= 1 else \
-        f"e{epoch}j{joins}{f'i{inits}' if inits else ''}."
+    tag = _generation_tag(*gen)
     return f"{kind}.noname.{tag}{n}" if not pid else f"{kind}.noname.ps{pid}.{tag}{n}"
 
 

@@ -28,23 +28,44 @@ _DONE: collections.deque = collections.deque(maxlen=MAX_DONE)
 # the main thread's current waits, innermost last: [(("handle", id) | ("barrier", name), since)]
 _MAIN: list = []
 
+# every thread's current waits that have a name: {id(entry): (label, since)} (a TensorFlow
+# graph waits on its inter-op threads), for the scheduler's "behind" rule
+_ANY: dict = {}
+
 
 @contextlib.contextmanager
 def waiting(what: tuple, label: str | None = None):
-    """Mark the main thread blocked on ``what`` (a handle or a barrier) meanwhile; when the
-    wait ends without an error, ``label`` (the name as the reports spell it) joins the
-    finished names, whichever thread waited."""
+    """Mark the main thread blocked on ``what`` (a handle or a barrier) meanwhile, and any
+    thread waiting on ``label`` (the name as the reports spell it); when the wait ends
+    without an error, ``label`` joins the finished names, whichever thread waited."""
+    key = object()
+    if label:
+        _ANY[id(key)] = (label, time.monotonic())
+    try:
+        with _main(what):
+            yield
+            if label:
+                _DONE.append(label)
+    finally:
+        _ANY.pop(id(key), None)
+
+
+def waits() -> list:
+    """[(label, seconds)] of every thread's named waits, the longest first."""
+    now = time.monotonic()
+    return sorted(((label, now - since) for label, since in list(_ANY.values())),
+                  key=lambda w: -w[1])
+
+
+@contextlib.contextmanager
+def _main(what: tuple):
     if threading.current_thread() is not threading.main_thread():
         yield
-        if label:
-            _DONE.append(label)
         return
     entry = (what, time.monotonic())
     _MAIN.append(entry)
     try:
         yield
-        if label:
-            _DONE.append(label)
     finally:
         try:
             _MAIN.remove(entry)
@@ -74,3 +95,7 @@ def on_ack(engine, body: dict) -> None:
     text = body.get("deadlock")
     if isinstance(text, str) and text and getattr(engine, "deadlock", None) is None and _MAIN:
         engine.deadlock = text[:MAX_TEXT]   # (a main thread no longer blocked: not this rank)
+    behind, gen = body.get("behind"), body.get("gen")
+    if isinstance(behind, str) and behind and isinstance(gen, list) and len(gen) == 3 and \
+            all(type(x) is int and 0 <= x < 2 ** 63 for x in gen):
+        engine.behind = (tuple(gen), behind[:MAX_TEXT])   # collective/handles.check_deadline

@@ -164,6 +164,9 @@ def synchronize(handle: int) -> np.ndarray:
             _wait(st, h, end)
     except BaseException as exc:      # interrupted: this rank leaves (collective/handles)
         _coll.interrupted(exc, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
+        if isinstance(exc, _coll.CollectiveBehindError):   # it stays: this wait is over
+            st.handles.pop(handle, None)
+            _coll.release(handle)
         raise
     st.steps.waited(getattr(h.tensor, "name", ""), time.monotonic() - t0)   # compute/wait split (reporter)
     st.handles.pop(handle, None)
