@@ -185,6 +185,17 @@ def test_the_behind_rule_tells_only_the_rank_behind(monkeypatch):
     assert of_name("allreduce 'allreduce.noname.ps2.e4j1.0'", 4) == (4, 1, 0)
     assert of_name("allreduce 'grad.w'", 1) is None and tag(1, 0, 0) == "" and \
         tag(3, 0, 2) == "e3j0i2."
+    from byteps.scheduler.deadlock import parse_gen, parse_waits
+    assert parse_gen({"gen": [1, 0, 2]}) == (1, 0, 2) and parse_gen({}) is None
+    ok = {"names": [], "s": 0.0, "started": ["allreduce 'a'"]}
+    assert parse_waits({"waits": ok})["started"] == {"allreduce 'a'"}
+    for bad in ([1, 0], [1, 0, -1], [1, 0, True], "1,0,2", [1.0, 0, 2]):
+        with pytest.raises(ValueError):
+            parse_gen({"gen": bad})
+    for bad in ({"names": "x"}, {"names": [1]}, {"s": -1}, {"s": "1"},
+                {"started": ["x" * 301]}, {"names": ["x"] * 9}):
+        with pytest.raises(ValueError):
+            parse_waits({"waits": dict(ok, **bad)})
     s = _formed(monkeypatch)
     try:
         late = "push_pull 'allreduce.noname.e1j0i2.1'"

@@ -43,8 +43,9 @@ def parse_gen(rep) -> tuple | None:
 
 
 def parse_waits(rep) -> dict | None:
-    """The validated ``waits`` field (every thread's named waits, the longest first, and
-    what the rank started); None when absent."""
+    """The validated ``waits`` field (every thread's named waits, the longest first, maybe
+    none, and what the rank started and has not synchronized, and its latest finished names);
+    None when absent."""
     w = rep.get("waits") if isinstance(rep, dict) else None
     if w is None:
         return None
@@ -56,8 +57,6 @@ def parse_waits(rep) -> dict | None:
                 isinstance(x, str) and len(x) <= MAX_NAME for x in value):
             raise ValueError(f"field 'waits.{field}' must be a list of at most {most} "
                              f"strings of at most {MAX_NAME} characters")
-    if not names:
-        raise ValueError("field 'waits.names' must not be empty")
     if type(secs) not in (int, float) or not 0 <= secs < 1e9:
         raise ValueError("field 'waits.s' must be a number of seconds")
     return {"names": tuple(names), "s": float(secs), "started": frozenset(started)}
@@ -159,7 +158,8 @@ class Deadlocks:
             return False             # one generation, or a re-formation under way
         for ident in live:
             _at, gen, waits, prev = self.gens[ident]
-            if waits is None or prev is None or waits["names"][0] != prev["names"][0] or \
+            if waits is None or prev is None or not waits["names"] or \
+                    waits["names"][:1] != prev["names"][:1] or \
                     waits["s"] < max(2 * beat, BEHIND_S) or self.told.get(ident, ()) > gen:
                 continue
             name = waits["names"][0]

@@ -115,11 +115,12 @@ class Reporter:
             rep["blocked"] = blocked
         rep["gen"] = list(_rules.generation())      # and its "behind" rule: any thread's
         waits = _deadlock.waits()                    # waits, with this rank's generation
-        if waits:
+        if waits or self.st.handles:                 # (and what it started, waiting or not)
             started = _started(self.st)
             if started is not None:
                 rep["waits"] = {"names": [w[0][:MAX_NAME] for w in waits[:MAX_WAITS]],
-                                "s": round(waits[0][1], 3), "started": started}
+                                "s": round(waits[0][1] if waits else 0.0, 3),
+                                "started": started}
         tl = self.eng.timeline
         if tl is not None:       # BYTEPS_TRACE_ON / start_timeline(): the page names the file
             rep["trace"], rep["trace_written"] = str(tl.path)[-300:], bool(tl.written)
