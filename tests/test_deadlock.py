@@ -178,13 +178,17 @@ def test_the_behind_rule_tells_only_the_rank_behind(monkeypatch):
     (and BEHIND_S) in an unnamed call of an earlier generation than another rank's is told,
     alone; not when the later rank started that call, for a name the user gave, for a
     process set's call, while the ranks' epochs differ, or after one heartbeat."""
-    from byteps.common.generation import of_name, tag
+    from byteps.common.generation import given, of_name, tag
     from byteps.transport.wire import Op
     assert of_name("push_pull 'allreduce.noname.e1j0i2.7.0.meta.3x41'", 1) == (1, 0, 2)
     assert of_name("allreduce 'allreduce.noname.3'", 1) == (1, 0, 0)
     assert of_name("allreduce 'allreduce.noname.ps2.e4j1.0'", 4) == (4, 1, 0)
     assert of_name("allreduce 'grad.w'", 1) is None and tag(1, 0, 0) == "" and \
         tag(3, 0, 2) == "e3j0i2."
+    # a name the user gave carries the generation once init() was called again in the job
+    # (Horovod's suites reuse names across tests): never paired with an earlier test's call
+    assert given("w", 1, 0, 0) == "w" and given("w", 1, 0, 2) == "w~e1j0i2"
+    assert of_name("push_pull 'w~e1j0i2.0.meta'", 1) == (1, 0, 2)
     from byteps.scheduler.deadlock import parse_gen, parse_waits
     assert parse_gen({"gen": [1, 0, 2]}) == (1, 0, 2) and parse_gen({}) is None
     ok = {"names": [], "s": 0.0, "started": ["allreduce 'a'"]}
@@ -201,6 +205,8 @@ def test_the_behind_rule_tells_only_the_rank_behind(monkeypatch):
         late = "push_pull 'allreduce.noname.e1j0i2.1'"
         cases = [  # (rank -> (gen, waits or None), heartbeats, ranks told)
             ({0: ((1, 0, 3), None), 1: ((1, 0, 2), [late])}, 2, [1]),
+            ({0: ((1, 0, 3), None), 1: ((1, 0, 2), ["allreduce 'x~e1j0i2'"])}, 2, [1]),
+            ({0: ((1, 0, 3), None), 1: ((1, 0, 2), [late], True)}, 2, []),  # process sets
             ({0: ((1, 0, 3), None), 1: ((1, 0, 2), [late])}, 1, []),
             ({0: ((1, 0, 3), [late]), 1: ((1, 0, 2), [late])}, 2, []),   # 0 started it
             ({0: ((1, 0, 2), None), 1: ((1, 0, 2), [late])}, 2, []),     # one generation
@@ -214,10 +220,11 @@ def test_the_behind_rule_tells_only_the_rank_behind(monkeypatch):
             s.deadlocks.told.clear()
             s.sent = []
             for k in range(n):
-                for r, (gen, waits) in reps.items():
+                for r, (gen, waits, *sets) in reps.items():
                     rep = {"gen": list(gen)}
                     if waits:
-                        rep["waits"] = {"names": waits, "s": 4.0 + k, "started": waits}
+                        rep["waits"] = {"names": waits, "s": 4.0 + k, "started": waits,
+                                        "sets": bool(sets)}
                     s.deadlocks.note(b"w%d" % r, {"report": rep})
             s.deadlocks.check(__import__("time").monotonic())
             told = [x for x in s.sent if x[1] == Op.HEARTBEAT_ACK and "behind" in x[2]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 _TAGGED = re.compile(r"\.noname\.(?:ps\d+\.)?e(\d+)j(\d+)(?:i(\d+))?\.\d")
+_GIVEN = re.compile(r"~e(\d+)j(\d+)i(\d+)(?=['.]|$)")
 _PLAIN = re.compile(r"\.noname\.(?:ps\d+\.)?\d")
 
 
@@ -24,11 +25,19 @@ def tag(epoch: int, joins: int, inits: int) -> str:
     return f"e{epoch}j{joins}{f'i{inits}' if inits else ''}."
 
 
+def given(name: str, epoch: int, joins: int, inits: int) -> str:
+    """A name the user gave, as the collectives use it: unchanged until a rank already in
+    the job calls init() again (Horovod's suites: every test), then with the generation
+    appended, so that a rank still in an earlier test never pairs its call with a later
+    test's call of the same name (Horovod's suites reuse names across tests)."""
+    return name if not inits else f"{name}~e{epoch}j{joins}i{inits}"
+
+
 def of_name(name: str, epoch: int) -> tuple | None:
     """The generation ``(epoch, joins, inits)`` of an unnamed call's name (as a report spells
     it: ``push_pull 'x.noname...'``), read in membership ``epoch``; None for a name the user
-    gave (it carries none)."""
-    m = _TAGGED.search(name)
+    gave before any init() again (it carries none)."""
+    m = _TAGGED.search(name) or _GIVEN.search(name)
     if m:
         return int(m[1]), int(m[2]), int(m[3] or 0)
     if _PLAIN.search(name) and epoch & 0xFFFF <= 1:

@@ -59,7 +59,11 @@ def parse_waits(rep) -> dict | None:
                              f"strings of at most {MAX_NAME} characters")
     if type(secs) not in (int, float) or not 0 <= secs < 1e9:
         raise ValueError("field 'waits.s' must be a number of seconds")
-    return {"names": tuple(names), "s": float(secs), "started": frozenset(started)}
+    sets = w.get("sets", False)
+    if type(sets) is not bool:
+        raise ValueError("field 'waits.sets' must be true or false")
+    return {"names": tuple(names), "s": float(secs), "started": frozenset(started),
+            "sets": sets}
 
 
 def parse(rep) -> dict | None:
@@ -158,7 +162,7 @@ class Deadlocks:
             return False             # one generation, or a re-formation under way
         for ident in live:
             _at, gen, waits, prev = self.gens[ident]
-            if waits is None or prev is None or not waits["names"] or \
+            if waits is None or prev is None or not waits["names"] or waits["sets"] or \
                     waits["names"][:1] != prev["names"][:1] or \
                     waits["s"] < max(2 * beat, BEHIND_S) or self.told.get(ident, ()) > gen:
                 continue

@@ -63,13 +63,16 @@ want = sum((np.array([7, -7, 3], np.float64) * (k + 1) * 0.5).astype(np.int32)
            for k in range(n)) * 3 // 1
 eq(bps.allreduce(i, op=bps.Sum, prescale_factor=0.5, postscale_factor=3.0),
    (want.astype(np.float64) * 3.0 / 3.0).astype(np.int32), "prescale/postscale int32")
-# float16 averaged or postscaled: the float32 sum scaled, rounded once (Horovod's reference;
-# with 3 ranks, rounding the sum first differs for some of these values)
+# float16 averaged or postscaled: the sum rounded to float16, then divided or scaled in
+# float32 and rounded (Horovod's CPU arithmetic, test_tensorflow.py's reference; with 3
+# ranks, rounding only once differs for some of these values)
 x16 = np.random.default_rng(1234).uniform(-100, 100, 64).astype(np.float16)
+s16 = (x16.astype(np.float32) * n).astype(np.float16).astype(np.float32)
 eq(bps.allreduce(x16, op=bps.Sum, postscale_factor=0.6172),
-   (x16.astype(np.float32) * n * np.float32(0.6172)).astype(np.float16), "postscale float16")
-eq(bps.allreduce(x16), x16, "average float16")
-eq(bps.reducescatter(np.tile(x16, (n, 1))), x16[None], "reducescatter avg float16")
+   (s16 * np.float32(0.6172)).astype(np.float16), "postscale float16")
+eq(bps.allreduce(x16), (s16 / n).astype(np.float16), "average float16")
+eq(bps.reducescatter(np.tile(x16, (n, 1))), (s16 / n).astype(np.float16)[None],
+   "reducescatter avg float16")
 h = bps.allreduce_async(f, op=bps.Sum, name="async.sum")
 assert isinstance(bps.poll(h), bool)
 eq(bps.synchronize(h), sum(data(k, (5,), np.float64) for k in range(n)), "allreduce_async")

@@ -120,7 +120,7 @@ class Reporter:
             if started is not None:
                 rep["waits"] = {"names": [w[0][:MAX_NAME] for w in waits[:MAX_WAITS]],
                                 "s": round(waits[0][1] if waits else 0.0, 3),
-                                "started": started}
+                                "started": started, "sets": _sets()}
         tl = self.eng.timeline
         if tl is not None:       # BYTEPS_TRACE_ON / start_timeline(): the page names the file
             rep["trace"], rep["trace_written"] = str(tl.path)[-300:], bool(tl.written)
@@ -144,7 +144,7 @@ def _blocked(st) -> dict | None:
     finished: a name another rank waits for and this one finished can complete) and ``sets``
     (process sets exist: the scheduler then never declares a deadlock, since a set's
     operation needs only its members).  None: not blocked in a BytePS wait."""
-    from byteps.core.collective import handles, process_sets
+    from byteps.core.collective import handles
     cur = _deadlock.current()
     if cur is None:
         return None
@@ -167,7 +167,14 @@ def _blocked(st) -> dict | None:
     if len(started) > MAX_STARTED:      # cut, the list could hide a name: never a deadlock
         return None
     return {"names": [x[:MAX_NAME] for x in names], "s": round(secs, 3),
-            "started": sorted(started), "sets": bool(process_sets._SETS)}
+            "started": sorted(started), "sets": _sets()}
+
+
+def _sets() -> bool:
+    """Whether process sets other than the global one exist (an operation of a set needs
+    only its members: the scheduler's rules then stand aside)."""
+    from byteps.core.collective import process_sets
+    return bool(process_sets._SETS)
 
 
 def _started(st, busy: dict | None = None) -> list | None:

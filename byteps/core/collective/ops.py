@@ -10,9 +10,10 @@ policy of their own.  What is decided here:
   an operation allows them (allreduce, broadcast);
 * **scaling**: :func:`scale` applies ``prescale_factor``/``postscale_factor`` keeping
   the dtype (integers are scaled in float64 and truncated, float16 in float32, as
-  Horovod does); a float16 reduction that is averaged or postscaled travels as float32
-  (after the prescale, rounded to float16 as Horovod), so the sum is divided and scaled
-  before its one rounding (:func:`_wide16`);
+  Horovod does); a float16 sum is rounded to float16 once (the servers add in float32),
+  then divided or postscaled in float32 and rounded again: Horovod's CPU arithmetic
+  (its float16 sum rounds at each step, the same for equal tensors, then it scales by a
+  float32 factor), which its test_tensorflow.py references at tolerance 0 with 3 ranks;
 * **agreement**: every collective but allreduce first exchanges a small metadata
   row per rank (dtype, shape, root rank, op, splits; a fixed-shape sum), so ranks
   that disagree all get the same error naming both ranks instead of waiting forever;
@@ -62,18 +63,6 @@ def scale(array: np.ndarray, factor: float) -> np.ndarray:
     if array.dtype == np.float16:
         return (array.astype(np.float32) * np.float32(factor)).astype(np.float16)
     return array * array.dtype.type(factor)
-
-
-def _wide16(src: np.ndarray, avg: bool, post: float):
-    """``(wire array, narrow)``: a float16 ``src`` to be averaged or postscaled travels as
-    float32 and ``narrow`` rounds the scaled result to float16 once (with 3 ranks, rounding
-    the sum first then scaling differs from test_mxnet1.py's float32 reference at tolerance
-    0; Horovod's own CPU arithmetic rounds the sum first, which test_tensorflow.py's
-    references follow: the two suites disagree, and MXNet's, whose tests reuse explicit
-    names, splits its ranks when a reducescatter fails on some of them)."""
-    if src.dtype != np.float16 or not (avg or post != 1.0):
-        return src, _carry._identity
-    return src.astype(np.float32), lambda r: r.astype(np.float16)
 
 
 def build_info() -> dict:
@@ -216,12 +205,12 @@ def allreduce_async(array: np.ndarray, name: str | None = None, average=None, op
     if idiv:
         avg = False
 
-    src, narrow = _wide16(scale(a, prescale_factor), avg, postscale_factor)
+    src = scale(a, prescale_factor)
 
     def done(r):
         if idiv:
             r = (r // n + ((r % n != 0) & (r < 0))).astype(r.dtype)    # toward zero
-        return back(narrow(scale(r, postscale_factor))).reshape(given.shape)
+        return back(scale(r, postscale_factor)).reshape(given.shape)
     if ps is not None:
         return _on_set(ps, "allreduce", name, lambda so: so.allreduce(
             ps, name, src, wire, avg, 1.0, 1.0), done)
@@ -369,10 +358,10 @@ def _scatter(name, a, wire, avg, pre, post) -> np.ndarray:
     code = len(REDUCE_OPS) if avg else wire      # average travels as its own code
     _check("reducescatter", name, _sync(_meta_start(name, _row("reducescatter", a, op=code))),
            trailing=False)
-    src, narrow = _wide16(scale(a, pre), avg, post)
-    got = _sync(api.push_pull_async(src, _shape_name(name, a.shape), average=avg, op=wire))
+    got = _sync(api.push_pull_async(scale(a, pre), _shape_name(name, a.shape), average=avg,
+                                    op=wire))
     start, count = reducescatter_rows(a.shape[0], api.size())[api.rank()]
-    return narrow(scale(got[start:start + count].copy(), post))
+    return scale(got[start:start + count].copy(), post)
 
 
 def reducescatter_async(array: np.ndarray, name: str | None = None, average=None, op=None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 
+from byteps.common.generation import given as _given
 from byteps.common.generation import tag as _generation_tag
 
 __all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "SUM_OR_AVERAGE", "ReduceOp",
@@ -178,10 +179,11 @@ def position_name(i: int, kind: str = "push_pull") -> str:
 
 
 def check_name(name, kind: str, process_set=None) -> str:
-    """``name`` when it is a non-empty string, :func:`auto_name` when it is None; anything
-    else is a ValueError."""
+    """``name`` when it is a non-empty string (with the generation appended after an init()
+    by a rank already in the job: byteps/common/generation.given), :func:`auto_name` when it
+    is None; anything else is a ValueError."""
     if name is None:
         return auto_name(kind, process_set)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{kind}: name must be a non-empty string, got {name!r}")
-    return name
+    return _given(name, *generation())
