@@ -180,12 +180,13 @@ class Deadlocks:
                     gen: tuple) -> None:
         s = self.s
         ranks = sorted(s.workers[o].get("rank", -1) for o in ahead)
-        text = (f"it waits in {name} (unnamed, made after init() #{mine[2]} and join() "
+        text = (f"it waits in {name} (made after init() #{mine[2]} and join() "
                 f"#{mine[1]} of membership {mine[0]}), which worker rank(s) "
                 f"{', '.join(map(str, ranks))} never made: they called init() or join() "
                 f"again since (now at init() #{gen[2]}, join() #{gen[1]}), so it never "
-                f"completes. Every rank must make the same unnamed calls between two init() "
-                f"calls (a test that failed on some ranks only leaves the others here)")
+                f"completes. Every rank must call init() as often as the others and make "
+                f"the same calls between two init() calls (a test that failed on some ranks "
+                f"only leaves the others here)")
         log.warning("worker rank %s is behind: %s", s.workers[ident].get("rank"), text)
         self.told[ident] = gen
         self.behind += 1
