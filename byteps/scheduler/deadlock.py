@@ -12,6 +12,13 @@ with ``CollectiveDeadlockError`` naming the ranks and names, and leaves the memb
 that shutdown() and init() on every rank re-form the job.  A rank that computes is not
 blocked, so slow ranks never trip it; nothing is declared while a rank is in join(), while
 process sets exist (an operation of a set needs only its members), or during a re-formation.
+
+The "behind" rule (:meth:`Deadlocks.check_behind`): each heartbeat also carries the rank's
+generation (init() and join() count, byteps/common/generation.py) and what any of its threads
+waits for.  A rank that has waited 3 s and two heartbeats in a call of an earlier generation
+than another live rank's, which never started it, is told so alone; its waits of that
+generation fail and it stays, so its next init() meets the others.  No deadlock is declared
+while the ranks' generations differ.
 """
 from __future__ import annotations
 

@@ -151,8 +151,9 @@ class CollectiveDeadlockError(CollectiveTimeoutError):
 
 
 class CollectiveBehindError(CollectiveTimeoutError):
-    """This rank waits in an unnamed collective of an earlier generation than the other
-    ranks': they called init() (or join()) again without making it, so it never completes
+    """This rank waits in a collective of an earlier generation than the other ranks'
+    (byteps/common/generation.py): they called init() (or join()) again without making it,
+    so it never completes
     (the scheduler's "behind" rule, byteps/scheduler/deadlock.py).  Only this rank's waits
     of that generation fail, and it stays in the job: a ``CollectiveTimeoutError``."""
 

@@ -135,7 +135,6 @@ def generation() -> tuple:
     return e, _joins.get(e, 0), _inits.get(e, 0)
 
 
-
 def auto_name(kind: str, process_set=None) -> str:
     """A name for an unnamed call: ``<kind>.noname.<n>`` from one per-process counter per
     process set and kind of operation (``.ps<id>`` added for a set other than the global

@@ -10,6 +10,11 @@ answer, and every wait of this rank then fails with ``CollectiveDeadlockError`` 
 ranks and names (collective/handles.check_deadline).  A rank that computes, however slowly,
 is not blocked, so it never trips this.  Only the main thread's waits count: a background
 thread may still start what the others wait for.
+
+Every thread's named waits are reported too, with this rank's generation (init() and join()
+count, byteps/common/generation.py), for the scheduler's "behind" rule: a rank that waits in
+a call of an earlier generation than another rank's, which never started it, is told so, and
+its waits of that generation alone fail with ``CollectiveBehindError`` (it stays in the job).
 """
 from __future__ import annotations
 
