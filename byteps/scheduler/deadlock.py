@@ -165,8 +165,9 @@ class Deadlocks:
             if gen is None or now - at > 2 * beat + 0.5:
                 return False
             gens[ident] = gen
-        if len(set(gens.values())) < 2 or len({g[0] for g in gens.values()}) > 1:
-            return False             # one generation, or a re-formation under way
+        if len(set(gens.values())) < 2 or len({g[0] for g in gens.values()}) > 1 or \
+                any(g[1] for g in gens.values()):
+            return False             # one generation, a re-formation, or after a join()
         for ident in live:
             _at, gen, waits, prev = self.gens[ident]
             if waits is None or prev is None or not waits["names"] or waits["sets"] or \
