@@ -38,7 +38,7 @@ def test_matrix_numpy_whole_and_torch_sampled(tmp_path):
             ("torch", "flat", "sampled"): matrix.sampled()}
     with ThreadPoolExecutor(len(jobs)) as pool:
         runs = {job: pool.submit(matrix.check, job[0], job[1], tmp_path / "-".join(job),
-                                 cells, timeout=900)
+                                 cells, timeout=240)
                 for job, cells in jobs.items()}
     failed = [f"{'/'.join(job)}: {run.exception()}" for job, run in runs.items()
               if run.exception() is not None]

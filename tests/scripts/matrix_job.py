@@ -17,6 +17,7 @@ that fails on one rank fails on all (a collective failure is raised everywhere).
 """
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
@@ -181,6 +182,9 @@ def main():
     for i, cell in enumerate(CELLS):
         alg, comp, join = cell.split("/")
         print(f"rank {rank}: cell {cell}", flush=True)
+        # a cell takes seconds: one still running after a minute is stuck, and every
+        # thread's stack on stderr says where (the test's job timeout then shows it)
+        faulthandler.dump_traceback_later(60)
         try:
             params, n = run(f"m{i}", alg, comp, join)
             res[cell] = {"acc": accuracy(params, DATA[2], DATA[3]), "digest": digest(params),
@@ -192,6 +196,7 @@ def main():
             print(f"rank {rank}: cell {cell}: {res[cell].get('refused') or res[cell]['error']}",
                   file=sys.stderr, flush=True)
             mod.barrier()                              # every rank leaves the cell together
+    faulthandler.cancel_dump_traceback_later()
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)

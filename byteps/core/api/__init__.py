@@ -202,7 +202,7 @@ def join(device: int = -1) -> int:
     if peers is not None:
         peers.join_done()
     with st.lock:
-        for t in st.tensors.values():
+        for t in list(st.tensors.values()):     # (a background stage may declare one)
             t.round = 0                       # the servers reset their rounds too
         _redeclare.reset(st)
         if st.tuner is not None:

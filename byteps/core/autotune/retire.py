@@ -73,7 +73,9 @@ def at_boundary(st) -> None:
                 keys.append(key)
         if st.local is not None:        # the local reduction's slices of the cuts left
             keys += st.local.cuts.old_slice_keys()
-        live = {t.key for t in st.tensors.values()}
+        # a copy first: a background stage (AsyncModelAverage's thread, DiLoCo's) may
+        # declare a tensor meanwhile, without st.lock
+        live = {t.key for t in list(st.tensors.values())}
         keys = [k for k in dict.fromkeys(keys) if k not in r.done]
         with r.lock:
             r.retry += [k for k in keys if k in live]        # in use (a name-hash clash)
