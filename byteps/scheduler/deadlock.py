@@ -58,19 +58,10 @@ def parse_waits(rep) -> dict | None:
         return None
     if not isinstance(w, dict):
         raise ValueError("field 'waits' must be a map")
-    names, started, secs = w.get("names"), w.get("started"), w.get("s")
-    for field, value, most in (("names", names, MAX_NAMES), ("started", started, MAX_STARTED)):
-        if not isinstance(value, list) or len(value) > most or not all(
-                isinstance(x, str) and len(x) <= MAX_NAME for x in value):
-            raise ValueError(f"field 'waits.{field}' must be a list of at most {most} "
-                             f"strings of at most {MAX_NAME} characters")
-    if type(secs) not in (int, float) or not 0 <= secs < 1e9:
-        raise ValueError("field 'waits.s' must be a number of seconds")
     sets = w.get("sets", False)
     if type(sets) is not bool:
         raise ValueError("field 'waits.sets' must be true or false")
-    return {"names": tuple(names), "s": float(secs), "started": frozenset(started),
-            "sets": sets}
+    return _fields(w, "waits", sets)
 
 
 def parse(rep) -> dict | None:
@@ -81,18 +72,23 @@ def parse(rep) -> dict | None:
     b = rep["blocked"]
     if not isinstance(b, dict):
         raise ValueError("field 'blocked' must be a map")
-    names, started, secs, sets = b.get("names"), b.get("started"), b.get("s"), b.get("sets")
+    if not b.get("names"):
+        raise ValueError("field 'blocked.names' must not be empty")
+    if type(b.get("sets")) is not bool:
+        raise ValueError("field 'blocked.sets' must be true or false")
+    return _fields(b, "blocked", b["sets"])
+
+
+def _fields(m: dict, what: str, sets: bool) -> dict:
+    """The names, started names and seconds of a ``blocked`` or ``waits`` map, validated."""
+    names, started, secs = m.get("names"), m.get("started"), m.get("s")
     for field, value, most in (("names", names, MAX_NAMES), ("started", started, MAX_STARTED)):
         if not isinstance(value, list) or len(value) > most or not all(
                 isinstance(x, str) and len(x) <= MAX_NAME for x in value):
-            raise ValueError(f"field 'blocked.{field}' must be a list of at most {most} "
+            raise ValueError(f"field '{what}.{field}' must be a list of at most {most} "
                              f"strings of at most {MAX_NAME} characters")
-    if not names:
-        raise ValueError("field 'blocked.names' must not be empty")
     if type(secs) not in (int, float) or not 0 <= secs < 1e9:
-        raise ValueError("field 'blocked.s' must be a number of seconds")
-    if type(sets) is not bool:
-        raise ValueError("field 'blocked.sets' must be true or false")
+        raise ValueError(f"field '{what}.s' must be a number of seconds")
     return {"names": tuple(names), "s": float(secs), "started": frozenset(started),
             "sets": sets}
 
@@ -154,8 +150,8 @@ class Deadlocks:
         self.declare(reps)
 
     def check_behind(self, now: float, live: list) -> bool:
-        """Tell each rank that waits (any thread, for ``BEHIND_S`` and two heartbeats) in an
-        unnamed call of an earlier generation than another live rank's, which has not
+        """Tell each rank that waits (any thread, for ``BEHIND_S`` and two heartbeats) in a
+        call of an earlier generation (the tag of its name) than another live rank's, which has not
         started it, that it is behind: that rank called init() or join() again without the
         call, so it never completes.  True when live ranks' generations differ."""
         s, beat = self.s, self.s.cfg.heartbeat_interval
@@ -165,9 +161,8 @@ class Deadlocks:
             if gen is None or now - at > 2 * beat + 0.5:
                 return False
             gens[ident] = gen
-        if len(set(gens.values())) < 2 or len({g[0] for g in gens.values()}) > 1 or \
-                any(g[1] for g in gens.values()):
-            return False             # one generation, a re-formation, or after a join()
+        if len(set(gens.values())) < 2 or len({g[0] for g in gens.values()}) > 1:
+            return False             # one generation, or a re-formation under way
         for ident in live:
             _at, gen, waits, prev = self.gens[ident]
             if waits is None or prev is None or not waits["names"] or waits["sets"] or \
@@ -177,7 +172,7 @@ class Deadlocks:
             name = waits["names"][0]
             mine = of_name(name, gen[0])
             if mine is None or mine[0] != gen[0] or _SET.search(name):
-                continue             # a name the user gave, or a process set's: no rule
+                continue             # a name without a tag, or a process set's: no rule
             ahead = [o for o in live if gens[o] > mine and
                      name not in (self.gens[o][2] or {}).get("started", ())]
             if ahead:
