@@ -111,6 +111,38 @@ def test_worker_hands_over_only_keys_it_is_done_with():
     assert len(eng.requests) == 3 and tu.retire.count == 5
 
 
+class _DeclaresWhileRead(Tensor):
+    """A tensor whose key, read at a step boundary, lets another thread declare a tensor
+    meanwhile (AsyncModelAverage's and DiLoCo's threads push their own names, without the
+    main thread's lock): the boundary must not iterate ``st.tensors`` itself."""
+    __slots__ = ("_key", "st")
+
+    @property
+    def key(self):
+        st, self.st = getattr(self, "st", None), None
+        if st is not None:
+            st.tensors["late"] = Tensor("late", np.zeros(10, np.float32), 4096000, 2)
+        return self._key
+
+    @key.setter
+    def key(self, value):
+        self._key = value
+
+
+def test_a_tensor_declared_by_another_thread_during_the_boundary():
+    st, eng = _worker()
+    t = st.tensors["a"] = _DeclaresWhileRead("a", np.zeros(4 * MB, np.float32), 4096000, 2)
+    _push(st, t)
+    _set(st, 1, 1 * MB)
+    _push(st, t)
+    st.tuner.choice = (1 * MB, 4 * MB)
+    t.st = st                                 # the next read of its key declares "late"
+    retire.at_boundary(st)                    # raised "dictionary changed size" before
+    assert "late" in st.tensors
+    (kind, (keys, _)), = eng.requests
+    assert kind == "retire" and keys == [tensor_key("a")]
+
+
 class _Server:
     """The state of a server that KeyRetirement uses, without sockets."""
 
