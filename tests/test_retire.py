@@ -111,6 +111,46 @@ def test_worker_hands_over_only_keys_it_is_done_with():
     assert len(eng.requests) == 3 and tu.retire.count == 5
 
 
+def test_an_inferred_steps_choice_frees_nothing_before_it_applies(monkeypatch):
+    """In a loop without step marks, the tuner's step runs on a helper thread (steps.py)
+    and a final choice made there applies at the next step end.  A helper that chose
+    before this boundary reached the retirement used to expose the choice with the old
+    layout still in place: every tensor looked settled, the chosen size's key was handed
+    over with the others and this rank's rounds of it restarted at 0 while the other
+    rank's went on (the job hung; one CI run in 40)."""
+    st, eng = _worker()
+    tu = st.tuner
+    tu.k = 1
+    big = st.tensors["big"] = Tensor("big", np.zeros(4 * MB, np.float32), 4096000, 2)
+    _push(st, big)
+    base = tensor_key("big")
+    _set(st, 1, 1 * MB)                       # trial 1
+    _push(st, big)
+    k1 = big.key
+    _set(st, 2, 2 * MB)                       # trial 2, the last
+    _push(st, big)
+    k2 = big.key
+    tu.plan = autotune.Plan(((4096000, 16 << 20), (1 * MB, 4 * MB), (2 * MB, 8 * MB)),
+                            1e8, 1e-3, 16e6, ())
+    tu.state, tu.trial, tu.start, tu.step = "trial", 2, 2, 2
+    tu.times = [[1.0], [0.1], [0.5]]          # trial 1 wins at the next step end
+    monkeypatch.setattr(autotune, "_exchange", lambda st, x, name: x)     # one rank's sum
+    start = autotune.steps.start
+
+    def start_and_finish(tu, n, exchange):    # the helper thread wins the race
+        start(tu, n, exchange)
+        tu.pending.join()
+    monkeypatch.setattr(autotune.steps, "start", start_and_finish)
+    autotune.boundary(st, inferred=True)
+    assert tu.choice == (1 * MB, 4 * MB) and tu.queue and eng.requests == []
+    assert big.key == k2
+    _push(st, big)                            # the step that ends with the old settings
+    autotune.boundary(st, inferred=True)      # the choice applies: then keys are freed
+    (kind, (keys, _)), = eng.requests
+    assert sorted(keys) == sorted([base, k2])
+    assert big.key == k1 and big.round == 1   # trial 1's key, its rounds continuing
+
+
 class _DeclaresWhileRead(Tensor):
     """A tensor whose key, read at a step boundary, lets another thread declare a tensor
     meanwhile (AsyncModelAverage's and DiLoCo's threads push their own names, without the

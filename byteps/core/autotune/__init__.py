@@ -2,11 +2,10 @@
 measured (docs/scaling.md, "Autotune").
 
 On by default (``BYTEPS_AUTOTUNE=0`` turns it off); an explicit ``BYTEPS_PARTITION_BYTES``
-or ``BYTEPS_SCHEDULING_CREDIT`` always wins.  It starts from what a probe at ``init()``
-measured (:mod:`byteps.core.autotune.initial`).  Steps are the explicit ones
-(``step_done()``: every plugin's optimizer step), which every rank marks alike; a job
-that marks none ends a step when a push_pull name repeats (``initial.NameSteps``, the same
-on every rank).  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
+or ``BYTEPS_SCHEDULING_CREDIT`` always wins.  It starts from a probe at ``init()``
+(:mod:`byteps.core.autotune.initial`).  Steps are the explicit ones (``step_done()``, every
+plugin's optimizer step); a job that marks none ends a step when a push_pull name repeats
+(``names.NameSteps``): the same on every rank.  k = ``BYTEPS_AUTOTUNE_STEPS`` (3).
 
 1. **Measure** (steps 1..k, the initial settings): per server (:class:`Probe`, engine
    thread) the bytes pushed, the time it had pushes in flight (bandwidth) and the ack
@@ -430,13 +429,14 @@ def boundary(st, inferred: bool = False) -> None:
         tu.names.explicit = True
     tu.release()
     steps.settle(tu)               # the last inferred step's settings apply from here
+    chosen = tu.choice      # applied (a choice made on steps.py's thread waits for settle)
     ex = lambda x, name=None: _exchange(st, x, name)    # noqa: E731
     steps.start(tu, tu.step + 1, ex) if inferred else tu.at_step(tu.step + 1, ex)
     if st.cfg is not tu.engine.cfg:
         st.cfg = tu.engine.cfg
         if st.local is not None:
             st.local.cfg = st.cfg           # the reducer's chunks follow the tuned size
-    if tu.choice is not None and tu.tune_partitions:
+    if (chosen if inferred else tu.choice) is not None and tu.tune_partitions:   # at_step: at once
         from byteps.core.autotune import retire        # the servers free the sizes no longer used
         retire.at_boundary(st)
 
