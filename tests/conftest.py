@@ -5,6 +5,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -67,12 +68,30 @@ def run_job(argv: list[str], workers: int = 2, servers: int = 1, timeout: float 
     layout = () if own else ("--hosts", str(workers))
     cmd = BPSLAUNCH + ["--standalone", "--num-workers", str(workers), *layout,
                        "--num-servers", str(servers), *launcher_args, *argv]
+    p = subprocess.Popen(cmd, env=job_env(**env), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        return subprocess.run(cmd, env=job_env(**env), capture_output=True, text=True,
-                              timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"job timed out after {timeout} s: {cmd}\nstdout:\n{exc.stdout}\n"
-                    f"stderr:\n{exc.stderr}")
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = _end(p)
+        pytest.fail(f"job timed out after {timeout} s: {cmd}\nstdout (tail):\n{out[-4000:]}\n"
+                    f"stderr (tail):\n{err[-16000:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _end(p: subprocess.Popen) -> tuple[str, str]:
+    """End a timed-out bpslaunch and its job (its processes run in sessions of their own,
+    so killing bpslaunch alone would leave them running beside the next tests): SIGTERM
+    ends the job gracefully, a second signal kills every process of it
+    (byteps/launcher/signals.py); returns what the job printed."""
+    for sig, wait in ((signal.SIGTERM, 6), (signal.SIGTERM, 3)):
+        p.send_signal(sig)
+        try:
+            return p.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+    p.kill()
+    return p.communicate()
 
 
 def run_script(name: str, *args, **kw) -> subprocess.CompletedProcess:
