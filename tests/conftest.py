@@ -76,6 +76,9 @@ def run_job(argv: list[str], workers: int = 2, servers: int = 1, timeout: float 
         out, err = _end(p)
         pytest.fail(f"job timed out after {timeout} s: {cmd}\nstdout (tail):\n{out[-4000:]}\n"
                     f"stderr (tail):\n{err[-16000:]}")
+    except BaseException:       # pytest's own timeout, Ctrl-C: the job must not outlive it
+        _end(p)
+        raise
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
