@@ -15,7 +15,10 @@ library's source for the same number of tokens, with one method:
 * ``sync`` / ``sync_onebit``: SyncPS, float32 / onebit with error feedback;
 * ``diloco`` / ``diloco_int8``: DiLoCo (``--inner-steps``), float32 / int8 outer gradients;
 * ``streaming``: Streaming DiLoCo, ``--fragments`` fragments, int8, overlapped by at
-  most ``--overlap`` inner steps (``DiLoCo(overlap=k)``).
+  most ``--overlap`` inner steps (``DiLoCo(overlap=k)``);
+* ``diloco_int8_long``: DiLoCo int8 for ``--long-factor`` times the steps (more tokens
+  than the others; its lr schedule spans its own steps): the race to SyncPS's final loss,
+  which DiLoCo does not reach at equal tokens.
 
 The network: every worker's connections to the server go through the user-space proxy
 (benchmarks/cluster/delay_proxy.py; this kernel has no ``netem``) that holds each chunk
@@ -56,7 +59,11 @@ from benchmarks.cluster import jobs
 from benchmarks.cluster.netns import Cluster, NetnsError, Plan, cleanup, run_cmds
 
 HERE = Path(__file__).resolve().parent
-ALGOS = ("ddp", "sync", "sync_onebit", "diloco", "diloco_int8", "streaming")
+ALGOS = ("ddp", "sync", "sync_onebit", "diloco", "diloco_int8", "streaming",
+         "diloco_int8_long")
+#: the one method that does not train the same tokens: DiLoCo int8 for --long-factor x
+#: the steps (its lr schedule spans its own steps), the race to SyncPS's final loss
+LONG = "diloco_int8_long"
 PORTS = {"scheduler": 9700, "gloo": 9650, "server": PROXIED["server"],
          "peer": PROXIED["peer"]}
 #: DDP through the proxy: gloo's listener takes an ephemeral port, so worker k's
@@ -124,6 +131,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=50, help="lr warm-up steps (every method)")
     ap.add_argument("--min-lr", type=float, default=0.1,
                     help="cosine lr decay to this fraction (every method; 1: constant)")
+    ap.add_argument("--long-factor", type=float, default=2.0,
+                    help="diloco_int8_long trains this many times --steps")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per job")
     ap.add_argument("--out", type=Path, default=None)
@@ -131,9 +140,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def steps_of(a, algo: str) -> int:
+    return round(a.steps * a.long_factor) if algo == LONG else a.steps
+
+
 def worker_argv(a, algo: str) -> list[str]:
     return [sys.executable, str(HERE / "wide_area_worker.py"), "--algo", algo, "--steps",
-            str(a.steps), "--inner-steps", str(a.inner_steps), "--fragments",
+            str(steps_of(a, algo)), "--inner-steps", str(a.inner_steps), "--fragments",
             str(a.fragments), "--overlap", str(a.overlap), "--dim", str(a.dim),
             "--eval-every", str(a.eval_every),
             "--batch", str(a.batch), "--outer-lr", str(a.outer_lr), "--outer-momentum",
@@ -231,6 +244,7 @@ def summarize(doc: dict) -> None:
         r["bytes_vs_sync"] = (sync["sent_bytes"] / r["sent_bytes"]
                               if sync and r["sent_bytes"] else None)
         r["loss_vs_sync"] = r["final_loss"] / sync["final_loss"] - 1 if sync else None
+        r["tokens_vs_sync"] = r["tokens"] / sync["tokens"] if sync else None
         # DDP computes SyncPS's updates (same data, same start): when rounding leaves it
         # just above SyncPS's final loss, it had not reached it by its last step, so its
         # training time is a lower bound of its time to the target
@@ -252,18 +266,20 @@ def table(doc: dict) -> str:
     c = doc["config"]
     lines = [f"{c['workers']} workers, {c['rate_mbit']:g} Mbit/s + {c['delay_ms']:g} ms one "
              f"way to the server, {c['steps']} steps per worker, H = {c['inner_steps']}, "
-             f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}",
-             f"{'method':12s} {'train s':>8s} {'MB sent':>9s} {'sync/this':>9s} "
-             f"{'MB recv':>8s} {'exch KB':>8s} {'/dil8':>6s} "
+             f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}; "
+             f"{LONG}: {c.get('long_factor', 2.0):g}x the steps",
+             f"{'method':16s} {'train s':>8s} {'MB sent':>9s} {'sync/this':>9s} "
+             f"{'MB recv':>8s} {'exch KB':>8s} {'/dil8':>6s} {'tokens':>6s} "
              f"{'to target':>9s} {'vs DDP':>7s} {'to +2%':>7s} {'final loss':>10s} "
              f"{'vs sync':>8s}"]
     for algo, r in doc["results"].items():
         up = _f(r["speedup_vs_ddp"], "6.1f")
         up = (">" if r["speedup_is_lower_bound"] and r["speedup_vs_ddp"] else " ") + up
-        lines.append(f"{algo:12s} {r['train_s']:8.1f} {r['sent_bytes'] / 1e6:9.2f} "
+        lines.append(f"{algo:16s} {r['train_s']:8.1f} {r['sent_bytes'] / 1e6:9.2f} "
                      f"{_f(r['bytes_vs_sync'], '9.1f')} {r['received_bytes'] / 1e6:8.2f} "
                      f"{r['exchange_sent'] / 1e3:8.1f} "
                      f"{_f(r['exchange_vs_diloco_int8'], '6.2f')} "
+                     f"{_f(r.get('tokens_vs_sync'), '5.1f')}x "
                      f"{_f(r['time_to_target_s'], '9.1f')} {up:>7s} "
                      f"{_f(r['time_to_target_2pct_s'], '7.1f')} "
                      f"{r['final_loss']:10.3f} {_f(r['loss_vs_sync'], '+8.1%')}")

@@ -128,6 +128,7 @@ def main() -> None:
             "sync_onebit": (A.SyncPS(), {"compressor": "onebit", "ef": "vanilla"}),
             "diloco": (A.DiLoCo(**outer), None),
             "diloco_int8": (A.DiLoCo(**outer, compression_params=int8), None),
+            "diloco_int8_long": (A.DiLoCo(**outer, compression_params=int8), None),
             "streaming": (A.DiLoCo(**outer, compression_params=int8, fragments=a.fragments,
                                    overlap=a.overlap or True), None),
         }[a.algo]
