@@ -259,7 +259,8 @@ def summarize(doc: dict) -> None:
 
 
 def _f(v, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
+    """``v`` formatted, or "-" padded to the format's width."""
+    return format(v, fmt) if v is not None else format("-", f">{fmt.split('.')[0] or 0}")
 
 
 def table(doc: dict) -> str:
@@ -303,6 +304,7 @@ def plot(doc: dict, path: Path) -> None:
     names = list(doc["results"])
     ax[1].bar(names, [doc["results"][n]["sent_bytes"] / 1e6 for n in names])
     ax[1].set_yscale("log")
+    ax[1].tick_params(axis="x", rotation=30)
     ax[1].set_ylabel("MB sent per worker (training)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
