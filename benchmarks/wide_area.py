@@ -119,7 +119,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=600, help="per worker (same tokens)")
     ap.add_argument("--inner-steps", type=int, default=30)
     ap.add_argument("--fragments", type=int, default=4)
-    ap.add_argument("--overlap", type=int, default=2,
+    ap.add_argument("--overlap", type=int, default=1,
                     help="streaming's DiLoCo(overlap=k): merged at most k inner steps after "
                          "the push (0: overlap=True, whenever it arrives)")
     ap.add_argument("--dim", type=int, default=64)
@@ -260,11 +260,13 @@ def summarize(doc: dict) -> None:
 
 def _f(v, fmt: str) -> str:
     """``v`` formatted, or "-" padded to the format's width."""
-    return format(v, fmt) if v is not None else format("-", f">{fmt.split('.')[0] or 0}")
+    width = fmt.split(".")[0].lstrip("+- ") or "0"
+    return format(v, fmt) if v is not None else format("-", f">{width}")
 
 
 def table(doc: dict) -> str:
     c = doc["config"]
+    sync = doc["results"].get("sync")
     lines = [f"{c['workers']} workers, {c['rate_mbit']:g} Mbit/s + {c['delay_ms']:g} ms one "
              f"way to the server, {c['steps']} steps per worker, H = {c['inner_steps']}, "
              f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}; "
@@ -280,7 +282,7 @@ def table(doc: dict) -> str:
                      f"{_f(r['bytes_vs_sync'], '9.1f')} {r['received_bytes'] / 1e6:8.2f} "
                      f"{r['exchange_sent'] / 1e3:8.1f} "
                      f"{_f(r['exchange_vs_diloco_int8'], '6.2f')} "
-                     f"{_f(r.get('tokens_vs_sync'), '5.1f')}x "
+                     f"{_f(r.get('tokens_vs_sync'), '5.1f')}{'x' if sync else ' '} "
                      f"{_f(r['time_to_target_s'], '9.1f')} {up:>7s} "
                      f"{_f(r['time_to_target_2pct_s'], '7.1f')} "
                      f"{r['final_loss']:10.3f} {_f(r['loss_vs_sync'], '+8.1%')}")
@@ -323,10 +325,10 @@ def main(argv=None) -> int:
         print(f"benchmarks.wide_area: {exc}", file=sys.stderr)
         return 1
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1))   # first: the run
     text = table(doc)
     print(text)
     (out_dir / "table.txt").write_text(text + "\n")
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
     plot(doc, out_dir / "wide_area.png")
     print(f"wrote {out_dir}/results.json, table.txt, wide_area.png")
     return 0

@@ -96,7 +96,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--algo", required=True)
     ap.add_argument("--eval-every", type=int, default=25)
-    ap.add_argument("--overlap", type=int, default=2,
+    ap.add_argument("--overlap", type=int, default=1,
                     help="streaming: DiLoCo(overlap=k), merged at most k steps after the "
                          "push (0: overlap=True, whenever it arrives)")
     add_training_args(ap, fragments=4)
