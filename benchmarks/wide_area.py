@@ -59,11 +59,10 @@ from benchmarks.cluster import jobs
 from benchmarks.cluster.netns import Cluster, NetnsError, Plan, cleanup, run_cmds
 
 HERE = Path(__file__).resolve().parent
-ALGOS = ("ddp", "sync", "sync_onebit", "diloco", "diloco_int8", "streaming",
-         "diloco_int8_long")
 #: the one method that does not train the same tokens: DiLoCo int8 for --long-factor x
 #: the steps (its lr schedule spans its own steps), the race to SyncPS's final loss
 LONG = "diloco_int8_long"
+ALGOS = ("ddp", "sync", "sync_onebit", "diloco", "diloco_int8", "streaming", LONG)
 PORTS = {"scheduler": 9700, "gloo": 9650, "server": PROXIED["server"],
          "peer": PROXIED["peer"]}
 #: DDP through the proxy: gloo's listener takes an ephemeral port, so worker k's
@@ -269,8 +268,9 @@ def table(doc: dict) -> str:
     sync = doc["results"].get("sync")
     lines = [f"{c['workers']} workers, {c['rate_mbit']:g} Mbit/s + {c['delay_ms']:g} ms one "
              f"way to the server, {c['steps']} steps per worker, H = {c['inner_steps']}, "
-             f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}; "
-             f"{LONG}: {c.get('long_factor', 2.0):g}x the steps",
+             f"target loss = SyncPS's final {_f(doc.get('target_loss'), '.3f')}"
+             + (f"; {LONG}: {c.get('long_factor', 2.0):g}x the steps"
+                if LONG in doc["results"] else ""),
              f"{'method':16s} {'train s':>8s} {'MB sent':>9s} {'sync/this':>9s} "
              f"{'MB recv':>8s} {'exch KB':>8s} {'/dil8':>6s} {'tokens':>6s} "
              f"{'to target':>9s} {'vs DDP':>7s} {'to +2%':>7s} {'final loss':>10s} "
