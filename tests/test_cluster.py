@@ -206,6 +206,34 @@ def test_the_raw_mesh_and_the_steps_from_the_third_on():
     assert report.make_row("gloo", "1gbit", 2, 2, _recs("gloo", 2, 1))["vs_mesh"] is None
 
 
+def test_rounds_have_their_own_mesh_and_the_table_their_medians():
+    """--rounds N alternates the systems; each row is measured against the raw mesh run
+    just before and after it, and the table ends with each system's medians over rounds."""
+    rows = []
+    for rnd, (t_ps, t_gloo, mesh) in enumerate([(0.9, 1.3, 0.95), (1.0, 1.2, 0.80),
+                                                 (0.8, 1.2, 0.90)], 1):
+        gloo_s = report.job_time(_recs("gloo", 4, t_gloo))
+        for system, t in (("byteps", t_ps), ("gloo", t_gloo)):
+            rows.append(dict(report.make_row(system, "1gbit", 4, 4, _recs(system, 4, t),
+                                             gloo_s, None, mesh * 1e9 / 8),
+                             round=rnd, mesh_Gbps=mesh))
+    text = report.table(rows, {})
+    assert "byteps #3" in text and "gloo #2" in text and "0.800" in text
+    (line,) = [x for x in text.splitlines() if x.startswith("byteps W=4, median of 3")]
+    # vs gloo 1.44, 1.20, 1.50; vs mesh 0.8/0.9/0.95=0.94, 0.8/1.0/0.8=1.00, 1.11
+    assert "vs gloo 1.44 (1.20-1.50)" in line and "vs mesh 1.00 (0.94-1.11)" in line
+    assert not any(x.startswith("gloo W=4, median") for x in text.splitlines())
+    ddp = [dict(report.train_row("ddp-gloo", "1gbit", 2, [{"img_sec": 10.0}] * 2), round=r)
+           for r in (1, 2)]
+    bps = [dict(report.train_row("byteps", "1gbit", 2, [{"img_sec": v}] * 2, 20.0), round=r)
+           for r, v in ((1, 12.0), (2, 14.0))]
+    text = report.train_table([ddp[0], bps[0], ddp[1], bps[1]])
+    assert "byteps #2" in text and "median of 2 rounds: 1.30 (1.20-1.40)" in text
+    assert "median" not in report.train_table([ddp[0], dict(bps[0], round=1)])
+    with pytest.raises(SystemExit):
+        run.parse_args(["--rounds", "0"])
+
+
 def test_trace_summary_reads_timelines(tmp_path):
     import types
     tl = Timeline(str(tmp_path), rank=0, size=2, start_step=0, end_step=5)

@@ -108,26 +108,50 @@ def table(rows: list[dict], probes: dict) -> str:
                      f"{_fmt(p.get('all_Gbps'), '.3f')} Gbit/s each; the worker-server mesh "
                      f"{_fmt(p.get('mesh_Gbps'), '.3f')} Gbit/s per worker link each way")
         lines.append(f"{'system':<15}{'W':>3}{'S':>3}{'MB':>5}{'s/op':>7}{'Gb/s/link':>10}"
-                     f"{'vs gloo':>8}{'vs mesh':>8}{'vs M/B':>7}{'vs TCP':>7}{'drop%':>6}"
+                     f"{'vs gloo':>8}{'vs mesh':>8}{'mesh':>6}{'vs M/B':>7}{'vs TCP':>7}"
+                     f"{'drop%':>6}"
                      f"{'steps1-2':>9}{'from3':>7}{'x gloo':>7}"
                      f"{'wCPU s/GB':>10}{'sCPU s/GB':>10}")
+        rounds = max(r.get("round", 1) for r in rows)
         for r in rows:
             if r["rate"] != rate:
                 continue
-            lines.append(f"{r['system']:<15}{r['workers']:>3}{r['servers']:>3}"
+            name = r["system"] + (f" #{r.get('round', 1)}" if rounds > 1 else "")
+            lines.append(f"{name:<15}{r['workers']:>3}{r['servers']:>3}"
                          f"{r['tensor_MB']:>5.0f}{r['time_s']:>7.3f}{r['link_Gbps']:>10.3f}"
                          f"{_fmt(r['vs_gloo'], '.2f'):>8}{_fmt(r.get('vs_mesh'), '.2f'):>8}"
-                         f"{r['vs_bound']:>7.2f}"
+                         f"{_fmt(r.get('mesh_Gbps'), '.3f'):>6}{r['vs_bound']:>7.2f}"
                          f"{_fmt(r['vs_measured_tcp'], '.2f'):>7}{_fmt(drop_pct(r), '.2f'):>6}"
                          f"{_fmt(r.get('first2_s'), '.3f'):>9}{_fmt(r.get('from3_s'), '.3f'):>7}"
                          f"{_fmt(r.get('vs_gloo_from3'), '.2f'):>7}"
                          f"{_fmt(r.get('worker_cpu_s_per_GB'), '.2f'):>10}"
                          f"{_fmt(r.get('server_cpu_s_per_GB'), '.2f'):>10}")
-        lines.append("s/op, vs gloo, vs mesh: the timed iterations after the warm-up; steps1-2: "
-                     "the mean of the first two steps; from3: the median from the 3rd step on "
-                     "(warm-up included), x gloo: its ratio to gloo's s/op")
+        lines.append("s/op, vs gloo, vs mesh: the timed iterations after the warm-up; mesh: "
+                     "the raw mesh's Gbit/s per link, the mean of its runs just before and "
+                     "after the row; steps1-2: the mean of the first two steps; from3: the "
+                     "median from the 3rd step on (warm-up included), x gloo: its ratio to "
+                     "gloo's s/op")
+        if rounds > 1:
+            lines += round_medians([r for r in rows if r["rate"] == rate])
         lines.append("")
     return "\n".join(lines)
+
+
+def round_medians(rows: list[dict]) -> list[str]:
+    """Per system and W, the median over rounds of each ratio (and the rounds' range)."""
+    out = []
+    for key in dict.fromkeys((r["system"], r["workers"]) for r in rows):
+        got = [r for r in rows if (r["system"], r["workers"]) == key]
+        parts = []
+        for col, label in (("vs_gloo", "vs gloo"), ("vs_mesh", "vs mesh"),
+                           ("vs_gloo_from3", "x gloo from step 3")):
+            vs = [r[col] for r in got if r.get(col) is not None]
+            if vs:
+                parts.append(f"{label} {statistics.median(vs):.2f} "
+                             f"({min(vs):.2f}-{max(vs):.2f})")
+        if parts and key[0] != "gloo":
+            out.append(f"{key[0]} W={key[1]}, median of {len(got)} rounds: " + ", ".join(parts))
+    return out
 
 
 def train_table(rows: list[dict]) -> str:
@@ -135,15 +159,21 @@ def train_table(rows: list[dict]) -> str:
         return ""
     lines = [f"{'training':<14}{'rate':>9}{'W':>3}{'img/s total':>13}{'vs DDP':>8}"
              f"{'fwd ms':>8}{'bwd ms':>8}{'step ms':>9}{'  main thread CPU ms':>21}"]
+    rounds = max(r.get("round", 1) for r in rows)
     for r in rows:
         ph = r.get("phase_s") or {}
         ms = [_fmt(ph[k] * 1e3 if k in ph else None, '.0f') for k in
               ("forward", "backward", "opt_step")]
-        lines.append(f"{r['system']:<14}{r['rate']:>9}{r['workers']:>3}"
+        name = r["system"] + (f" #{r.get('round', 1)}" if rounds > 1 else "")
+        lines.append(f"{name:<14}{r['rate']:>9}{r['workers']:>3}"
                      f"{r['img_sec_total']:>13.1f}{_fmt(r['vs_ddp'], '.2f'):>8}"
                      f"{ms[0]:>8}{ms[1]:>8}{ms[2]:>9}   " + " / ".join(
                          _fmt(ph[k] * 1e3 if k in ph else None, '.0f') for k in
                          ("forward_cpu", "backward_cpu", "opt_step_cpu")))
+    vs = [r["vs_ddp"] for r in rows if r.get("vs_ddp") is not None]
+    if rounds > 1 and vs:
+        lines.append(f"byteps vs DDP, median of {len(vs)} rounds: {statistics.median(vs):.2f} "
+                     f"({min(vs):.2f}-{max(vs):.2f})")
     return "\n".join(lines)
 
 
@@ -165,8 +195,10 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     for ax, rate in zip(axes[0], rates):
         sub = [r for r in rows if r["rate"] == rate]
         for system in dict.fromkeys(r["system"] for r in sub):
-            pts = sorted((r["workers"], r["time_per_100MB_s"]) for r in sub
-                         if r["system"] == system)
+            ws_ = sorted({r["workers"] for r in sub if r["system"] == system})
+            pts = [(w, statistics.median(r["time_per_100MB_s"] for r in sub   # over rounds
+                                         if r["system"] == system and r["workers"] == w))
+                   for w in ws_]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
         ws = sorted({r["workers"] for r in sub})
         bound = 100e6 * 8 / rate_bps(rate)

@@ -65,6 +65,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--slow-size-mb", type=float, default=25.0,
                     help="tensor MB below 500mbit (keeps one run short)")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every system this many times, alternating (byteps, gloo, "
+                         "byteps, gloo, ...): each round has its own ratios, and the table "
+                         "ends with their medians; the emulated links' speed drifts "
+                         "between minutes on a shared machine")
     ap.add_argument("--warmup", type=int, default=20,
                     help="untimed iterations first (autotune decides within 19 steps)")
     ap.add_argument("--systems", type=_csv(str), default=list(SYSTEMS))
@@ -97,8 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad:
         ap.error(f"unknown system(s) {bad}; choose from {', '.join(SYSTEMS)}")
-    if any(w < 1 for w in a.workers) or a.iters < 1 or a.warmup < 0:
-        ap.error("--workers must be >= 1, --iters >= 1, --warmup >= 0")
+    if any(w < 1 for w in a.workers) or a.iters < 1 or a.warmup < 0 or a.rounds < 1:
+        ap.error("--workers must be >= 1, --iters >= 1, --warmup >= 0, --rounds >= 1")
     for r in a.rates + [a.train_rate]:
         try:
             rate_bps(r)
@@ -128,6 +133,10 @@ def fresh(path: Path) -> Path:
     return p
 
 
+def _g(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
 def server_hosts(a: argparse.Namespace) -> int:
     """Hosts that only run servers (the non-colocated runs and the training variant)."""
     if not {"byteps", "byteps-nomarks"} & set(a.systems) and not a.train:
@@ -154,6 +163,7 @@ class Runner:
         self.pipelines: dict = {}      # fill, steady rate, drain (benchmarks/cluster/pipeline.py)
         self.last_drops: dict = {}
         self.last_cpu: dict = {}       # process description -> CPU seconds (whole life)
+        self.last_mesh: float | None = None    # the latest raw mesh, Gbit/s per link
 
     def next_port(self, n: int = 1) -> int:
         self.port += n
@@ -184,28 +194,37 @@ class Runner:
              "all_Gbps": sum(per_dir(every)) / len(per_dir(every)) * 8 / 1e9
              if per_dir(every) else None, "nominal_Gbps": rate_bps(rate) / 1e9}
         if self.shosts:                   # every worker to every server at once, both ways
-            ws, ss = self.whosts[:w], self.shosts[:min(w, len(self.shosts))]
-            recs = self.run(jobs.mesh_job(ws, ss, self.next_port(), secs))
-            mesh = [r for r in recs if r.get("role") == "connect" and r.get("recv_Bps")]
-            p["mesh_Gbps"] = min(min(r["recv_Bps"], r["send_Bps"]) for r in mesh) * 8 / 1e9 \
-                if mesh else None
-            for role, side in (("connect", "worker"), ("serve", "server")):   # the CPU floor
-                got = [r for r in recs if r.get("role") == role and r.get("moved_bytes")]
-                p[f"mesh_{side}_cpu_s_per_GB"] = sum(r["cpu_s"] for r in got) / (
-                    sum(r["moved_bytes"] for r in got) / 1e9) if got else None
-            print(f"[{rate}] raw TCP worker<->server mesh ({len(ws)}x{len(ss)}): "
-                  f"{p['mesh_Gbps']} Gbit/s per worker link, each way; CPU s/GB moved: worker "
-                  f"{p['mesh_worker_cpu_s_per_GB']}, server {p['mesh_server_cpu_s_per_GB']}",
-                  flush=True)
+            p.update(self.mesh(rate))
         self.probes[rate] = p
         print(f"[{rate}] raw TCP full duplex: one pair {p['pair_Gbps']} Gbit/s per direction; "
               f"{len(pairs)} links at once {p['all_Gbps']} Gbit/s each", flush=True)
+
+    def mesh(self, rate: str) -> dict:
+        """The raw TCP worker<->server mesh: every worker host to every server host at
+        once, both ways (the PS pattern moved by the kernel alone), and its CPU per GB.
+        Measured before and after every row: the links' speed drifts between minutes."""
+        w = max(self.a.workers)
+        ws, ss = self.whosts[:w], self.shosts[:min(w, len(self.shosts))]
+        recs = self.run(jobs.mesh_job(ws, ss, self.next_port(), self.a.probe_seconds))
+        mesh = [r for r in recs if r.get("role") == "connect" and r.get("recv_Bps")]
+        p = {"mesh_Gbps": min(min(r["recv_Bps"], r["send_Bps"]) for r in mesh) * 8 / 1e9
+             if mesh else None}
+        for role, side in (("connect", "worker"), ("serve", "server")):   # the CPU floor
+            got = [r for r in recs if r.get("role") == role and r.get("moved_bytes")]
+            p[f"mesh_{side}_cpu_s_per_GB"] = sum(r["cpu_s"] for r in got) / (
+                sum(r["moved_bytes"] for r in got) / 1e9) if got else None
+        self.last_mesh = p["mesh_Gbps"]
+        print(f"[{rate}] raw TCP worker<->server mesh ({len(ws)}x{len(ss)}): "
+              f"{_g(p['mesh_Gbps'])} Gbit/s per worker link, each way; CPU s/GB moved: "
+              f"worker {_g(p['mesh_worker_cpu_s_per_GB'])}, server "
+              f"{_g(p['mesh_server_cpu_s_per_GB'])}", flush=True)
+        return p
 
     def size_bytes(self, rate: str) -> int:
         mb = self.a.size_mb if rate_bps(rate) >= 5e8 else self.a.slow_size_mb
         return int(mb * 1e6) // 4 * 4
 
-    def bench(self, rate: str, w: int, system: str) -> list[dict]:
+    def bench(self, rate: str, w: int, system: str, key: str) -> list[dict]:
         iters, warmup = self.a.iters, self.a.warmup
         if system == "byteps-nomarks":     # as many steps, timed from the 3rd on
             iters, warmup = iters + max(0, warmup - 2), min(2, warmup)
@@ -217,7 +236,7 @@ class Runner:
         workers = self.whosts[:w]
         if system == "gloo":
             return self.run(jobs.gloo_job(workers, argv, self.next_port()))
-        tdir = self.a.out / "traces" / f"{system}-{rate}-w{w}"
+        tdir = self.a.out / "traces" / key
         env = dict(self.extra_env, BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR=tdir,
                    BYTEPS_TRACE_START_STEP=warmup, BYTEPS_TRACE_END_STEP=warmup + iters - 1)
         if system in ("byteps", "byteps-nomarks"):
@@ -226,9 +245,7 @@ class Runner:
         else:
             specs = jobs.byteps_job(workers, workers, workers[0], argv, self.next_port(), env)
         recs = self.run(specs)
-        self.traces[f"{system}-{rate}-w{w}"] = report.trace_summary(tdir)
-        self.pipelines[f"{system}-{rate}-w{w}"] = pipeline.summary(
-            tdir, self.probes.get(rate, {}).get("mesh_Gbps"))
+        self.traces[key] = report.trace_summary(tdir)
         return recs
 
     def server_cpu_per_gb(self, rate: str, w: int) -> float | None:
@@ -245,48 +262,65 @@ class Runner:
             self.cluster.shape(rate, self.a.latency_ms, self.a.burst_ms)
             self.probe(rate)
             for w in self.a.workers:
-                got: dict[str, list] = {}
-                drops, server_cpu, timed_cpu = {}, {}, {}
-                for system in self.a.systems:
-                    t0 = time.monotonic()
-                    got[system] = self.bench(rate, w, system)
-                    drops[system] = self.last_drops
-                    server_cpu[system] = self.server_cpu_per_gb(rate, w)
-                    timed = [r for r in got[system] if r.get("server_cpu_s") is not None]
-                    timed_cpu[system] = sum(r["server_cpu_s"] for r in timed) / (
-                        sum(r["server_moved_bytes"] for r in timed) / 1e9) if timed else None
-                    print(f"[{rate}] W={w} {system}: {report.job_time(got[system]):.3f} s/op "
-                          f"({time.monotonic() - t0:.0f} s, {self.last_drops['dropped']} of "
-                          f"{self.last_drops['packets']} packets dropped by the links; "
-                          f"server CPU s/GB over the timed iterations {timed_cpu[system]})",
-                          flush=True)
-                gloo = report.job_time(got["gloo"]) if "gloo" in got else None
-                link = (self.probes[rate].get("all_Gbps") or 0) * 1e9 / 8 or None
-                mesh = (self.probes[rate].get("mesh_Gbps") or 0) * 1e9 / 8 or None
-                for system, recs in got.items():
-                    s = (self.a.servers or w) if system != "byteps-coloc" and \
-                        system != "gloo" else w
-                    self.rows.append(dict(report.make_row(system, rate, w, s, recs, gloo, link,
-                                                          mesh),
-                                          link_drops=drops[system],
-                                          server_cpu_s_per_GB=server_cpu[system],
-                                          server_timed_cpu_s_per_GB=timed_cpu[system]))
+                for rnd in range(1, self.a.rounds + 1):
+                    self.one_round(rate, w, rnd)
         if self.a.train:
             self.train()
+
+    def one_round(self, rate: str, w: int, rnd: int) -> None:
+        """Every system once at ``rate`` with ``w`` workers; with server hosts the raw mesh
+        is measured again after each, and a row's ``vs mesh`` is against the mean of the
+        mesh just before and just after it (both recorded)."""
+        got: dict[str, list] = {}
+        extra: dict[str, dict] = {}
+        mesh_refs = [self.last_mesh]
+        for system in self.a.systems:
+            key = f"{system}-{rate}-w{w}" + (f"-r{rnd}" if self.a.rounds > 1 else "")
+            t0 = time.monotonic()
+            got[system] = self.bench(rate, w, system, key)
+            timed = [r for r in got[system] if r.get("server_cpu_s") is not None]
+            extra[system] = {
+                "round": rnd, "link_drops": self.last_drops,
+                "server_cpu_s_per_GB": self.server_cpu_per_gb(rate, w),
+                "server_timed_cpu_s_per_GB": sum(r["server_cpu_s"] for r in timed) / (
+                    sum(r["server_moved_bytes"] for r in timed) / 1e9) if timed else None}
+            print(f"[{rate}] W={w} {system}" + (f" round {rnd}" if self.a.rounds > 1 else "")
+                  + f": {report.job_time(got[system]):.3f} s/op ({time.monotonic() - t0:.0f} s, "
+                  f"{self.last_drops['dropped']} of {self.last_drops['packets']} packets "
+                  f"dropped by the links; server CPU s/GB over the timed iterations "
+                  f"{_g(extra[system]['server_timed_cpu_s_per_GB'])})", flush=True)
+            if self.shosts:
+                mesh_refs.append(self.mesh(rate)["mesh_Gbps"])
+                before, after = mesh_refs[-2:]
+                extra[system].update(mesh_before_Gbps=before, mesh_after_Gbps=after)
+                ref = (before + after) / 2 if before and after else before or after
+                extra[system]["mesh_Gbps"] = ref
+                if system.startswith("byteps") and system != "byteps-coloc":
+                    self.pipelines[key] = pipeline.summary(self.a.out / "traces" / key, ref)
+        gloo = report.job_time(got["gloo"]) if "gloo" in got else None
+        link = (self.probes[rate].get("all_Gbps") or 0) * 1e9 / 8 or None
+        for system, recs in got.items():
+            s = (self.a.servers or w) if system not in ("byteps-coloc", "gloo") else w
+            mesh = (extra[system].get("mesh_Gbps") or 0) * 1e9 / 8 or None
+            self.rows.append(dict(report.make_row(system, rate, w, s, recs, gloo, link, mesh),
+                                  **extra[system]))
 
     def train(self) -> None:
         rate, w = self.a.train_rate, self.a.train_workers
         self.cluster.shape(rate, self.a.latency_ms, self.a.burst_ms)
         script = [sys.executable, str(HERE / "train_mlp.py"), *self.a.train_args.split()]
         workers = self.whosts[:w]
-        ddp = self.run(jobs.gloo_job(workers, script + ["--backend", "ddp"], self.next_port()))
         servers = self.shosts[:self.a.servers or w]
-        bps = self.run(jobs.byteps_job(workers, servers, servers[0],
-                                       script + ["--backend", "byteps"], self.next_port(),
-                                       self.extra_env))
-        d = report.train_row("ddp-gloo", rate, w, ddp)
-        self.train_rows += [d, report.train_row("byteps", rate, w, bps, d["img_sec_total"])]
-        print(report.train_table(self.train_rows[-2:]), flush=True)
+        for rnd in range(1, self.a.rounds + 1):      # DDP, byteps, DDP, byteps, ...
+            ddp = self.run(jobs.gloo_job(workers, script + ["--backend", "ddp"],
+                                         self.next_port()))
+            bps = self.run(jobs.byteps_job(workers, servers, servers[0],
+                                           script + ["--backend", "byteps"], self.next_port(),
+                                           self.extra_env))
+            d = dict(report.train_row("ddp-gloo", rate, w, ddp), round=rnd)
+            self.train_rows += [d, dict(report.train_row("byteps", rate, w, bps,
+                                                         d["img_sec_total"]), round=rnd)]
+            print(report.train_table(self.train_rows[-2:]), flush=True)
 
 
 def main(argv=None) -> int:
@@ -345,7 +379,8 @@ def main(argv=None) -> int:
     report.write_json(out, doc)
     png = report.plot(runner.rows, fresh(a.out / "time_vs_workers.png")) if runner.rows \
         else None
-    print(f"wrote {out}" + (f" and {png}" if png else " (no plot: matplotlib is missing)"))
+    print(f"wrote {out}" + (f" and {png}" if png else " (no plot: " + (
+        "matplotlib is missing)" if runner.rows else "no push_pull rows)")))
     return 0
 
 
