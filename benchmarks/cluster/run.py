@@ -272,7 +272,7 @@ class Runner:
         """Every system once at ``rate`` with ``w`` workers; with server hosts the raw mesh
         is measured again after each, and a row's ``vs mesh`` is against the faster of the
         mesh runs just before and just after it (both recorded: one 3 s mesh run now and
-        then comes out 10-20 % slow, and a slow reference would flatter the row)."""
+        then comes out 10-30 % slow, and a slow reference would flatter the row)."""
         got: dict[str, list] = {}
         extra: dict[str, dict] = {}
         mesh_refs = [self.last_mesh]
@@ -291,14 +291,15 @@ class Runner:
                   f"{self.last_drops['dropped']} of {self.last_drops['packets']} packets "
                   f"dropped by the links; server CPU s/GB over the timed iterations "
                   f"{_g(extra[system]['server_timed_cpu_s_per_GB'])})", flush=True)
+            ref = None
             if self.shosts:
                 mesh_refs.append(self.mesh(rate)["mesh_Gbps"])
                 before, after = mesh_refs[-2:]
-                extra[system].update(mesh_before_Gbps=before, mesh_after_Gbps=after)
                 ref = max(before or 0, after or 0) or None   # the faster: conservative
-                extra[system]["mesh_Gbps"] = ref
-                if system.startswith("byteps") and system != "byteps-coloc":
-                    self.pipelines[key] = pipeline.summary(self.a.out / "traces" / key, ref)
+                extra[system].update(mesh_before_Gbps=before, mesh_after_Gbps=after,
+                                     mesh_Gbps=ref)
+            if system != "gloo":
+                self.pipelines[key] = pipeline.summary(self.a.out / "traces" / key, ref)
         gloo = report.job_time(got["gloo"]) if "gloo" in got else None
         link = (self.probes[rate].get("all_Gbps") or 0) * 1e9 / 8 or None
         for system, recs in got.items():
