@@ -134,7 +134,7 @@ def fresh(path: Path) -> Path:
 
 
 def _g(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}"
+    return report._fmt(v, ".3f")
 
 
 def server_hosts(a: argparse.Namespace) -> int:
@@ -275,7 +275,6 @@ class Runner:
         then comes out 10-30 % slow, and a slow reference would flatter the row)."""
         got: dict[str, list] = {}
         extra: dict[str, dict] = {}
-        mesh_refs = [self.last_mesh]
         for system in self.a.systems:
             key = f"{system}-{rate}-w{w}" + (f"-r{rnd}" if self.a.rounds > 1 else "")
             t0 = time.monotonic()
@@ -292,9 +291,8 @@ class Runner:
                   f"dropped by the links; server CPU s/GB over the timed iterations "
                   f"{_g(extra[system]['server_timed_cpu_s_per_GB'])})", flush=True)
             ref = None
-            if self.shosts:
-                mesh_refs.append(self.mesh(rate)["mesh_Gbps"])
-                before, after = mesh_refs[-2:]
+            if self.shosts:                 # mesh() moves last_mesh: the next row's before
+                before, after = self.last_mesh, self.mesh(rate)["mesh_Gbps"]
                 ref = max(before or 0, after or 0) or None   # the faster: conservative
                 extra[system].update(mesh_before_Gbps=before, mesh_after_Gbps=after,
                                      mesh_Gbps=ref)
