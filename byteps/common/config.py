@@ -313,6 +313,7 @@ class Config:
             # separate worker "hosts" (not one host registering local rank 0 twice)
             host_id += f"/{os.getpid()}"
         kw.update({v.field: e.get(v.name) for v in cls._table_only})
+        kw["tcp_congestion"] = _tcp_congestion(kw["tcp_congestion"])
         return cls(
             role=role, distributed=distributed, num_worker=num_worker,
             worker_id=worker_id, node_host=node_host,
@@ -353,6 +354,21 @@ class Config:
             min_compress_bytes=e.get("BYTEPS_MIN_COMPRESS_BYTES"),
             server_replicas=_replicas(e, kw.get("num_server", 0)),
             **kw)
+
+
+def _tcp_congestion(raw: str | None) -> str | None:
+    """BYTEPS_TCP_CONGESTION: a congestion control this process's TCP connections may use
+    (tried on an unconnected socket, byteps/transport/congestion.py); None: the host's."""
+    name = (raw or "").strip()
+    if not name:
+        return None
+    from byteps.transport import congestion
+    why = congestion.problem(name)
+    if why:
+        raise ConfigError(f"BYTEPS_TCP_CONGESTION={raw!r} cannot be used on "
+                          f"{socket.gethostname()}: {why} (unset it to keep the host's "
+                          f"{congestion.host_default()})")
+    return name
 
 
 def _replicas(e: "_Env", num_server: int) -> int:

@@ -70,7 +70,7 @@ class Server:
         self.workers_by_id: dict[int, dict] = {}
         self.nworkers = self.size = 0
         self.seqs = transport.SeqTracker()    # replay guard per worker node id
-        self.watch = transport.ConnWatch(self.sock)
+        self.watch = transport.ConnWatch(self.sock, cfg.tcp_congestion)
         self.peer_fds: dict[int, dict] = {}
         self.dropper = transport.Dropper(0.0, 0)
         self.replies = Replies(self)          # every message to a worker (replies.py)

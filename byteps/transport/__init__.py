@@ -14,6 +14,7 @@ import time
 
 import zmq
 
+from byteps.transport import congestion as _cc
 from byteps.transport import wire
 
 log = logging.getLogger(__name__)
@@ -180,18 +181,25 @@ class ConnWatch:
     connection finished its handshake), ``"down"`` (a connection closed: the
     peer died or left, or ZeroMQ dropped it for an oversize or malformed
     stream).  For listening sockets ``peer`` is the remote address when known.
+
+    ``congestion``: the TCP congestion control every connection of the socket gets
+    (``BYTEPS_TCP_CONGESTION``, :mod:`byteps.transport.congestion`); None keeps the host's.
     """
 
     EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
               | zmq.EVENT_HANDSHAKE_SUCCEEDED)
     made = 0
 
-    def __init__(self, sock: zmq.Socket):
-        self.sock = sock
+    def __init__(self, sock: zmq.Socket, congestion: str | None = None):
+        self.sock, self.congestion = sock, congestion or None
         ConnWatch.made += 1       # a unique address: a re-created socket may reuse an fd
         self.mon = sock.get_monitor_socket(
             self.EVENTS, f"inproc://byteps-monitor-{os.getpid()}-{ConnWatch.made}")
         self.peers: dict[int, str] = {}
+        if self.congestion and sock.type == zmq.DEALER:
+            # a connection that came up before the monitor was attached reports no event
+            endpoint = sock.get(zmq.LAST_ENDPOINT).decode(errors="replace")
+            _cc.sweep(endpoint, self.congestion)
 
     def poll(self) -> list[tuple[str, int, str]]:
         try:                      # the common case (no event), without raising zmq.Again
@@ -212,6 +220,8 @@ class ConnWatch:
             kind, fd = ev["event"], int(ev["value"])
             if kind in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
                 self.peers[fd] = _peer_name(fd) or ev["endpoint"].decode(errors="replace")
+                if self.congestion:
+                    _cc.apply(fd, self.congestion)
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 out.append(("up", -1, ev["endpoint"].decode(errors="replace")))
             elif kind == zmq.EVENT_DISCONNECTED:

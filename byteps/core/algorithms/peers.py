@@ -180,7 +180,7 @@ class PeerNet:
         s = transport.connect(self.ctx, addr, f"p{self.rank}/".encode() + new_seq().to_bytes(
             8, "little"))
         self.out[rank] = s
-        self.watch[rank] = transport.ConnWatch(s)
+        self.watch[rank] = transport.ConnWatch(s, self.cfg.tcp_congestion)
         self.down[rank] = None
         return s
 

@@ -57,7 +57,8 @@ class ServerLinks:
         self.index = {s: i for i, s in enumerate(self.conns)}
         self.heard = [0.0] * len(self.conns)    # last valid message from each server
         self.last_seq = [-1] * len(self.conns)
-        self.watches = [transport.ConnWatch(s) for s in self.conns] if watch else []
+        self.watches = [transport.ConnWatch(s, cfg.tcp_congestion) for s in self.conns] \
+            if watch else []
         self.down: list = [None] * len(self.conns)
         self.held: list[dict] = [{} for _ in self.conns]    # server -> {key: tensor name}
         # colocated servers exchange payloads through shared memory (BYTEPS_ENABLE_IPC)
