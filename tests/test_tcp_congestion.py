@@ -63,3 +63,24 @@ def test_a_name_the_kernel_has_not_is_a_clear_error():
     assert p.returncode != 0
     assert "BYTEPS_TCP_CONGESTION='no-such-cc'" in p.stderr, p.stderr
     assert "tcp_available_congestion_control" in p.stderr, p.stderr
+
+
+def test_sweep_sets_a_connection_that_was_up_before_its_watch():
+    """What a replica's connection and a worker's connection up before its monitor get."""
+    from byteps.transport import congestion
+    want = "reno" if _host_default() != "reno" else "cubic"
+    with socket.socket() as lis:
+        lis.bind(("127.0.0.1", 0))
+        lis.listen()
+        port = lis.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            a, _ = lis.accept()
+            with a:
+                def cc(s):
+                    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                                        16).rstrip(b"\0").decode()
+                assert cc(c) == _host_default()
+                assert congestion.sweep(f"tcp://127.0.0.1:{port}", want) == 1
+                assert cc(c) == want                   # the connection to that peer
+                assert cc(a) == _host_default()        # not the accepted end (another peer)
+                assert congestion.apply(a.fileno(), want) and cc(a) == want
