@@ -20,7 +20,6 @@ import os
 import socket
 
 
-
 def _sysctl(which: str) -> str:
     """``net.ipv4.tcp_<which>congestion_control`` (``?`` where unknown)."""
     try:
@@ -75,21 +74,6 @@ def apply(fd: int, name: str) -> bool:
         return True
     except OSError:
         return False
-    finally:
-        s.close()
-
-
-def current(fd: int) -> str | None:
-    """The congestion control of TCP connection ``fd`` (None: not a TCP socket)."""
-    try:
-        s = socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
-    try:
-        raw = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
-        return raw.split(b"\0", 1)[0].decode()
-    except OSError:
-        return None
     finally:
         s.close()
 
