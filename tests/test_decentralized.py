@@ -187,7 +187,8 @@ def test_peer_messages_are_authenticated_and_validated():
 
     cfg = types.SimpleNamespace(enable_peers=True, node_host="127.0.0.1", peer_port=0,
                                 max_msg_bytes=1 << 20, job_id="j", stall_warning_s=60,
-                                heartbeat_timeout=10, heartbeat_interval=1)
+                                heartbeat_timeout=10, heartbeat_interval=1,
+                                tcp_congestion=None)
     ctx = zmq.Context()
     sock, addr = peers.listen(cfg, ctx)
     net = peers.PeerNet(cfg, ctx, sock, addr, b"secret")
