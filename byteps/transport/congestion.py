@@ -59,10 +59,11 @@ def problem(name: str) -> str | None:
         s.close()
 
 
-def apply(fd: int, name: str) -> bool:
+def apply(fd: int, name: str, peer: tuple | None = None) -> bool:
     """Set congestion control ``name`` on the TCP connection ``fd`` (a socket the process
-    does not own: it is duplicated, set, and the duplicate closed).  False where ``fd`` is
-    no TCP socket any more or the kernel refused."""
+    does not own: it is duplicated, set, and the duplicate closed), if its peer is ``peer``
+    (``(address, port)``; None: any).  False where ``fd`` is no TCP socket (any more), has
+    another peer, or the kernel refused."""
     try:
         s = socket.socket(fileno=os.dup(fd))
     except OSError:
@@ -70,9 +71,11 @@ def apply(fd: int, name: str) -> bool:
     try:
         if s.type != socket.SOCK_STREAM or s.family not in (socket.AF_INET, socket.AF_INET6):
             return False
+        if peer is not None and s.getpeername()[:2] != peer:
+            return False
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
         return True
-    except OSError:
+    except (OSError, ValueError, TypeError):
         return False
     finally:
         s.close()
@@ -90,21 +93,7 @@ def sweep(endpoint: str, name: str) -> int:
         want = (socket.gethostbyname(host) if ":" not in host else host, int(port))
     except (OSError, ValueError):
         return 0
-    n = 0
-    for fd in _socket_fds():
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if s.type == socket.SOCK_STREAM and s.getpeername()[:2] == want:
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
-                n += 1
-        except (OSError, ValueError, TypeError):
-            pass
-        finally:
-            s.close()
-    return n
+    return sum(apply(fd, name, want) for fd in _socket_fds())
 
 
 def _socket_fds() -> list[int]:
