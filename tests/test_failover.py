@@ -78,6 +78,22 @@ def test_server_sigkill_with_replicas_is_bit_exact(tmp_path, reference):
             assert a[k].dtype == np.float32 and a[k].tobytes() == b[k].tobytes(), (name, k)
 
 
+def test_a_server_lost_while_the_workers_greet_it(tmp_path, reference):
+    """Server 1 SIGKILLs itself on a worker's first HELLO (BYTEPS_TEST_SERVER_CRASH=1:-1),
+    before any data, while init() waits for every server's answer.  The waiting workers
+    send heartbeats and read the scheduler's FAILOVER meanwhile: they stop waiting for the
+    dead server and are not declared dead themselves (they were, after
+    BYTEPS_HEARTBEAT_TIMEOUT); the job trains on the backup, bit for bit."""
+    a, digest = reference
+    res, out, ranks = _job(tmp_path, "greeting", -1, BYTEPS_SERVER_REPLICAS=1,
+                           BYTEPS_TEST_SERVER_CRASH="1:-1", BYTEPS_HEARTBEAT_TIMEOUT=4)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-4000:]
+    assert "a worker's HELLO, now SIGKILL" in log and "takes over" in log, log[-3000:]
+    assert all(r["steps"] == STEPS and r["error"] is None for r in ranks.values()), ranks
+    assert ranks[0]["digest"] == ranks[1]["digest"] == digest
+
+
 def test_async_keys_survive_a_server_sigkill_exactly_once(tmp_path):
     res, _, ranks = _job(tmp_path, "async", KILL, BYTEPS_SERVER_REPLICAS=1,
                          BYTEPS_ENABLE_ASYNC=1)

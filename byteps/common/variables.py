@@ -140,7 +140,7 @@ VARIABLES: tuple[Var, ...] = (
     V("BYTEPS_TEST_DROP_RATE", "0", float, "test knob: fraction of DATA/RESULT dropped",
       lo=0.0, hi=0.9, field="test_drop_rate", example="0.05"),
     V("BYTEPS_TEST_SERVER_CRASH", None, str, "test knob: server I answers one worker's round "
-      ">= R, then SIGKILLs itself (I:R)", example="1:12"),
+      ">= R, then SIGKILLs itself (I:R; R=-1: on a worker's first HELLO)", example="1:12"),
     V("BYTEPS_TEST_RECORD", None, str, "test knob: servers append each push to this file",
       example="/tmp/arrivals.txt"),
     V("BYTEPS_TRACE_ON", "0", bool, "write timelines (docs/timeline.md)", field="trace_on",

@@ -302,6 +302,7 @@ class Server:
         if hdr.sender in self.replica.server_ids:      # a server replicating to us
             return self.replica.on_peer(ident, hdr, payload, frames)
         if hdr.op == Op.HELLO:
+            self.replica.crash_on_hello()         # BYTEPS_TEST_SERVER_CRASH=I:-1 (tests)
             w = self.workers_by_id.get(hdr.sender)
             if hdr.epoch > self.link.epoch:     # re-init: the server's new book is on its way
                 return log.debug("HELLO of epoch %d before this server's book", hdr.epoch)

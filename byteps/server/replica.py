@@ -284,6 +284,13 @@ class Replicator:
                     ready[0][1].round)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def crash_on_hello(self) -> None:
+        """BYTEPS_TEST_SERVER_CRASH=I:-1 (tests): server I dies by SIGKILL on a worker's
+        first HELLO, unanswered (a server lost while the workers still greet it)."""
+        if self.crash is not None and self.crash[1] < 0 and self.backup is not None:
+            log.warning("BYTEPS_TEST_SERVER_CRASH: a worker's HELLO, now SIGKILL")
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def _release(self, items: list) -> None:
         out: dict = {}
         for ident, e, arr in items:

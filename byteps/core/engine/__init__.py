@@ -56,8 +56,7 @@ class Engine:
                  servers: list | None = None, start: bool = True):
         self.cfg, self.ctx, self.link = cfg, ctx, link
         malloc.tune(cfg.malloc_tune)        # receive buffers stay in the heap
-        self.rank = book["rank"]
-        self.size = book["size"]
+        self.rank, self.size = book["rank"], book["size"]
         self.server_info = book["servers"]
         if servers is None:
             ident = f"w{self.rank}/".encode() + secrets.token_hex(8).encode()   # unguessable
@@ -97,9 +96,15 @@ class Engine:
         self.rounds = RoundLatency(len(self.server_info))   # per-server histogram (metrics)
         self.probe = None     # autotune.Probe while the first steps are measured
         self.thread = threading.Thread(target=self.loop, name="byteps-engine", daemon=True)
-        if start:
-            self.links.hello(self.failover.dead)    # failover: never greet lost ones
+        if start:       # failover: never greet lost ones, nor wait for one that dies
+            self.links.hello(self.failover.dead, self.before_start)
             self.thread.start()
+
+    def before_start(self, now: float) -> None:
+        """While init() waits for the servers: the scheduler's messages, and heartbeats."""
+        while self.link.sock.poll(0):
+            self.on_scheduler()
+        self.link.tick(now)
 
     @property
     def resends(self) -> int:
@@ -108,17 +113,14 @@ class Engine:
 
     # ---------------------------------------------------------------- user side
     def submit(self, tasks: list[Task]) -> None:
-        with self.lock:
-            if self.fatal:
-                raise self.fatal
-            self.pending.extend(tasks)
-        self.wake()
+        self.request(tasks, self.pending.extend)
 
-    def request(self, item) -> None:
+    def request(self, item, put=None) -> None:
+        """Queue a control ``item`` for the engine thread (or ``put(item)``), and wake it."""
         with self.lock:
             if self.fatal:
                 raise self.fatal
-            self.control.append(item)
+            (put or self.control.append)(item)
         self.wake()
 
     def wake(self) -> None:
@@ -127,18 +129,20 @@ class Engine:
         except BlockingIOError:
             pass
 
+    def wait(self, ev: threading.Event, check=None) -> None:
+        """Wait for ``ev``; raise the engine's fatal error; ``check()`` (may raise) every 0.2 s."""
+        while not ev.wait(0.2) and not self.fatal:
+            if check is not None:
+                check()
+        if self.fatal:
+            raise self.fatal
+
     def barrier(self, name: str, check=None) -> None:
         """Wait until every worker reaches barrier ``name``; ``check()`` (may raise) every 0.2 s."""
         ev = threading.Event()
         self.barriers[name] = ev
         self.request(("barrier", name))
-        while not ev.wait(0.2):
-            if self.fatal:
-                raise self.fatal
-            if check is not None:
-                check()
-        if self.fatal:
-            raise self.fatal
+        self.wait(ev, check)
         err = self.barrier_errors.pop(name, None)
         if err:
             raise BytePSError(f"worker rank {self.rank}: barrier cannot complete: {err}")
@@ -149,11 +153,7 @@ class Engine:
         ev = self.join_event = threading.Event()
         self.join_result = {}
         self.request(("join", None))
-        while not ev.wait(0.2):
-            if self.fatal:
-                raise self.fatal
-        if self.fatal:
-            raise self.fatal
+        self.wait(ev)
         body = self.join_result
         if body.get("error") is not None:
             raise BytePSError(f"worker rank {self.rank}: {body['error']}")
@@ -342,8 +342,7 @@ class Engine:
             try:
                 if bool(e.flags & COMP) != result_compressed(t):
                     raise WireError(f"result {list(e)} is {'' if e.flags & COMP else 'un'}"
-                                    f"compressed, "
-                                    f"the tensor is not")
+                                    f"compressed, the tensor is not")
                 if e.flags & COMP:
                     arr = self.comp.decompress(t, e, frame, self.timeline)
                 else:
@@ -422,8 +421,7 @@ class Engine:
             i = next((i for i, s in enumerate(self.server_info)
                       if dead.get("role") == "server" and s["node_id"] == dead.get("node_id")), -1)
             held = (f"; it held {held_tensors(self.links.held[i])}; those push_pulls cannot "
-                    f"complete"
-                    if i >= 0 else "")
+                    f"complete" if i >= 0 else "")
             raise BytePSError(f"worker rank {self.rank}: {describe(dead)} died: "
                               f"{hdr.body.get('reason')}{held}")
         elif hdr.op == Op.HEARTBEAT_ACK:    # --stacks, a deadlock (engine/deadlock.py)

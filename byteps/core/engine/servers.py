@@ -95,9 +95,11 @@ class ServerLinks:
         self.last_seq[i] = hdr.seq
         return hdr, payload
 
-    def hello(self, dead: set) -> None:
+    def hello(self, dead: set, between: Callable[[float], None]) -> None:
         """Greet every server but the ``dead`` (failed over) until each answers HELLO_OK
-        (one may not know the epoch yet)."""
+        (one may not know the epoch yet).  ``between(now)`` runs between the polls: it
+        sends heartbeats and reads the scheduler, whose FAILOVER adds a server that died
+        meanwhile to ``dead`` (no longer waited for)."""
         waiting = set(range(len(self.conns))) - dead
         for i in waiting:
             self.send(i, Op.HELLO, {})
@@ -105,6 +107,8 @@ class ServerLinks:
         pause = 0.02
         again = time.monotonic() + pause
         while waiting:
+            between(time.monotonic())
+            waiting -= dead
             if time.monotonic() > again:      # the server may not have the new epoch yet
                 pause = min(1.0, pause * 2)
                 again = time.monotonic() + pause
