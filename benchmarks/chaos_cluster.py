@@ -397,7 +397,7 @@ def main(argv=None) -> int:
         # --lanes clusters of 6 namespaces each, one fault at a time on each
         plans = [stack.enter_context(netns.Cluster(netns.Plan.new(6))).plan
                  for _ in range(a.lanes)]
-        undisturbed = _undisturbed(plans[0], out, specs, shapes)
+        undisturbed = _undisturbed(plans[0], out, specs, tuple(a.shapes.split(",")))
         threads = [threading.Thread(target=lane, args=(pl, undisturbed), daemon=True)
                    for pl in plans]
         for t in threads:

@@ -1,7 +1,9 @@
 """benchmarks/chaos_cluster.py in chunks: every invocation writes a part, --resume runs only
 the drawn faults no part has, and every chunk merges all parts (chaos.json, table.txt)."""
+import contextlib
 import json
 import sys
+import types
 
 from conftest import ROOT
 
@@ -36,3 +38,24 @@ def test_parts_merge_in_fault_order_and_resume_skips_what_is_done(tmp_path, monk
     monkeypatch.setattr(chaos_cluster.netns, "Cluster", None)   # (must not be reached)
     assert chaos_cluster.main(["--faults", "3", "--resume", "--out", str(tmp_path)]) == 0
     assert seen == []                                           # all 3 drawn are done
+
+
+def test_main_runs_each_shapes_undisturbed_run_then_the_faults(tmp_path, monkeypatch):
+    """main()'s whole path, with a stand-in for the namespaces and for each job (the real
+    ones: tests/test_chaos_cluster.py, root and minutes): the undisturbed run of each
+    drawn shape first, then every fault, each written to a part and merged."""
+    import chaos_cluster
+    seen = []
+
+    def run_one(plan, s):
+        seen.append((s["n"], s["shape"], s["kind"]))
+        return dict(_run(s["n"], s["kind"], "survived"), shape=s["shape"], w=[0.5],
+                    sizes=[4], rcs=[0], last="ok", stderr_tail="")
+    monkeypatch.setattr(chaos_cluster, "run_one", run_one)
+    monkeypatch.setattr(chaos_cluster.netns, "Cluster",
+                        lambda plan: contextlib.nullcontext(types.SimpleNamespace(plan=plan)))
+    assert chaos_cluster.main(["--faults", "3", "--shapes", "elastic", "--kinds",
+                               "kill-worker", "--out", str(tmp_path)]) == 0
+    assert seen == [(-1, "elastic", "none")] + [(n, "elastic", "kill-worker") for n in range(3)]
+    assert set(json.loads((tmp_path / "undisturbed.json").read_text())) == {"elastic"}
+    assert json.loads((tmp_path / "chaos.json").read_text())["done"] == 3
