@@ -379,7 +379,8 @@ def main(argv=None) -> int:
             r = run_one(plan, s)
             u = undisturbed.get(r["shape"], {}).get("w")
             if r["outcome"] == "survived" and r["w"] and u:
-                r["diff_undisturbed"] = float(np.abs(np.subtract(r["w"], u, dtype=np.float32)).max())
+                r["diff_undisturbed"] = float(
+                    np.abs(np.subtract(r["w"], u, dtype=np.float32)).max())
                 # one server's death with replicas and no worker lost: bit for bit the
                 # undisturbed run (the servers sum in a fixed order: byteps/server/tree.py)
                 if r["kind"] == "kill-server" and r["shape"] == "elastic" and \
