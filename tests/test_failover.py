@@ -84,8 +84,8 @@ def test_a_server_lost_while_the_workers_greet_it(tmp_path, reference):
     send heartbeats and read the scheduler's FAILOVER meanwhile: they stop waiting for the
     dead server and are not declared dead themselves (they were, after
     BYTEPS_HEARTBEAT_TIMEOUT); the job trains on the backup, bit for bit."""
-    a, digest = reference
-    res, out, ranks = _job(tmp_path, "greeting", -1, BYTEPS_SERVER_REPLICAS=1,
+    _, digest = reference
+    res, _, ranks = _job(tmp_path, "greeting", -1, BYTEPS_SERVER_REPLICAS=1,
                            BYTEPS_TEST_SERVER_CRASH="1:-1", BYTEPS_HEARTBEAT_TIMEOUT=4)
     log = res.stdout + res.stderr
     assert res.returncode == 0, log[-4000:]
