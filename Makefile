@@ -3,7 +3,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # exact versions of the tested set (pyproject.toml has lower bounds only)
-PIP := $(PY) -m pip install -q -c constraints.txt
+PIP := $(PY) -m pip install -q --no-compile -c constraints.txt
+# pip byte-compiles what it installs on one core; compileall -j 0 uses every core.  Python
+# reads these .pyc files even where PYTHONDONTWRITEBYTECODE keeps it from writing them, so
+# every process of every job skips compiling the frameworks and byteps itself.  A file that
+# fails to compile (a package's own test data) is left as pip leaves it.
+COMPILE = $(1) -m compileall -q -j 0 $(2) >/dev/null || true
+SITE = $$($(1) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 # MXNet 1.9.1 needs numpy<1.24, which has wheels for Python <= 3.11 only
 MXPYTHON ?= $(PYTHON)
 MXVENV := .venv-mxnet
@@ -16,11 +22,13 @@ $(PY):
 # the demo needs PyTorch and scikit-learn only (no TensorFlow)
 $(VENV)/.demo: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[torch,examples]'
+	$(call COMPILE,$(PY),$(call SITE,$(PY)) byteps examples)
 	touch $@
 
 # the tests need every plugin's framework (MXNet has its own environment, below)
 $(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[torch,tensorflow,tf-keras,examples,test]'
+	$(call COMPILE,$(PY),$(call SITE,$(PY)))
 	touch $@ $(VENV)/.demo
 
 venv: $(VENV)/.installed
@@ -33,12 +41,14 @@ demo: $(VENV)/.demo
 # which keeps about one of two cores busy on average; their output follows the suite's
 PYTEST_ARGS ?= -q --durations=20 tests
 test: venv
+	@$(call COMPILE,$(PY),byteps tests benchmarks examples)
 	@$(MAKE) --no-print-directory test-mxnet > .mxnet-tests.log 2>&1 & mx=$$!; \
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	wait $$mx; mrc=$$?; echo "== MXNet tests (make test-mxnet, run alongside) =="; \
 	cat .mxnet-tests.log; [ $$rc -eq 0 ] && [ $$mrc -eq 0 ]
 
 test-core: venv
+	@$(call COMPILE,$(PY),byteps tests benchmarks examples)
 	$(PY) -m pytest -q tests --ignore-glob='tests/test_tensorflow*' --ignore-glob='tests/test_keras*'
 
 # MXNet lives in its own virtual environment; on Python 3.12+ it is skipped with a message.
@@ -56,8 +66,9 @@ mxnet-tests: $(MXVENV)/.installed
 
 $(MXVENV)/.installed: requirements-mxnet.txt pyproject.toml
 	$(MXPYTHON) -m venv $(MXVENV)
-	$(MXVENV)/bin/python -m pip install -q -r requirements-mxnet.txt
-	$(MXVENV)/bin/python -m pip install -q --no-deps -e .
+	$(MXVENV)/bin/python -m pip install -q --no-compile -r requirements-mxnet.txt
+	$(MXVENV)/bin/python -m pip install -q --no-compile --no-deps -e .
+	$(call COMPILE,$(MXVENV)/bin/python,$(call SITE,$(MXVENV)/bin/python))
 	$(MXVENV)/bin/python -c "import byteps.mxnet, sklearn; print('mxnet', byteps.mxnet.mx.__version__)"
 	touch $@
 
