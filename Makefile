@@ -8,7 +8,7 @@ PIP := $(PY) -m pip install -q --no-compile -c constraints.txt
 # reads these .pyc files even where PYTHONDONTWRITEBYTECODE keeps it from writing them, so
 # every process of every job skips compiling the frameworks and byteps itself.  A file that
 # fails to compile (a package's own test data) is left as pip leaves it.
-COMPILE = $(1) -m compileall -q -j 0 $(2) >/dev/null || true
+COMPILE = $(1) -m compileall -q -j 0 $(2) >/dev/null 2>&1 || true
 SITE = $$($(1) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 # MXNet 1.9.1 needs numpy<1.24, which has wheels for Python <= 3.11 only
 MXPYTHON ?= $(PYTHON)

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -61,12 +62,39 @@ def _make_n(*args) -> str:
 
 def test_make_demo_installs_only_what_the_torch_demo_needs(tmp_path):
     out = _make_n(f"VENV={tmp_path / 'v'}", "demo")
-    pip = [ln for ln in out.splitlines() if "pip install" in ln]
-    assert pip == [f"{tmp_path / 'v'}/bin/python -m pip install -q -c constraints.txt "
-                   f"-e '.[torch,examples]'"], out
+    lines = out.splitlines()
+    pip = [i for i, ln in enumerate(lines) if "pip install" in ln]
+    assert [lines[i] for i in pip] == [
+        f"{tmp_path / 'v'}/bin/python -m pip install -q --no-compile -c constraints.txt "
+        f"-e '.[torch,examples]'"], out
+    # pip's one-core byte-compilation is replaced by compileall on every core, right after
+    compile_cmd = f"{tmp_path / 'v'}/bin/python -m compileall -q -j 0 "
+    assert lines[pip[0] + 1].startswith(compile_cmd), out
     assert "tensorflow" not in out
     out = _make_n(f"VENV={tmp_path / 'v'}", "venv")
-    assert "-e '.[torch,tensorflow,tf-keras,examples,test]'" in out
+    extras = "-e '.[torch,tensorflow,tf-keras,examples,test]'"
+    assert extras in out and "-m compileall -q -j 0" in out.split(extras)[1], out
+
+
+def test_the_test_venv_and_the_project_are_byte_compiled(tmp_path):
+    """Where PYTHONDONTWRITEBYTECODE is set Python never writes .pyc files, so every process
+    of every test job would compile the frameworks and byteps again: the Makefile compiles
+    them (`make test`: the venv once, the project's own modules before every run)."""
+    import importlib.util
+    torch = pytest.importorskip("torch")
+    assert Path(importlib.util.cache_from_source(torch.__file__)).exists(), torch.__file__
+    compile_line = ("-m compileall -q -j 0 byteps tests benchmarks examples >/dev/null 2>&1 "
+                    "|| true")
+    lines = _make_n(f"VENV={tmp_path / 'v'}", "test-core").splitlines()
+    at = next(i for i, ln in enumerate(lines) if "-m pytest" in ln)
+    assert lines[at - 1].endswith(compile_line), lines
+    # `make test` (CI's command): its recipe's first line, read from the Makefile (a dry
+    # run would start its recursive make, which runs the MXNet tests)
+    text = (ROOT / "Makefile").read_text()
+    recipe = text.split("\ntest: venv\n", 1)[1].splitlines()
+    assert recipe[0] == "\t@$(call COMPILE,$(PY),byteps tests benchmarks examples)", recipe
+    assert "COMPILE = $(1) " + compile_line.replace("byteps tests benchmarks examples",
+                                                    "$(2)") in text
 
 
 def test_mxnet_tests_are_skipped_with_a_message_on_python_312(tmp_path):
