@@ -1,10 +1,13 @@
 """BYTEPS_TCP_CONGESTION: every connection between workers and servers uses the chosen TCP
-congestion control (seen from outside, by iproute2's ``ss``), the host's default without
-it, and a name the kernel has not, or does not allow, is a clear error at init."""
+congestion control (seen from outside, by iproute2's ``ss``); unset, cubic (reno without
+the right to cubic) replaces a bbr default on short connections, and ``host`` keeps the
+host's; a name the kernel has not, or does not allow, is a clear error at init."""
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -47,9 +50,79 @@ def test_connections_use_the_chosen_congestion_control(tmp_path):
     assert {c[2] for c in conns} == {want}, conns
 
 
-def test_without_it_connections_keep_the_hosts_default(tmp_path):
+def _unset_gives() -> str:
+    """What docs/configuration.md promises without the variable, from /proc alone."""
+    host = _host_default()
+    if host != "bbr":
+        return host
+    with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
+        allowed = f.read().split()
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        available = f.read().split()
+    may = os.geteuid() == 0 or "cubic" in allowed       # root may take any available one
+    return "cubic" if may and "cubic" in available else "reno"
+
+
+def test_without_it_short_connections_leave_a_bbr_default(tmp_path):
     conns = _conns(tmp_path)
+    assert {c[2] for c in conns} == {_unset_gives()}, conns
+
+
+def test_host_keeps_the_hosts_default(tmp_path):
+    conns = _conns(tmp_path, BYTEPS_TCP_CONGESTION="host")
     assert {c[2] for c in conns} == {_host_default()}, conns
+
+
+def _pair():
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen()
+    c = socket.create_connection(lis.getsockname())
+    a, _ = lis.accept()
+    lis.close()
+    return c, a
+
+
+def _cc(s) -> str:
+    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+
+
+def test_the_unset_choice_leaves_long_round_trips_alone(monkeypatch):
+    """A connection across regions (a round trip of SHORT_RTT_US or more) keeps the host's
+    control; both ends of a loopback connection measured their handshake's round trip."""
+    from byteps.transport import congestion
+    want = "reno" if _host_default() != "reno" else "cubic"
+    c, a = _pair()
+    with c, a:
+        for s in (c, a):
+            rtt = congestion.min_rtt_us(s)
+            assert rtt is not None and 0 < rtt < congestion.SHORT_RTT_US, rtt
+        monkeypatch.setattr(congestion, "SHORT_RTT_US", 1)      # every path is "long"
+        assert not congestion.apply(c.fileno(), want, short_only=True)
+        assert _cc(c) == _host_default()
+        monkeypatch.undo()
+        assert congestion.apply(c.fileno(), want, short_only=True) and _cc(c) == want
+        assert congestion.apply(a.fileno(), want) and _cc(a) == want
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops CAP_NET_ADMIN with util-linux's setpriv, as root")
+def test_without_the_right_to_cubic_a_bbr_default_gives_way_to_reno():
+    code = ("from byteps.transport import congestion as c\n"
+            "print(c.choice(None), c.problem('cubic'), sep='|')")
+    p = subprocess.run(["setpriv", "--bounding-set", "-net_admin", sys.executable, "-c", code],
+                       env=job_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    choice, why = p.stdout.strip().split("|")
+    with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
+        allowed = f.read().split()
+    if _host_default() != "bbr":
+        assert choice == "None", choice
+    elif "cubic" in allowed:
+        assert choice == "Choice(name='cubic', short_only=True)", choice
+    else:
+        assert choice == "Choice(name='reno', short_only=True)", choice
+        assert "is not allowed for this user" in why, why
 
 
 def test_a_name_the_kernel_has_not_is_a_clear_error():
@@ -69,18 +142,11 @@ def test_sweep_sets_a_connection_that_was_up_before_its_watch():
     """What a replica's connection and a worker's connection up before its monitor get."""
     from byteps.transport import congestion
     want = "reno" if _host_default() != "reno" else "cubic"
-    with socket.socket() as lis:
-        lis.bind(("127.0.0.1", 0))
-        lis.listen()
-        port = lis.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)) as c:
-            a, _ = lis.accept()
-            with a:
-                def cc(s):
-                    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
-                                        16).rstrip(b"\0").decode()
-                assert cc(c) == _host_default()
-                assert congestion.sweep(f"tcp://127.0.0.1:{port}", want) == 1
-                assert cc(c) == want                   # the connection to that peer
-                assert cc(a) == _host_default()        # not the accepted end (another peer)
-                assert congestion.apply(a.fileno(), want) and cc(a) == want
+    c, a = _pair()
+    with c, a:
+        peer = "tcp://%s:%d" % c.getpeername()
+        assert _cc(c) == _host_default()
+        assert congestion.sweep(peer, "host") == 0 and _cc(c) == _host_default()
+        assert congestion.sweep(peer, want) == 1
+        assert _cc(c) == want                   # the connection to that peer
+        assert _cc(a) == _host_default()        # not the accepted end (another peer)

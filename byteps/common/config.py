@@ -358,15 +358,18 @@ class Config:
 
 def _tcp_congestion(raw: str | None) -> str | None:
     """BYTEPS_TCP_CONGESTION: a congestion control this process's TCP connections may use
-    (tried on an unconnected socket, byteps/transport/congestion.py); None: the host's."""
+    (tried on an unconnected socket), or "host"; None: unset (byteps/transport/congestion.py
+    chooses)."""
     name = (raw or "").strip()
     if not name:
         return None
     from byteps.transport import congestion
+    if name == congestion.HOST:
+        return name
     why = congestion.problem(name)
     if why:
         raise ConfigError(f"BYTEPS_TCP_CONGESTION={raw!r} cannot be used on "
-                          f"{socket.gethostname()}: {why} (unset it to keep the host's "
+                          f"{socket.gethostname()}: {why} (or set it to 'host' to keep the host's "
                           f"{congestion.host_default()})")
     return name
 

@@ -84,7 +84,7 @@ VARIABLES: tuple[Var, ...] = (
     V("BYTEPS_MALLOC_TUNE", "1", bool, "keep message buffers in the heap (glibc mallopt)",
       field="malloc_tune"),
     V("BYTEPS_TCP_CONGESTION", None, str, "TCP congestion control of byteps's connections",
-      field="tcp_congestion", example="cubic", shown="the host's"),
+      field="tcp_congestion", example="cubic", shown="cubic where the host's is bbr"),
     V("BYTEPS_ENABLE_PEERS", "1", bool, "workers listen for peer messages (decentralized)",
       field="enable_peers"),
     V("BYTEPS_PEER_PORT", "0", int, "port a worker listens on for peers (0: any free port)",

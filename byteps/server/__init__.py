@@ -124,8 +124,8 @@ class Server:
         # workers of a new epoch create new push segments (the old files are unlinked)
         self.push_maps.clear()
         self.replica.load_book(body)
-        log.info("server %s ready: %d worker(s), epoch %d", self.address, self.nworkers,
-                 self.link.epoch)
+        log.info("server %s ready: %d worker(s), epoch %d; %s", self.address, self.nworkers,
+                 self.link.epoch, transport.congestion.describe(self.cfg.tcp_congestion))
 
     # ---------------------------------------------------------------- loop
     def run(self) -> int:

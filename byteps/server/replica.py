@@ -241,8 +241,8 @@ class Replicator:
                 continue
             if hdr.op == Op.HELLO_OK and not self.ready:
                 self.ready = True
-                if self.srv.cfg.tcp_congestion:     # the connection is up: its data's control
-                    transport.congestion.sweep(self.backup["address"], self.srv.cfg.tcp_congestion)
+                # the connection is up: its data's congestion control
+                transport.congestion.sweep(self.backup["address"], self.srv.cfg.tcp_congestion)
                 for item in self.queue:
                     self._send(Op.REPLICA, list(item[:3]), item[3])
                 self.queue.clear()

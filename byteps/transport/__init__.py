@@ -182,16 +182,17 @@ class ConnWatch:
     peer died or left, or ZeroMQ dropped it for an oversize or malformed
     stream).  For listening sockets ``peer`` is the remote address when known.
 
-    ``congestion``: the TCP congestion control every connection of the socket gets
-    (``BYTEPS_TCP_CONGESTION``, :mod:`byteps.transport.congestion`); None keeps the host's.
+    ``congestion``: the ``BYTEPS_TCP_CONGESTION`` setting that chooses the TCP congestion
+    control of the socket's connections (:func:`byteps.transport.congestion.choice`; None:
+    unset, "host": the host's default).
     """
 
     EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
               | zmq.EVENT_HANDSHAKE_SUCCEEDED)
     made = 0
 
-    def __init__(self, sock: zmq.Socket, congestion: str | None = None):
-        self.sock, self.congestion = sock, congestion or None
+    def __init__(self, sock: zmq.Socket, congestion: str | None = _cc.HOST):
+        self.sock, self.congestion = sock, _cc.choice(congestion)
         ConnWatch.made += 1       # a unique address: a re-created socket may reuse an fd
         self.mon = sock.get_monitor_socket(
             self.EVENTS, f"inproc://byteps-monitor-{os.getpid()}-{ConnWatch.made}")
@@ -199,7 +200,7 @@ class ConnWatch:
         if self.congestion and sock.type == zmq.DEALER:
             # a connection that came up before the monitor was attached reports no event
             endpoint = sock.get(zmq.LAST_ENDPOINT).decode(errors="replace")
-            _cc.sweep(endpoint, self.congestion)
+            _cc.sweep(endpoint, congestion)
 
     def poll(self) -> list[tuple[str, int, str]]:
         try:                      # the common case (no event), without raising zmq.Again
@@ -221,7 +222,7 @@ class ConnWatch:
             if kind in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
                 self.peers[fd] = _peer_name(fd) or ev["endpoint"].decode(errors="replace")
                 if self.congestion:
-                    _cc.apply(fd, self.congestion)
+                    _cc.apply(fd, self.congestion.name, None, self.congestion.short_only)
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 out.append(("up", -1, ev["endpoint"].decode(errors="replace")))
             elif kind == zmq.EVENT_DISCONNECTED:

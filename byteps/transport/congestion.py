@@ -11,13 +11,40 @@ pair, several sharing each link, and a server answers a partition only once ever
 pushed it.  With bbr (v1) on the hosts, each flow that has not seen its minimum round
 trip again for 10 s holds itself at 4 packets for 200 ms (ProbeRTT); behind the queue the
 other flows keep, that is a stall of the one flow every server waits for.  docs/scaling.md
-has what was measured.  Unset, connections keep the host's default.
+has what was measured.
+
+The setting (:func:`choice`, decided once per process):
+
+* unset: where the host's default is one of :data:`INSTEAD` (bbr), each connection whose
+  round trip is shorter than :data:`SHORT_RTT_US` (the handshake's, a network of one
+  region) takes the first of its replacements this process may use (cubic, else reno, which
+  every kernel allows); a longer path (across regions, where bbr copes better with random
+  loss) and every host with another default keep the host's;
+* ``host``: every connection keeps the host's default;
+* a name: every connection takes it (checked at ``init()``: :func:`problem`).
 """
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import socket
+import struct
+from typing import NamedTuple
+
+#: host defaults that stall parameter-server traffic -> what byteps's short connections take
+INSTEAD = {"bbr": ("cubic", "reno")}
+#: a connection whose handshake took less than this (microseconds) is within one region
+SHORT_RTT_US = 10_000
+HOST = "host"
+
+
+class Choice(NamedTuple):
+    """The congestion control byteps's connections get: ``name``, on every connection or
+    (``short_only``) on those with a round trip under :data:`SHORT_RTT_US`."""
+
+    name: str
+    short_only: bool
 
 
 def _sysctl(which: str) -> str:
@@ -59,11 +86,53 @@ def problem(name: str) -> str | None:
         s.close()
 
 
-def apply(fd: int, name: str, peer: tuple | None = None) -> bool:
+@functools.lru_cache(maxsize=None)
+def choice(setting: str | None) -> Choice | None:
+    """What ``BYTEPS_TCP_CONGESTION=setting`` (None: unset) gives this process's
+    connections; None: the host's default."""
+    if setting == HOST:
+        return None
+    if setting:
+        return Choice(setting, False)
+    for name in INSTEAD.get(host_default(), ()):
+        if problem(name) is None:
+            return Choice(name, True)
+    return None
+
+
+def describe(setting: str | None) -> str:
+    """One line for the log: what the connections get, and why."""
+    c, host = choice(setting), host_default()
+    if c is None:
+        return f"TCP congestion control: the host's ({host})"
+    if not c.short_only:
+        return f"TCP congestion control: {c.name} (BYTEPS_TCP_CONGESTION)"
+    return (f"TCP congestion control: {c.name} on connections with a round trip under "
+            f"{SHORT_RTT_US // 1000} ms, the host's {host} on longer ones "
+            f"(BYTEPS_TCP_CONGESTION=host keeps {host} everywhere)")
+
+
+def min_rtt_us(s: socket.socket) -> int | None:
+    """The smallest round trip the connection ``s`` measured (microseconds; the handshake's
+    at first), from TCP_INFO; None where unknown."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+    except (OSError, AttributeError):
+        return None
+    # struct tcp_info: tcpi_min_rtt at byte 148 (Linux 4.6+), tcpi_rtt (smoothed) at 68
+    off = 148 if len(info) >= 152 else 68
+    if len(info) < off + 4:
+        return None
+    rtt = struct.unpack_from("I", info, off)[0]
+    return None if rtt in (0, 0xFFFFFFFF) else rtt
+
+
+def apply(fd: int, name: str, peer: tuple | None = None, short_only: bool = False) -> bool:
     """Set congestion control ``name`` on the TCP connection ``fd`` (a socket the process
     does not own: it is duplicated, set, and the duplicate closed), if its peer is ``peer``
-    (``(address, port)``; None: any).  False where ``fd`` is no TCP socket (any more), has
-    another peer, or the kernel refused."""
+    (``(address, port)``; None: any) and, with ``short_only``, its round trip is under
+    :data:`SHORT_RTT_US`.  False where ``fd`` is no TCP socket (any more), has another peer
+    or a long or unknown round trip, or the kernel refused."""
     try:
         s = socket.socket(fileno=os.dup(fd))
     except OSError:
@@ -73,6 +142,8 @@ def apply(fd: int, name: str, peer: tuple | None = None) -> bool:
             return False
         if peer is not None and s.getpeername()[:2] != peer:
             return False
+        if short_only and (min_rtt_us(s) or SHORT_RTT_US) >= SHORT_RTT_US:
+            return False
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
         return True
     except (OSError, ValueError, TypeError):
@@ -81,11 +152,13 @@ def apply(fd: int, name: str, peer: tuple | None = None) -> bool:
         s.close()
 
 
-def sweep(endpoint: str, name: str) -> int:
-    """Set ``name`` on every TCP connection of this process whose peer is ``endpoint``
-    (``tcp://host:port``, as ZeroMQ's LAST_ENDPOINT reports it); returns how many.  Covers
-    a connection that came up before its socket's monitor was attached."""
-    if not endpoint.startswith("tcp://"):
+def sweep(endpoint: str, setting: str | None) -> int:
+    """Give every TCP connection of this process whose peer is ``endpoint``
+    (``tcp://host:port``, as ZeroMQ's LAST_ENDPOINT reports it) what ``setting`` chooses
+    (:func:`choice`); returns how many were set.  Covers a connection that came up before
+    its socket's monitor was attached."""
+    c = choice(setting)
+    if c is None or not endpoint.startswith("tcp://"):
         return 0
     host, _, port = endpoint[6:].rpartition(":")
     host = host.strip("[]")
@@ -93,7 +166,7 @@ def sweep(endpoint: str, name: str) -> int:
         want = (socket.gethostbyname(host) if ":" not in host else host, int(port))
     except (OSError, ValueError):
         return 0
-    return sum(apply(fd, name, want) for fd in _socket_fds())
+    return sum(apply(fd, c.name, want, c.short_only) for fd in _socket_fds())
 
 
 def _socket_fds() -> list[int]:
