@@ -74,8 +74,9 @@ def run_job(argv: list[str], workers: int = 2, servers: int = 1, timeout: float 
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         out, err = _end(p)
-        pytest.fail(f"job timed out after {timeout} s: {cmd}\nstdout (tail):\n{out[-4000:]}\n"
-                    f"stderr (tail):\n{err[-16000:]}")
+        stalls = "\n".join(t for t in err.splitlines() if "stall" in t)[-4000:]
+        pytest.fail(f"job timed out after {timeout} s: {cmd}\nstall reports:\n{stalls}\n"
+                    f"stdout (tail):\n{out[-4000:]}\nstderr (tail):\n{err[-16000:]}")
     except BaseException:       # pytest's own timeout, Ctrl-C: the job must not outlive it
         _end(p)
         raise

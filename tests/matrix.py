@@ -14,7 +14,9 @@ from __future__ import annotations
 import itertools
 import sys
 
-from conftest import SCRIPTS, read_results, run_job
+import pytest
+
+from conftest import ROOT, SCRIPTS, read_results, run_job
 
 ALGORITHMS = ("sync", "async", "average", "decentralized", "diloco")
 COMPRESSIONS = ("none", "onebit", "int8")
@@ -53,15 +55,32 @@ def sampled() -> list[str]:
             "diloco20/none/off"]
 
 
+def stuck(out) -> str:
+    """Where each rank of a stuck job was (the frames of byteps and of the tests, from the
+    stacks matrix_job.py dumps after a minute in one cell)."""
+    lines = []
+    for f in sorted(out.glob("stack-rank*.txt")):
+        text = f.read_text(errors="replace").splitlines()
+        cells = [i for i, t in enumerate(text) if t.startswith("cell ")]
+        last = text[cells[-1]:] if cells else text
+        keep = [t for t in last if t.startswith(("cell ", "Thread", "Current thread"))
+                or "/byteps/" in t or "/tests/" in t]
+        lines += [f"== {f.stem}"] + [t.replace(str(ROOT), ".") for t in keep]
+    return "stacks of a stuck cell:\n" + "\n".join(lines) if lines else "(no stacks)"
+
+
 def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.executable,
           timeout: float = 900) -> dict:
     """Run one job of ``which`` cells; assert every cell learns or is refused by a rule."""
     from byteps.core import compat
     args, workers = LAYOUTS[layout]
     out = tmp_path / f"{plugin}-{layout}"
-    res = run_job([python, str(SCRIPTS / "matrix_job.py"), str(out), plugin, *which],
-                  workers=workers, servers=1, timeout=timeout, launcher_args=args,
-                  BYTEPS_MIN_COMPRESS_BYTES=0)
+    try:
+        res = run_job([python, str(SCRIPTS / "matrix_job.py"), str(out), plugin, *which],
+                      workers=workers, servers=1, timeout=timeout, launcher_args=args,
+                      BYTEPS_MIN_COMPRESS_BYTES=0, BYTEPS_STALL_WARNING_S=20)
+    except pytest.fail.Exception as exc:       # timed out: every rank's stack first
+        pytest.fail(f"{plugin}/{layout}: {stuck(out)}\n{exc}", pytrace=False)
     ranks = read_results(out)
     assert res.returncode == 0 and len(ranks) == workers, (
         f"{plugin}/{layout}: rc={res.returncode}, results of ranks {sorted(ranks)}\n"

@@ -179,12 +179,16 @@ def main():
     rank = mod.rank()
     run = globals()[f"run_{PLUGIN}"]
     res = {}
+    os.makedirs(OUT, exist_ok=True)
+    # a cell takes seconds: one still running after a minute is stuck, and every thread's
+    # stack goes to OUT/stack-rank<r>.txt, which tests/matrix.py shows first when the job
+    # times out (all ranks' stacks, not the tail of one)
+    stacks = open(os.path.join(OUT, f"stack-rank{rank}.txt"), "w")
     for i, cell in enumerate(CELLS):
         alg, comp, join = cell.split("/")
         print(f"rank {rank}: cell {cell}", flush=True)
-        # a cell takes seconds: one still running after a minute is stuck, and every
-        # thread's stack on stderr says where (the test's job timeout then shows it)
-        faulthandler.dump_traceback_later(60)
+        print(f"cell {cell}", file=stacks, flush=True)
+        faulthandler.dump_traceback_later(60, file=stacks)
         try:
             params, n = run(f"m{i}", alg, comp, join)
             res[cell] = {"acc": accuracy(params, DATA[2], DATA[3]), "digest": digest(params),
@@ -197,7 +201,7 @@ def main():
                   file=sys.stderr, flush=True)
             mod.barrier()                              # every rank leaves the cell together
     faulthandler.cancel_dump_traceback_later()
-    os.makedirs(OUT, exist_ok=True)
+    stacks.close()
     with open(os.path.join(OUT, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     mod.shutdown()
