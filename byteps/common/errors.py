@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 
+# Exit code of a process that ended because another process of the job failed
+# (the scheduler's TERMINATE or NODE_DEAD, a dead scheduler).  bpslaunch reports
+# the process that failed for its own reason instead of these.
+PEER_FAILED_EXIT = 86
+
+
 class BytePSError(RuntimeError):
     """A BytePS operation failed; the message names the tensor, ranks and the fix.
 

@@ -16,7 +16,6 @@ allocator alone.  Other C libraries (no ``mallopt``) are left alone too.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,9 @@ def tune(enabled: bool = True, trim_mb: int = 512) -> bool:
     if _done or not enabled:
         return _done
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # the process's own symbols hold libc's: find_library would fork ldconfig, ~0.1 s
+        # of every worker's and server's start
+        libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False

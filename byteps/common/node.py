@@ -21,7 +21,7 @@ import zmq
 
 from byteps import transport
 from byteps.common.config import Config
-from byteps.common.errors import BytePSError
+from byteps.common.errors import PEER_FAILED_EXIT, BytePSError  # noqa: F401 (node's name)
 from byteps.transport.shm import machine_id
 from byteps.transport.wire import Op, WireError, decode, encode, new_seq
 
@@ -32,10 +32,6 @@ log = logging.getLogger(__name__)
 # as long again the process exits with PEER_FAILED_EXIT.
 EXIT_GRACE_S = 2.0
 
-# Exit code of a process that ended because another process of the job failed
-# (the scheduler's TERMINATE or NODE_DEAD, a dead scheduler).  bpslaunch reports
-# the process that failed for its own reason instead of these.
-PEER_FAILED_EXIT = 86
 
 
 def require_secret(cfg: Config, what: str) -> None:

@@ -16,7 +16,7 @@ import os
 import secrets
 import threading
 
-from byteps.common.node import PEER_FAILED_EXIT
+from byteps.common.errors import PEER_FAILED_EXIT
 from byteps.launcher.supervise import describe_code
 
 LINGER_MS = 2000        # how long the message may wait for the scheduler's connection

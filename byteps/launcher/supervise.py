@@ -16,7 +16,7 @@ import threading
 import time
 
 from byteps.common import variables
-from byteps.common.node import PEER_FAILED_EXIT
+from byteps.common.errors import PEER_FAILED_EXIT
 from byteps.launcher import signals
 
 # After the first process ended because of a failure elsewhere, wait this long for the

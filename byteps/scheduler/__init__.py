@@ -121,12 +121,10 @@ class Scheduler:
                 now = time.monotonic()
                 self.check_connections(now)
                 self.check_time(now)
-            # give TERMINATE messages a moment to leave
-            time.sleep(0.2)
             return self.exit_code
         finally:
             self.watch.close()
-            self.sock.close(0)
+            self.sock.close(200)       # TERMINATE messages leave first (at most 200 ms)
             self.ctx.term()
 
     def handle(self, frames: list) -> None:

@@ -235,8 +235,11 @@ class LocalReducer:
             self.running = False
             self._wake()
             self.thread.join(5)
-        for s in list(self.push.values()) + [self.pull]:
-            s.close(0)
+        # the last result's notice must reach the other local ranks: with no linger a rank
+        # that ends first drops it, and they find the result only at their 200 ms check
+        for s in self.push.values():
+            s.close(100)
+        self.pull.close(0)
         self.ctx.term()
         try:
             os.unlink(self._ipc(self.me)[len("ipc://"):])
