@@ -37,15 +37,21 @@ demo: $(VENV)/.demo
 	$(VENV)/bin/bpslaunch --standalone --num-workers 2 --num-servers 2 \
 		$(PY) examples/torch/train_digits.py
 
-# MXNet's tests (their own venv, a few jobs of 2 workers) run alongside the main suite,
-# which keeps about one of two cores busy on average; their output follows the suite's
+# Two streams share CI's two cores (the main suite keeps about one busy on average): the
+# main suite, and alongside it the files of ALONGSIDE (TensorFlow's, whose every worker
+# spends seconds importing it, and the launchers' for Kubernetes and Slurm and the
+# dashboard's) followed by MXNet's tests (their own venv); their output follows the suite's
 PYTEST_ARGS ?= -q --durations=20 tests
+ALONGSIDE ?= tests/test_tensorflow*.py tests/test_keras*.py tests/test_compose_tf.py \
+	tests/test_k8s*.py tests/test_slurm.py tests/test_dashboard.py
 test: venv
 	@$(call COMPILE,$(PY),byteps tests benchmarks examples)
-	@$(MAKE) --no-print-directory test-mxnet > .mxnet-tests.log 2>&1 & mx=$$!; \
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	wait $$mx; mrc=$$?; echo "== MXNet tests (make test-mxnet, run alongside) =="; \
-	cat .mxnet-tests.log; [ $$rc -eq 0 ] && [ $$mrc -eq 0 ]
+	@{ if [ -n "$(strip $(ALONGSIDE))" ]; then $(PY) -m pytest -q $(ALONGSIDE); \
+	   else true; fi; arc=$$?; $(MAKE) --no-print-directory test-mxnet; mrc=$$?; \
+	   [ $$arc -eq 0 ] && [ $$mrc -eq 0 ]; } > .alongside-tests.log 2>&1 & al=$$!; \
+	$(PY) -m pytest $(PYTEST_ARGS) $(foreach f,$(ALONGSIDE),--ignore-glob='$(f)'); rc=$$?; \
+	wait $$al; arc=$$?; echo "== run alongside: $(ALONGSIDE), then make test-mxnet =="; \
+	cat .alongside-tests.log; [ $$rc -eq 0 ] && [ $$arc -eq 0 ]
 
 test-core: venv
 	@$(call COMPILE,$(PY),byteps tests benchmarks examples)
