@@ -39,11 +39,12 @@ demo: $(VENV)/.demo
 
 # Two streams share CI's two cores (the main suite keeps about one busy on average): the
 # main suite, and alongside it the files of ALONGSIDE (TensorFlow's, whose every worker
-# spends seconds importing it, and the launchers' for Kubernetes and Slurm and the
-# dashboard's) followed by MXNet's tests (their own venv); their output follows the suite's
+# spends seconds importing it, the compressors' training runs, and the launchers' for
+# Kubernetes and Slurm and the dashboard's) followed by MXNet's tests (their own venv);
+# their output follows the suite's
 PYTEST_ARGS ?= -q --durations=20 tests
 ALONGSIDE ?= tests/test_tensorflow*.py tests/test_keras*.py tests/test_compose_tf.py \
-	tests/test_k8s*.py tests/test_slurm.py tests/test_dashboard.py
+	tests/test_compression_train.py tests/test_k8s*.py tests/test_slurm.py tests/test_dashboard.py
 test: venv
 	@$(call COMPILE,$(PY),byteps tests benchmarks examples)
 	@{ if [ -n "$(strip $(ALONGSIDE))" ]; then $(PY) -m pytest -q $(ALONGSIDE); \
