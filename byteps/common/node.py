@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 EXIT_GRACE_S = 2.0
 
 
-
 def require_secret(cfg: Config, what: str) -> None:
     """Refuse to join a cluster without BYTEPS_JOB_SECRET (unless auth is disabled)."""
     if cfg.auth_disable:
