@@ -56,8 +56,8 @@ def sampled() -> list[str]:
 
 
 def stuck(out) -> str:
-    """Where each rank of a stuck job was (the frames of byteps and of the tests, from the
-    stacks matrix_job.py dumps after a minute in one cell)."""
+    """Where each rank of a stuck job was: its last cell and, when that cell ran past
+    matrix_job.py's ``STUCK_S``, the frames of byteps and of the tests in its stacks."""
     lines = []
     for f in sorted(out.glob("stack-rank*.txt")):
         text = f.read_text(errors="replace").splitlines()
@@ -84,6 +84,7 @@ def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.execu
     ranks = read_results(out)
     assert res.returncode == 0 and len(ranks) == workers, (
         f"{plugin}/{layout}: rc={res.returncode}, results of ranks {sorted(ranks)}\n"
+        f"{stuck(out)}\n"
         f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-6000:]}")
     base = ranks[0][BASELINE]
     assert "acc" in base and base["acc"] > 0.85, (plugin, layout, base)

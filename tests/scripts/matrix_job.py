@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -34,6 +35,7 @@ OUT, PLUGIN, CELLS = sys.argv[1], sys.argv[2], sys.argv[3:]
 COMP = {"none": None, "onebit": {"compressor": "onebit", "ef": "vanilla"},
         "int8": {"compressor": "int8"}}
 STEPS, BATCH, LR = 600, 32, 0.3    # per rank, whatever the number of ranks
+STUCK_S = float(os.environ.get("MATRIX_CELL_STUCK_S", "150"))
 
 
 def algorithm(bps, name: str):
@@ -180,19 +182,22 @@ def main():
     run = globals()[f"run_{PLUGIN}"]
     res = {}
     os.makedirs(OUT, exist_ok=True)
-    # a cell takes seconds: one still running after a minute is stuck, and every thread's
-    # stack goes to OUT/stack-rank<r>.txt, which tests/matrix.py shows first when the job
-    # times out (all ranks' stacks, not the tail of one)
+    # a cell takes seconds (up to ~15 on a loaded 2-core machine): one still running after
+    # STUCK_S is stuck, not slow. Every thread's stack then goes to OUT/stack-rank<r>.txt,
+    # which tests/matrix.py shows first (all ranks' stacks, not the tail of one), and the
+    # rank exits, so the job fails at once instead of at the test's whole-job timeout
     stacks = open(os.path.join(OUT, f"stack-rank{rank}.txt"), "w")
     for i, cell in enumerate(CELLS):
         alg, comp, join = cell.split("/")
         print(f"rank {rank}: cell {cell}", flush=True)
         print(f"cell {cell}", file=stacks, flush=True)
-        faulthandler.dump_traceback_later(60, file=stacks)
+        faulthandler.dump_traceback_later(STUCK_S, file=stacks, exit=True)
+        t0 = time.monotonic()
         try:
             params, n = run(f"m{i}", alg, comp, join)
             res[cell] = {"acc": accuracy(params, DATA[2], DATA[3]), "digest": digest(params),
-                         "steps": n}
+                         "steps": n, "seconds": round(time.monotonic() - t0, 2)}
+            print(f"rank {rank}: cell {cell} took {res[cell]['seconds']} s", flush=True)
         except Exception as exc:                       # recorded, the next cell runs
             rule = re.search(r"docs/compatibility\.md, rule '([a-z0-9-]+)'", str(exc))
             res[cell] = ({"refused": rule.group(1), "message": str(exc)} if rule else
