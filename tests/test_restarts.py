@@ -149,3 +149,24 @@ def test_role_mode_restart_scheduler(tmp_path):
     assert [p.returncode for p in procs] == [0] * 4, "\n---\n".join(o[-2000:] for o in outs)
     assert outs[0].count("started a new one") == 3, outs[0][-3000:]
     _check_parameters(tmp_path)
+
+
+def test_a_child_is_forked_without_an_import_or_dlopen_before_exec():
+    """bpslaunch starts children (a restarted scheduler too) from a process with threads;
+    what runs between fork and exec (``preexec_fn``) must neither import nor load a
+    library, which can wait forever on a lock another thread held at the fork. An audit
+    hook makes any import, dlopen or dlsym in a forked child exit 99 before its exec."""
+    code = (
+        "import os, sys\n"
+        "from byteps.launcher.supervise import Proc\n"
+        "parent = os.getpid()\n"
+        "def hook(event, args):\n"
+        "    if os.getpid() != parent and event in ('import', 'ctypes.dlopen', "
+        "'ctypes.dlsym'):\n"
+        "        os._exit(99)\n"
+        "sys.addaudithook(hook)\n"
+        "p = Proc('child', [sys.executable, '-c', 'pass'], dict(os.environ), True, cpus=[0])\n"
+        "print(p.p.wait())\n")
+    out = subprocess.run([sys.executable, "-c", code], env=job_env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["0"], (out.stdout, out.stderr)
