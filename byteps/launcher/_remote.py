@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 
-from byteps.launcher.supervise import _pdeathsig, _prctl
+from byteps.launcher.supervise import _pdeathsig
 
 MARK = "bpslaunch-remote:"
 KILL_AFTER_S = 2.0
@@ -92,7 +92,6 @@ class _Child:
 
     def __init__(self, argv: list[str], env: dict, what: str):
         gate_r, gate_w = os.pipe()
-        _prctl()                    # looked up before the fork: the child loads nothing
         self.pid = os.fork()
         if self.pid == 0:                                   # the child
             code = 127

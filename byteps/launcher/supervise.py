@@ -57,40 +57,35 @@ class LaunchError(Exception):
         self.code = code        # bpslaunch's exit code, as a shell's (127: not found)
 
 
-_PRCTL = None       # libc's prctl (False: none), resolved in the parent by _prctl()
-_PR_SET_PDEATHSIG, _SIGKILL = 1, int(signal.SIGKILL)
-
-
-def _prctl():
-    """libc's ``prctl``, looked up once, in bpslaunch itself, before any fork: a
+def _libc_prctl():
+    """libc's ``prctl``, looked up when bpslaunch imports this module, before any fork: a
     ``preexec_fn`` runs in a child forked from a process with threads (the output pumps,
     the escalation thread, an import in the background), where ``import`` or ``dlopen``
     can wait forever on a lock that another thread held at the fork.  With ``import
     ctypes`` and ``dlopen`` in the child, a scheduler started again after a kill 0.3 s
     into the job (bpslaunch importing numpy in a thread meanwhile) never ran, and
     bpslaunch waited in ``Popen`` for it (tests/test_chaos.py, seed 1, fault 3)."""
-    global _PRCTL
-    if _PRCTL is None:
-        try:
-            import ctypes
-            _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            _PRCTL = False
-    return _PRCTL
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG, _SIGKILL = 1, int(signal.SIGKILL)
 
 
 def _pdeathsig() -> None:
     """Be killed (SIGKILL) when the parent thread that started this process dies."""
-    prctl = _prctl()
-    if prctl:
-        prctl(_PR_SET_PDEATHSIG, _SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL)
 
 
 def _child_setup(cpus: list[int] | None):
     """preexec_fn: die with bpslaunch; bind to the NUMA node's cores (BYTEPS_NUMA_ON).
-    It imports and loads nothing in the child (see :func:`_prctl`)."""
+    It imports and loads nothing in the child (see :func:`_libc_prctl`)."""
     parent = os.getpid()
-    _prctl()
 
     def setup() -> None:
         _pdeathsig()

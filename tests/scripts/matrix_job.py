@@ -182,7 +182,7 @@ def main():
     run = globals()[f"run_{PLUGIN}"]
     res = {}
     os.makedirs(OUT, exist_ok=True)
-    # a cell takes seconds (up to ~15 on a loaded 2-core machine): one still running after
+    # a cell takes seconds (0.2-9 s each on a quiet machine): one still running after
     # STUCK_S is stuck, not slow. Every thread's stack then goes to OUT/stack-rank<r>.txt,
     # which tests/matrix.py shows first (all ranks' stacks, not the tail of one), and the
     # rank exits, so the job fails at once instead of at the test's whole-job timeout
