@@ -171,10 +171,11 @@ def train_table(rows: list[dict]) -> str:
                      f"{ms[0]:>8}{ms[1]:>8}{ms[2]:>9}   " + " / ".join(
                          _fmt(ph[k] * 1e3 if k in ph else None, '.0f') for k in
                          ("forward_cpu", "backward_cpu", "opt_step_cpu")))
-    vs = [r["vs_ddp"] for r in rows if r.get("vs_ddp") is not None]
-    if len(vs) > 1:
-        lines.append(f"byteps vs DDP, median of {len(vs)} rounds: {statistics.median(vs):.2f} "
-                     f"({min(vs):.2f}-{max(vs):.2f})")
+    for system in dict.fromkeys(r["system"] for r in rows if r.get("vs_ddp") is not None):
+        vs = [r["vs_ddp"] for r in rows if r["system"] == system and r.get("vs_ddp")]
+        if len(vs) > 1:
+            lines.append(f"{system} vs DDP, median of {len(vs)} rounds: "
+                         f"{statistics.median(vs):.2f} ({min(vs):.2f}-{max(vs):.2f})")
     return "\n".join(lines)
 
 

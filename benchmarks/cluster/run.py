@@ -87,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="only the training variant (no probes, no push_pull rows)")
     ap.add_argument("--train-rate", default="1gbit")
     ap.add_argument("--train-workers", type=int, default=4)
+    ap.add_argument("--cross-barrier", action="store_true",
+                    help="training variant: also byteps with bps.CrossBarrier (the next "
+                         "forward pass overlaps the exchange), each round")
     ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 20",
                     help="train_mlp.py options (the warm-up covers autotune's trials)")
     ap.add_argument("--env", action="append", default=[],
@@ -312,16 +315,19 @@ class Runner:
         script = [sys.executable, str(HERE / "train_mlp.py"), *self.a.train_args.split()]
         workers = self.whosts[:w]
         servers = self.shosts[:self.a.servers or w]
+        systems = ["byteps"] + (["byteps-cb"] if self.a.cross_barrier else [])
         for rnd in range(1, self.a.rounds + 1):      # DDP, byteps, DDP, byteps, ...
             ddp = self.run(jobs.gloo_job(workers, script + ["--backend", "ddp"],
                                          self.next_port()))
-            bps = self.run(jobs.byteps_job(workers, servers, servers[0],
-                                           script + ["--backend", "byteps"], self.next_port(),
-                                           self.extra_env))
             d = dict(report.train_row("ddp-gloo", rate, w, ddp), round=rnd)
-            self.train_rows += [d, dict(report.train_row("byteps", rate, w, bps,
-                                                         d["img_sec_total"]), round=rnd)]
-            print(report.train_table(self.train_rows[-2:]), flush=True)
+            self.train_rows.append(d)
+            for system in systems:
+                got = self.run(jobs.byteps_job(workers, servers, servers[0],
+                                               script + ["--backend", system],
+                                               self.next_port(), self.extra_env))
+                self.train_rows.append(dict(report.train_row(system, rate, w, got,
+                                                             d["img_sec_total"]), round=rnd))
+            print(report.train_table(self.train_rows[-1 - len(systems):]), flush=True)
 
 
 def main(argv=None) -> int:

@@ -1,10 +1,11 @@
 """Synthetic training step for the cluster benchmark: byteps vs DDP (gloo), img/sec.
 
-    python train_mlp.py --backend byteps|ddp [--width 4096] [--batch 32] [--steps 8]
+    python train_mlp.py --backend byteps|byteps-cb|ddp [--width 4096] [--batch 32] [--steps 8]
 
 A wide MLP on random 'images' (3x32x32): communication-heavy on purpose
 (29.4 M parameters = 118 MB of gradients per step at the default width).
-byteps runs under ``python -m byteps.launcher`` (DMLC_* from the cluster
+byteps (DistributedOptimizer) and byteps-cb (``bps.CrossBarrier``) run under
+``python -m byteps.launcher`` (DMLC_* from the cluster
 runner); ddp reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.  Prints
 ``CLUSTER_RESULT {json}`` with this worker's img/sec.
 """
@@ -26,7 +27,7 @@ def model(width: int) -> nn.Module:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", choices=("byteps", "ddp"), required=True)
+    ap.add_argument("--backend", choices=("byteps", "byteps-cb", "ddp"), required=True)
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=8)
@@ -36,12 +37,18 @@ def main() -> None:
     torch.manual_seed(0)
     net = model(a.width)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    if a.backend == "byteps":
+    if a.backend.startswith("byteps"):
         import byteps.torch as bps
+        if a.backend == "byteps-cb":
+            import byteps.torch.cross_barrier as bps
         bps.init()
         rank, size = bps.rank(), bps.size()
         bps.broadcast_parameters(net.state_dict(), root_rank=0)
-        opt = bps.DistributedOptimizer(opt, named_parameters=net.named_parameters())
+        if a.backend == "byteps-cb":    # the last timed step waits for every update
+            opt = bps.CrossBarrier(net, opt, named_parameters=net.named_parameters(),
+                                   num_steps=a.warmup + a.steps)
+        else:
+            opt = bps.DistributedOptimizer(opt, named_parameters=net.named_parameters())
         run = net
     else:
         import torch.distributed as dist

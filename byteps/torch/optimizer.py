@@ -154,14 +154,7 @@ class _DistributedOptimizer:
         if self._bps_async:
             return
         with torch.no_grad():
-            for p in self._bps_requires_update:
-                if p not in self._bps_handles:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    self._bps_handles[p] = None
-            for p, value in list(self._bps_handles.items()):
-                if value is None:
-                    self._bps_handles[p] = self._bps_push(p)
+            self._bps_push_missing()
             try:
                 for p, (handle, ctx) in self._bps_handles.items():
                     out = synchronize(handle)
@@ -183,6 +176,18 @@ class _DistributedOptimizer:
                         p.grad = p.grad.to_sparse()
                 self._bps_resparse.clear()
         self._bps_synchronized = True
+
+    def _bps_push_missing(self) -> None:
+        """Push what autograd did not: parameters without a gradient this step (as zeros)
+        and those still accumulating (``backward_passes_per_step``)."""
+        for p in self._bps_requires_update:
+            if p not in self._bps_handles:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+                self._bps_handles[p] = None
+        for p, value in list(self._bps_handles.items()):
+            if value is None:
+                self._bps_handles[p] = self._bps_push(p)
 
     @contextlib.contextmanager
     def skip_synchronize(self):

@@ -142,6 +142,18 @@ def poll(handle: int) -> bool:
     return h.event.is_set()
 
 
+def wait(handle: int, timeout: float) -> bool:
+    """Like :func:`poll`, but waits up to ``timeout`` seconds for the operation to finish
+    (a thread that watches several handles waits on the one it needs first)."""
+    if handle in _st.OPS:
+        return _st.OPS[handle].event.wait(timeout)
+    h = _handle(handle)
+    st = _st.current()
+    if st is not None and st.tuner is not None:
+        st.tuner.release()
+    return h.event.wait(timeout)
+
+
 def synchronize(handle: int) -> np.ndarray:
     """Wait for ``handle`` and return the result (raises BytePSError on failure).
 

@@ -1,0 +1,124 @@
+"""CrossBarrier against DistributedOptimizer, in the original BytePS example's style.
+
+    cross_barrier_job.py OUT PHASE...   (under bpslaunch)
+
+Only ``import byteps.torch.cross_barrier as bps`` is imported from byteps, as the original
+``example/pytorch/benchmark_cross_barrier_byteps.py`` does.  Each phase trains the same
+model from the same start on the same per-rank batches twice: with ``bps.CrossBarrier``
+and with ``bps.DistributedOptimizer``; OUT/rank<r>.json gets, per phase, the largest
+difference between the two models' parameters, how many steps returned with updates
+still in flight (the barrier crossed), and a checksum of the model for the ranks to agree.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import byteps.torch.cross_barrier as bps
+
+STEPS = 8
+
+
+class Net(nn.Module):
+    """Nested modules, and a parameter of the parent module itself (used in its forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 384), nn.ReLU(), nn.Linear(384, 384), nn.ReLU())
+        self.gain = nn.Parameter(torch.ones(384))
+        self.head = nn.Linear(384, 10)
+
+    def forward(self, x):
+        return self.head(self.body(x) * self.gain)
+
+
+def optimizer(phase, params):
+    if phase in ("sgd", "fp16", "bpps2"):
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    if phase == "adam":
+        return torch.optim.Adam(params, lr=1e-3)
+    if phase == "adamw":
+        return torch.optim.AdamW(params, lr=2e-3, weight_decay=0.01)
+    if phase == "rmsprop":
+        return torch.optim.RMSprop(params, lr=1e-3, momentum=0.5)
+    raise SystemExit(f"unknown phase {phase}")
+
+
+def train(phase, cross, batches):
+    torch.manual_seed(0)
+    model = Net()
+    opt = optimizer(phase, model.parameters())
+    named = [(f"{phase}.{'cb' if cross else 'ref'}.{n}", p) for n, p in model.named_parameters()]
+    compression = bps.Compression.fp16 if phase == "fp16" else bps.Compression.none
+    bpps = 2 if phase == "bpps2" else 1
+    if cross:
+        opt = bps.CrossBarrier(model, opt, named_parameters=named, compression=compression,
+                               backward_passes_per_step=bpps, num_steps=STEPS)
+    else:
+        opt = bps.DistributedOptimizer(opt, named_parameters=named, compression=compression,
+                                       backward_passes_per_step=bpps)
+    bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    bps.broadcast_optimizer_state(opt, root_rank=0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    crossed, waited_mid = 0, None
+    for step in range(STEPS):
+        opt.zero_grad()
+        for x, y in batches[step * bpps:(step + 1) * bpps]:
+            F.cross_entropy(model(x), y).backward()
+        opt.step()
+        if cross:
+            crossed += opt._cb_inflight > 0
+            if step == STEPS // 2:       # the model's state_dict waits for the updates
+                model.state_dict()
+                waited_mid = opt._cb_inflight == 0
+        sched.step()
+    done = (opt._cb_inflight == 0) if cross else True     # the step numbered num_steps waits
+    return model, {"crossed": crossed, "waited_mid": waited_mid, "done": done}
+
+
+def mismatch():
+    """Rank 1's head has one more output: the exchange fails on the background thread and
+    the error reaches every rank's training loop (not a hang); the job stays usable."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4 + (bps.rank() == 1)))
+    opt = bps.CrossBarrier(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           named_parameters=[("mm." + n, p) for n, p in model.named_parameters()])
+    error = None
+    try:
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        opt.synchronize()
+    except bps.BytePSError as exc:
+        error = str(exc)
+    after = bps.push_pull(torch.full((3,), float(bps.rank())), name="mm.after").tolist()
+    return {"error": error, "after": after}
+
+
+def main():
+    out, phases = sys.argv[1], sys.argv[2:]
+    bps.init()
+    res = {}
+    for phase in phases:
+        if phase == "mismatch":
+            res[phase] = mismatch()
+            continue
+        g = torch.Generator().manual_seed(100 + bps.rank())
+        batches = [(torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
+                   for _ in range(2 * STEPS)]
+        cb, info = train(phase, True, batches)
+        ref, _ = train(phase, False, batches)
+        diff = max((a - b).abs().max().item() for a, b in zip(cb.parameters(), ref.parameters()))
+        scale = max(b.abs().max().item() for b in ref.parameters())
+        res[phase] = dict(info, diff=diff, scale=scale,
+                          checksum=[round(p.double().sum().item(), 6) for p in cb.parameters()])
+    with open(os.path.join(out, f"rank{bps.rank()}.json"), "w") as f:
+        json.dump(res, f)
+    bps.shutdown()
+
+
+if __name__ == "__main__":
+    main()

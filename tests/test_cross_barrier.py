@@ -1,0 +1,106 @@
+"""byteps.torch.cross_barrier: the original BytePS's CrossBarrier (the next forward pass
+overlaps the exchange), against DistributedOptimizer in real jobs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import assert_ok, read_results, run_script
+
+torch = pytest.importorskip("torch")
+
+PHASES = ["sgd", "adam", "adamw", "rmsprop", "fp16", "bpps2"]
+
+
+def _check(res: dict, workers: int, phases: list) -> None:
+    assert sorted(res) == list(range(workers)), f"missing ranks: {sorted(res)}"
+    for ph in phases:
+        r0 = res[0][ph]
+        for r in range(1, workers):
+            assert res[r][ph]["checksum"] == r0["checksum"], f"{ph}: rank {r} differs"
+        for r in range(workers):
+            got = res[r][ph]
+            # the same updates as DistributedOptimizer, to the last bit
+            assert got["diff"] <= 1e-6 * got["scale"], f"{ph} rank {r}: {got}"
+            # step() returned with updates still in flight (the barrier was crossed), the
+            # model's state_dict() waited for them, and so did the step num_steps names
+            assert got["crossed"] >= 1 and got["waited_mid"] and got["done"], f"{ph}: {got}"
+
+
+@pytest.mark.timeout(120)
+def test_cross_barrier_trains_as_distributed_optimizer(tmp_path):
+    """SGD (Nesterov, weight decay), Adam, AdamW, RMSprop, fp16 compression and
+    backward_passes_per_step=2, each with an lr scheduler that changes the lr while
+    updates are in flight; then a shape mismatch: the background thread's error reaches
+    every rank's loop, and the job stays usable."""
+    assert_ok(run_script("cross_barrier_job.py", tmp_path, *PHASES, "mismatch", workers=2,
+                         servers=2, timeout=110))
+    res = read_results(tmp_path)
+    _check(res, 2, PHASES)
+    for r in (0, 1):
+        got = res[r]["mismatch"]
+        assert got["error"] and "Gradient.mm.2." in got["error"], got
+        assert "rank 1" in got["error"] and "rank 0" in got["error"], got
+        assert got["after"] == [0.5, 0.5, 0.5], got
+
+
+@pytest.mark.timeout(120)
+def test_cross_barrier_with_local_reduction(tmp_path):
+    """2 hosts of 2 workers: the host's local reduction under the crossed barrier."""
+    assert_ok(run_script("cross_barrier_job.py", tmp_path, "sgd", "adam", workers=4, servers=1,
+                         timeout=110, launcher_args=("--hosts", "2", "--local-size", "2")))
+    _check(read_results(tmp_path), 4, ["sgd", "adam"])
+
+
+@pytest.fixture
+def local_job(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("DMLC_", "BYTEPS_")):
+            monkeypatch.delenv(k)
+    import byteps.torch.cross_barrier as bps
+    bps.init()
+    yield bps
+    bps.shutdown()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+
+@pytest.mark.timeout(60)
+def test_the_module_is_the_original_import_and_refuses_what_cannot_cross(local_job):
+    bps = local_job
+    import byteps.torch
+    for name in byteps.torch.__all__:
+        assert getattr(bps, name) is getattr(byteps.torch, name), name
+    assert bps.suspend is byteps.torch.suspend and callable(bps.CrossBarrier)
+    m = _model()
+    with pytest.raises(TypeError, match="LBFGS takes one step over all parameters"):
+        bps.CrossBarrier(m, torch.optim.LBFGS(m.parameters()))
+    with pytest.raises(ValueError, match="not parameters of the model"):
+        bps.CrossBarrier(_model(), torch.optim.SGD(m.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="num_steps must be an int >= 1"):
+        bps.CrossBarrier(m, torch.optim.SGD(m.parameters(), lr=0.1), num_steps=0)
+    with pytest.raises(TypeError, match="torch.nn.Module being trained first"):
+        bps.CrossBarrier(torch.optim.SGD(m.parameters(), lr=0.1), m)
+
+
+@pytest.mark.timeout(60)
+def test_an_algorithm_takes_its_own_step(local_job):
+    """With an algorithm other than SyncPS there is no gradient exchange to cross: the
+    algorithm's step runs (as DistributedOptimizer's) and the model trains."""
+    bps = local_job
+    m = _model()
+    opt = bps.CrossBarrier(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                           algorithm=bps.algorithms.DiLoCo(inner_steps=2),
+                           named_parameters=[("alg." + n, p) for n, p in m.named_parameters()])
+    x = torch.randn(8, 3)
+    first = m(x).pow(2).sum().item()
+    for _ in range(6):
+        opt.zero_grad()
+        m(x).pow(2).sum().backward()
+        opt.step()
+    opt.finish()
+    assert m(x).pow(2).sum().item() < first
+    assert isinstance(opt, torch.optim.SGD)
