@@ -140,6 +140,7 @@ class _CrossBarrier:
         with torch.no_grad():
             self._bps_push_missing()
         self._bps_handles.clear()
+        _core.flush()           # what autotune held until the end of backward goes now
         self._cb_steps += 1
         _core.step_done()
         if self._cb_steps == self._cb_final:
@@ -190,7 +191,7 @@ class _CrossBarrier:
                     bisect.insort(pending, item)
             except queue.Empty:
                 pass
-            done = [x for x in pending if _core.poll(x.handle)]
+            done = [x for x in pending if _core.wait(x.handle, 0)]
             if not done:
                 if _core.wait(pending[0].handle, _POLL_S):
                     continue

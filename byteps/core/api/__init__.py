@@ -39,7 +39,7 @@ from byteps.core.pipeline.tensors import (_check_op, _comp_change, _partition,  
                                           _spec, _tensor, declare)
 from byteps.core.pipeline.pushpull import (  # noqa: F401
     _handle, barrier, broadcast, broadcast_async, poll, push_pull, push_pull_async, step_done,
-    synchronize, wait)
+    synchronize, wait, flush)
 from byteps.core.collective.ops import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async,
     grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_async,
@@ -50,9 +50,9 @@ from byteps.core.api.telemetry import (get_pushpull_speed, set_compression_lr,  
 log = logging.getLogger("byteps.worker")
 
 __all__ = ["init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "declare", "push_pull_async", "push_pull", "poll", "wait", "synchronize", "broadcast",
-           "broadcast_async", "barrier", "join", "BytePSError", "tensor_key", "get_config",
-           "get_pushpull_speed", "set_compression_lr", "allgather", "allgather_async",
+           "declare", "push_pull_async", "push_pull", "poll", "wait", "flush", "synchronize",
+           "broadcast", "broadcast_async", "barrier", "join", "BytePSError", "tensor_key",
+           "get_config", "get_pushpull_speed", "set_compression_lr", "allgather", "allgather_async",
            "allreduce", "allreduce_async", "alltoall", "alltoall_async", "grouped_allgather",
            "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_async",
            "grouped_reducescatter", "grouped_reducescatter_async", "reducescatter",

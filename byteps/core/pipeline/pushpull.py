@@ -143,15 +143,21 @@ def poll(handle: int) -> bool:
 
 
 def wait(handle: int, timeout: float) -> bool:
-    """Like :func:`poll`, but waits up to ``timeout`` seconds for the operation to finish
-    (a thread that watches several handles waits on the one it needs first)."""
+    """Whether ``handle``'s operation finished, waiting up to ``timeout`` seconds: for a
+    thread that watches several handles (the one it needs first).  Unlike :func:`poll`
+    and :func:`synchronize` it is not the step's first wait: partitions autotune holds
+    stay held until then, or until :func:`flush`."""
     if handle in _st.OPS:
         return _st.OPS[handle].event.wait(timeout)
-    h = _handle(handle)
+    return _handle(handle).event.wait(timeout)
+
+
+def flush() -> None:
+    """The step's gradients are all pushed: what autotune held goes out now (a plugin
+    whose step does not wait for them, such as torch's CrossBarrier, calls it)."""
     st = _st.current()
     if st is not None and st.tuner is not None:
         st.tuner.release()
-    return h.event.wait(timeout)
 
 
 def synchronize(handle: int) -> np.ndarray:
