@@ -25,6 +25,7 @@ def test_graph_ops_complete_in_any_runtime_order(tmp_path):
                       "session InvalidArgumentError", "session works after errors",
                       "function FailedPreconditionError", "IndexedSlices as Horovod",
                       "eager works after errors", "op built after a failed one works",
-                      "one collective per fetched op", "autograph leaves byteps alone"):
+                      "one collective per fetched op", "autograph leaves byteps alone",
+                      "BroadcastGlobalVariablesHook"):
             assert done[r].get(check) == 1, (r, check)
         assert done[r]["graph 50 runs"] > 0, done[r]    # finished (a deadlock hits the timeout)

@@ -83,7 +83,8 @@ from byteps.tensorflow.mpi_ops import (
 from byteps.tensorflow.util import _executing_eagerly  # noqa: F401  (Horovod has it here too)
 
 __all__ = [
-    "BytePSError", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "BroadcastGlobalVariablesHook", "BytePSError", "Compression", "DistributedGradientTape",
+    "DistributedOptimizer",
     "PartialDistributedGradientTape", "SyncBatchNormalization",
     "QAdamOptimizer", "barrier", "broadcast_global_variables", "broadcast_variables", "finish",
     "init", "is_initialized", "join", "local_rank", "local_size", "push_pull", "rank", "shutdown",
@@ -166,6 +167,25 @@ def broadcast_global_variables(root_rank: int):
                           "bps.broadcast_variables(optimizer.variables, root_rank), or the "
                           "Keras BroadcastGlobalVariablesCallback")
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """Broadcast every global variable from ``root_rank`` once a TF1 session is created
+    (``tf.compat.v1.train.MonitoredTrainingSession(hooks=[...])``): consistent start from
+    random weights or a checkpoint restored on one rank.  The original BytePS's and
+    Horovod's hook; ``device`` places the broadcast op."""
+
+    def __init__(self, root_rank: int, device: str = ""):
+        super().__init__()
+        self.root_rank, self.device, self.bcast_op = root_rank, device, None
+
+    def begin(self):
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            with tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
 
 
 def QAdamOptimizer(learning_rate=0.001, warmup_steps=100, **kwargs):

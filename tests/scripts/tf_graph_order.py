@@ -136,6 +136,23 @@ with tf.Graph().as_default() as g1:
             coll.allreduce = real
         done["one collective per fetched op"] = 1
 
+# ---- a TF1 training loop: BroadcastGlobalVariablesHook in a MonitoredTrainingSession
+with tf.Graph().as_default():
+    v = v1.get_variable("hook_w", initializer=tf.constant([float(r + 1)] * 3))
+    step = v1.train.get_or_create_global_step()
+    opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1))
+    train = opt.minimize(tf.reduce_sum(v * v * float(r + 1)), global_step=step)
+    hooks = [hvd.BroadcastGlobalVariablesHook(0), v1.train.StopAtStepHook(last_step=10)]
+    with v1.train.MonitoredTrainingSession(hooks=hooks, config=cfg) as mon:
+        start = mon.run(v).tolist()
+        for _ in range(3):
+            mon.run(train)
+        end = mon.run(v).tolist()
+    # rank 0's start; each step subtracts 0.1 x the mean over ranks of 2 (k + 1) v
+    factor = 1 - 0.1 * sum(2 * (k + 1) for k in range(n)) / n
+    assert start == [1.0] * 3 and np.allclose(end, [factor ** 3] * 3), (start, end)
+    done["BroadcastGlobalVariablesHook"] = 1
+
 
 # ---- tf.function: the same collectives, 50 calls
 @tf.function
