@@ -9,15 +9,15 @@ from conftest import assert_ok, read_results, run_script
 
 torch = pytest.importorskip("torch")
 
-PHASES = ["sgd", "adam", "adamw", "rmsprop", "fp16", "bpps2"]
+PHASES = ["sgd", "adam", "adamw", "rmsprop", "fp16", "bpps2", "onebit", "join"]
 
 
 def _check(res: dict, workers: int, phases: list) -> None:
     assert sorted(res) == list(range(workers)), f"missing ranks: {sorted(res)}"
     for ph in phases:
         r0 = res[0][ph]
-        for r in range(1, workers):
-            assert res[r][ph]["checksum"] == r0["checksum"], f"{ph}: rank {r} differs"
+        for r in range(1, workers):     # (after join() the rank that stopped early keeps its own)
+            assert ph == "join" or res[r][ph]["checksum"] == r0["checksum"], f"{ph}: rank {r}"
         for r in range(workers):
             got = res[r][ph]
             # the same updates as DistributedOptimizer, to the last bit
@@ -29,12 +29,17 @@ def _check(res: dict, workers: int, phases: list) -> None:
 
 @pytest.mark.timeout(120)
 def test_cross_barrier_trains_as_distributed_optimizer(tmp_path):
-    """SGD (Nesterov, weight decay), Adam, AdamW, RMSprop, fp16 compression and
-    backward_passes_per_step=2, each with an lr scheduler that changes the lr while
+    """SGD (Nesterov, weight decay), Adam, AdamW, RMSprop, fp16 compression,
+    backward_passes_per_step=2, onebit with error feedback, and join() after uneven steps
+    (odd ranks stop 3 steps early), each with an lr scheduler that changes the lr while
     updates are in flight; then a shape mismatch: the background thread's error reaches
     every rank's loop, and the job stays usable."""
+    # onebit's scale is per partition, and autotune's trials may cut the two runs
+    # differently; join() this early needs autotune's settings fixed (docs/compatibility.md,
+    # "Known gaps"); the test below keeps autotune's defaults
     assert_ok(run_script("cross_barrier_job.py", tmp_path, *PHASES, "mismatch", workers=2,
-                         servers=2, timeout=110))
+                         servers=2, timeout=110, BYTEPS_PARTITION_BYTES="262144",
+                         BYTEPS_SCHEDULING_CREDIT="4"))
     res = read_results(tmp_path)
     _check(res, 2, PHASES)
     for r in (0, 1):
@@ -46,9 +51,11 @@ def test_cross_barrier_trains_as_distributed_optimizer(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_cross_barrier_with_local_reduction(tmp_path):
-    """2 hosts of 2 workers: the host's local reduction under the crossed barrier."""
-    assert_ok(run_script("cross_barrier_job.py", tmp_path, "sgd", "adam", workers=4, servers=1,
-                         timeout=110, launcher_args=("--hosts", "2", "--local-size", "2")))
+    """2 hosts of 2 workers: the host's local reduction under the crossed barrier, with
+    autotune's defaults (its partition trials and its hold until step())."""
+    assert_ok(run_script("cross_barrier_job.py", tmp_path, "sgd", "adam", workers=4,
+                         servers=1, timeout=110,
+                         launcher_args=("--hosts", "2", "--local-size", "2")))
     _check(read_results(tmp_path), 4, ["sgd", "adam"])
 
 

@@ -36,7 +36,7 @@ class Net(nn.Module):
 
 
 def optimizer(phase, params):
-    if phase in ("sgd", "fp16", "bpps2"):
+    if phase in ("sgd", "fp16", "bpps2", "onebit", "join"):
         return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
     if phase == "adam":
         return torch.optim.Adam(params, lr=1e-3)
@@ -54,17 +54,21 @@ def train(phase, cross, batches):
     named = [(f"{phase}.{'cb' if cross else 'ref'}.{n}", p) for n, p in model.named_parameters()]
     compression = bps.Compression.fp16 if phase == "fp16" else bps.Compression.none
     bpps = 2 if phase == "bpps2" else 1
+    cparams = {"compressor": "onebit", "ef": "vanilla"} if phase == "onebit" else None
+    steps = STEPS - 3 * (bps.rank() % 2) if phase == "join" else STEPS   # uneven, then join()
     if cross:
         opt = bps.CrossBarrier(model, opt, named_parameters=named, compression=compression,
-                               backward_passes_per_step=bpps, num_steps=STEPS)
+                               backward_passes_per_step=bpps, num_steps=STEPS,
+                               compression_params=cparams)
     else:
         opt = bps.DistributedOptimizer(opt, named_parameters=named, compression=compression,
-                                       backward_passes_per_step=bpps)
+                                       backward_passes_per_step=bpps,
+                                       compression_params=cparams)
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(opt, root_rank=0)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     crossed, waited_mid = 0, None
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad()
         for x, y in batches[step * bpps:(step + 1) * bpps]:
             F.cross_entropy(model(x), y).backward()
@@ -75,6 +79,10 @@ def train(phase, cross, batches):
                 model.state_dict()
                 waited_mid = opt._cb_inflight == 0
         sched.step()
+    if phase == "join":
+        bps.join()
+        if cross:
+            opt.synchronize()
     done = (opt._cb_inflight == 0) if cross else True     # the step numbered num_steps waits
     return model, {"crossed": crossed, "waited_mid": waited_mid, "done": done}
 
