@@ -1,5 +1,6 @@
 """byteps/common/malloc.py: with the tuning, freed message-sized buffers are reused from the
-heap instead of being page-faulted in again (what ZeroMQ's receive buffers go through)."""
+heap instead of being page-faulted in again (what ZeroMQ's receive buffers go through), and so
+are blocks over the mmap threshold (a large layer's gradient, allocated every step)."""
 import subprocess
 import sys
 
@@ -47,3 +48,41 @@ def test_tuned_buffers_are_not_faulted_in_again():
     # faults its 2048 pages in again; tuned, the memory stays (a few stray faults at most)
     assert untuned > 35 * 1000, untuned
     assert faults < 500, faults
+
+
+BIG = r'''
+import ctypes, resource, sys
+from byteps.common import malloc
+print("tuned", malloc.tune(sys.argv[1] == "1"))
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+faults = []
+def run():    # a 67 MB and a 50 MB gradient, allocated again every step (torch's zero_grad)
+    for step in range(12):
+        if step == 2:
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+        bufs = [libc.malloc(n << 20) for n in (67, 50)]
+        for b, n in zip(bufs, (67, 50)):
+            libc.memset(b, 1, n << 20)
+        for b in bufs:
+            libc.free(b)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+run()             # in the main thread, as autograd runs a CPU backward pass
+print("faults", faults[1] - faults[0])
+'''
+
+
+def test_blocks_over_the_mmap_threshold_stay_in_the_heap_too():
+    out = subprocess.run([sys.executable, "-c", BIG, "1"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    if out[1] != "True":
+        pytest.skip("no glibc mallopt here")
+    untuned = subprocess.run([sys.executable, "-c", BIG, "0"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout.split()
+    # 10 steps x 117 MB: mmap-ed, every step faults its ~30,000 pages in again; tuned, the
+    # heap keeps them (a thread's arena, at most 64 MB per heap, still maps larger blocks)
+    assert int(untuned[3]) > 10 * 25_000, untuned
+    assert int(out[3]) < 1000, out
