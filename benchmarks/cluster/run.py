@@ -90,6 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cross-barrier", action="store_true",
                     help="training variant: also byteps with bps.CrossBarrier (the next "
                          "forward pass overlaps the exchange), each round")
+    ap.add_argument("--ddp-heap", action="store_true",
+                    help="training variant: also DDP with glibc's allocator set as byteps sets "
+                         "its own (BYTEPS_MALLOC_TUNE: MALLOC_MMAP_MAX_=0, ...), each round")
     ap.add_argument("--train-args", default="--width 4096 --batch 32 --steps 6 --warmup 20",
                     help="train_mlp.py options (the warm-up covers autotune's trials)")
     ap.add_argument("--env", action="append", default=[],
@@ -321,13 +324,24 @@ class Runner:
                                          self.next_port()))
             d = dict(report.train_row("ddp-gloo", rate, w, ddp), round=rnd)
             self.train_rows.append(d)
+            if self.a.ddp_heap:             # byteps/common/malloc.py's settings, by glibc's env
+                heap = self.run(jobs.gloo_job(workers, script + ["--backend", "ddp"],
+                                              self.next_port(), DDP_HEAP_ENV))
+                self.train_rows.append(dict(report.train_row("ddp-heap", rate, w, heap,
+                                                             d["img_sec_total"]), round=rnd))
             for system in systems:
                 got = self.run(jobs.byteps_job(workers, servers, servers[0],
                                                script + ["--backend", system],
                                                self.next_port(), self.extra_env))
                 self.train_rows.append(dict(report.train_row(system, rate, w, got,
                                                              d["img_sec_total"]), round=rnd))
-            print(report.train_table(self.train_rows[-1 - len(systems):]), flush=True)
+            print(report.train_table(self.train_rows[-1 - len(systems) - self.a.ddp_heap:]),
+                  flush=True)
+
+
+# glibc's environment form of byteps/common/malloc.py's mallopt calls
+DDP_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                "MALLOC_TRIM_THRESHOLD_": str(512 << 20)}
 
 
 def main(argv=None) -> int:
