@@ -33,7 +33,8 @@ def test_cross_barrier_trains_as_distributed_optimizer(tmp_path):
     backward_passes_per_step=2, onebit with error feedback, and join() after uneven steps
     (odd ranks stop 3 steps early), each with an lr scheduler that changes the lr while
     updates are in flight; then a shape mismatch: the background thread's error reaches
-    every rank's loop, and the job stays usable."""
+    every rank's loop, and the job stays usable (rank 1's backward pass pauses until its
+    error is back: it still pushes every gradient, else rank 0 would wait for them)."""
     # onebit's scale is per partition, and autotune's trials may cut the two runs
     # differently; join() this early needs autotune's settings fixed (docs/compatibility.md,
     # "Known gaps"); the test below keeps autotune's defaults

@@ -109,8 +109,9 @@ class _CrossBarrier:
         return pre_forward
 
     def _bps_push(self, p):
-        """A gradient is complete (autograd's hook, or step() for the missing ones)."""
-        self._cb_raise()
+        """A gradient is complete (autograd's hook, or step() for the missing ones).  Never
+        raises the background thread's error: every rank must push the same gradients (an
+        error raised in one rank's backward pass would leave the others' rounds waiting)."""
         hyper = {k: v for k, v in self._cb_group(p).items() if k != "params"}  # as now
         self._cb_ready[p].clear()
         handle, ctx = super()._bps_push(p)
@@ -136,11 +137,11 @@ class _CrossBarrier:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._cb_raise()
         with torch.no_grad():
             self._bps_push_missing()
         self._bps_handles.clear()
         _core.flush()           # what autotune held until the end of backward goes now
+        self._cb_raise()        # (after this step's pushes, which every rank makes)
         self._cb_steps += 1
         _core.step_done()
         if self._cb_steps == self._cb_final:

@@ -12,6 +12,7 @@ still in flight (the barrier crossed), and a checksum of the model for the ranks
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +93,12 @@ def mismatch():
     the error reaches every rank's training loop (not a hang); the job stays usable."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4 + (bps.rank() == 1)))
+    # rank 1's backward pass pauses before the first layer's gradients, so its error is
+    # back before it pushes them: it must push them all the same (as rank 0 does)
+    def pause(_module, _inputs, out):
+        if bps.rank() == 1 and out.requires_grad:
+            out.register_hook(lambda g: time.sleep(0.5) or g)
+    model[0].register_forward_hook(pause)
     opt = bps.CrossBarrier(model, torch.optim.SGD(model.parameters(), lr=0.1),
                            named_parameters=[("mm." + n, p) for n, p in model.named_parameters()])
     error = None
