@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-SCRIPT = r'''
+# the tuning, as a worker applies it, and libc's malloc, free and memset
+LIBC = r'''
 import ctypes, resource, sys, threading
 from byteps.common import malloc
 on = sys.argv[1] == "1"
@@ -16,6 +17,9 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+'''
+
+SCRIPT = LIBC + r'''
 faults = []
 def run():           # a thread arena, like ZeroMQ's I/O thread: 8 partitions of 1 MB in flight
     for rnd in range(40):
@@ -50,15 +54,7 @@ def test_tuned_buffers_are_not_faulted_in_again():
     assert faults < 500, faults
 
 
-BIG = r'''
-import ctypes, resource, sys
-from byteps.common import malloc
-print("tuned", malloc.tune(sys.argv[1] == "1"))
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+BIG = LIBC + r'''
 faults = []
 def run():    # a 67 MB and a 50 MB gradient, allocated again every step (torch's zero_grad)
     for step in range(12):

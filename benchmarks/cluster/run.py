@@ -320,6 +320,7 @@ class Runner:
         servers = self.shosts[:self.a.servers or w]
         systems = ["byteps"] + (["byteps-cb"] if self.a.cross_barrier else [])
         for rnd in range(1, self.a.rounds + 1):      # DDP, byteps, DDP, byteps, ...
+            first = len(self.train_rows)
             ddp = self.run(jobs.gloo_job(workers, script + ["--backend", "ddp"],
                                          self.next_port()))
             d = dict(report.train_row("ddp-gloo", rate, w, ddp), round=rnd)
@@ -335,8 +336,7 @@ class Runner:
                                                self.next_port(), self.extra_env))
                 self.train_rows.append(dict(report.train_row(system, rate, w, got,
                                                              d["img_sec_total"]), round=rnd))
-            print(report.train_table(self.train_rows[-1 - len(systems) - self.a.ddp_heap:]),
-                  flush=True)
+            print(report.train_table(self.train_rows[first:]), flush=True)
 
 
 # glibc's environment form of byteps/common/malloc.py's mallopt calls

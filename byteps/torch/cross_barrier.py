@@ -84,6 +84,7 @@ class _CrossBarrier:
         self._cb_idle = threading.Condition()
         self._cb_inflight = 0
         self._cb_error: BaseException | None = None
+        self._cb_groups_of: tuple = ((), {})     # (ids of the groups, id(p) -> group)
         self._cb_hooks = []
         if self._bps_async:         # an algorithm's own step: nothing to cross
             return
@@ -124,7 +125,7 @@ class _CrossBarrier:
     def _cb_group(self, p) -> dict:
         """``p``'s parameter group (looked up again when the groups change)."""
         ids = tuple(map(id, self.param_groups))
-        if getattr(self, "_cb_groups_of", (None,))[0] != ids:
+        if self._cb_groups_of[0] != ids:
             self._cb_groups_of = (ids, {id(q): g for g in self.param_groups
                                         for q in g["params"]})
         return self._cb_groups_of[1][id(p)]
@@ -205,7 +206,7 @@ class _CrossBarrier:
             progress = time.monotonic()
 
     def _cb_apply(self, x: _Pending) -> None:
-        p = x.p
+        p, one = x.p, self._cb_alone(x.p, x.group)
         try:
             out = _synchronize(x.handle)
             with torch.no_grad():
@@ -215,13 +216,13 @@ class _CrossBarrier:
                     result = self._bps_compression.decompress(out, x.ctx)
                     if result is not p.grad:
                         p.grad.copy_(result)
-                self._cb_base.step(self._cb_alone(p, x.group))
+                self._cb_base.step(one)
         except BaseException as exc:    # the job's error reaches the main thread
             if self._cb_error is None:
                 self._cb_error = exc
             log.debug("CrossBarrier: the update of %r failed: %s", self._bps_names[p], exc)
         finally:
-            self._cb_base.zero_grad(self._cb_alone(p, x.group), set_to_none=False)
+            self._cb_base.zero_grad(one, set_to_none=False)
             self._bps_delay[p] = self._bps_bpps
             self._cb_ready[p].set()
             with self._cb_idle:
