@@ -95,6 +95,9 @@ class _CrossBarrier:
         if hasattr(model, "register_state_dict_pre_hook"):
             self._cb_hooks.append(model.register_state_dict_pre_hook(
                 lambda *_a, **_k: self.synchronize()))
+        if hasattr(model, "register_load_state_dict_pre_hook"):   # no update lands after it
+            self._cb_hooks.append(model.register_load_state_dict_pre_hook(
+                lambda *_a, **_k: self.synchronize()))
         self._cb_thread = threading.Thread(target=self._cb_run, name="bps-crossbarrier",
                                            daemon=True)
         self._cb_thread.start()
@@ -164,6 +167,16 @@ class _CrossBarrier:
                 self._cb_idle.wait()
         self._cb_raise()
         return None
+
+    def _bps_quiesce(self) -> None:
+        """Wait until no update is in flight and drop a failed one's error: the elastic
+        restore (``TorchState.restore``) loads the last commit over what they did."""
+        if self._bps_async:
+            return
+        with self._cb_idle:
+            while self._cb_inflight:
+                self._cb_idle.wait()
+        self._cb_error = None
 
     def state_dict(self):
         self.synchronize()

@@ -55,6 +55,9 @@ class TorchState(ObjectState):
         super().save()
 
     def restore(self) -> None:
+        # a CrossBarrier's updates of the interrupted step may still be in flight: they end
+        # (failed, the epoch is over) before the commit replaces what they did
+        getattr(self.optimizer, "_bps_quiesce", lambda: None)()
         if self.model is not None:
             self.model.load_state_dict(self._saved_model)
         if self.optimizer is not None:

@@ -1,6 +1,6 @@
 """Elastic worker (PyTorch): the digits MLP with bps.elastic.TorchState and bps.elastic.run.
 
-    elastic_torch.py OUT STEPS KILL_STEP ADD_STEP
+    elastic_torch.py OUT STEPS KILL_STEP ADD_STEP [cb]
 
 Step s trains on the same 128 samples whatever the number of workers (each rank takes
 its share and scales its loss so that the average over the ranks is the full batch's
@@ -8,7 +8,8 @@ mean), so an elastic run is comparable with an undisturbed one.  With KILL_STEP 
 the last rank lowers the discovery file to 3 slots and SIGKILLs itself after its
 backward pass of that step (gradients in flight); at ADD_STEP rank 0 raises it to 4 and
 waits until the new worker is about to register.  Run without bpslaunch it is the undisturbed
-single-process reference.  Each process writes OUT/rank<final rank>.json.
+single-process reference.  ``cb``: the optimizer is a CrossBarrier (the updates of a step
+still in flight when a rank dies).  Each process writes OUT/rank<final rank>.json.
 """
 import hashlib
 import json
@@ -18,6 +19,7 @@ import sys
 import time
 
 out, steps, kill_step, add_step = sys.argv[1], *map(int, sys.argv[2:5])
+cross = sys.argv[5:] == ["cb"]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -47,8 +49,12 @@ open(os.path.join(out, f"started.{os.getpid()}"), "w").close()   # imports done
 bps.init()
 torch.manual_seed(bps.rank())          # differs per rank on purpose: sync() makes them equal
 model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               named_parameters=model.named_parameters())
+sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+if cross:
+    from byteps.torch.cross_barrier import CrossBarrier
+    opt = CrossBarrier(model, sgd, named_parameters=model.named_parameters())
+else:
+    opt = bps.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
 state = bps.elastic.TorchState(model, opt, step=0)
 resets = []
 state.register_reset_callbacks([lambda: resets.append([state.step, bps.rank(), bps.size()])])
