@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
+import weakref
 
 import numpy as np
 
@@ -83,6 +84,10 @@ class State:
         self.join_hooks: list = []    # (before, after) of stages that quiesce around join()
         self.last_joined: int | None = None   # what the last join() returned
 
+
+#: objects whose ``_bps_before_shutdown()`` runs first in shutdown(), while the job is still
+#: there (torch's CrossBarrier: updates still in flight are applied, not lost)
+BEFORE_SHUTDOWN: "weakref.WeakSet" = weakref.WeakSet()
 
 _State = State            # the name older code uses
 _STATE: State | None = None

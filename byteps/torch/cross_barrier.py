@@ -60,6 +60,15 @@ def __getattr__(name):          # bps.suspend, bps.resume, bps.parallel, bps.ela
     return getattr(_bps, name)
 
 
+def _done(handle, timeout: float) -> bool:
+    """Whether ``handle`` finished; True when it cannot be waited for (the job is gone):
+    its synchronize then raises the reason, which reaches the training thread."""
+    try:
+        return _core.wait(handle, timeout)
+    except Exception:
+        return True
+
+
 class _Pending:
     """A pushed gradient the background thread has to apply."""
     __slots__ = ("order", "p", "handle", "ctx", "group")
@@ -101,6 +110,7 @@ class _CrossBarrier:
         self._cb_thread = threading.Thread(target=self._cb_run, name="bps-crossbarrier",
                                            daemon=True)
         self._cb_thread.start()
+        _core.BEFORE_SHUTDOWN.add(self)
 
     # ------------------------------------------------------------------ main thread
     def _cb_gate(self, params: list):
@@ -168,15 +178,22 @@ class _CrossBarrier:
         self._cb_raise()
         return None
 
-    def _bps_quiesce(self) -> None:
-        """Wait until no update is in flight and drop a failed one's error: the elastic
-        restore (``TorchState.restore``) loads the last commit over what they did."""
+    def _bps_quiesce(self) -> BaseException | None:
+        """Wait until no update is in flight and drop (return) a failed one's error: the
+        elastic restore (``TorchState.restore``) loads the last commit over what they did."""
         if self._bps_async:
-            return
+            return None
         with self._cb_idle:
             while self._cb_inflight:
                 self._cb_idle.wait()
-        self._cb_error = None
+        err, self._cb_error = self._cb_error, None
+        return err
+
+    def _bps_before_shutdown(self) -> None:
+        """``bps.shutdown()``: the last step's updates are applied before the job goes."""
+        err = self._bps_quiesce()
+        if err is not None:
+            log.warning("CrossBarrier: an update failed before shutdown(): %s", err)
 
     def state_dict(self):
         self.synchronize()
@@ -206,9 +223,9 @@ class _CrossBarrier:
                     bisect.insort(pending, item)
             except queue.Empty:
                 pass
-            done = [x for x in pending if _core.wait(x.handle, 0)]
+            done = [x for x in pending if _done(x.handle, 0)]
             if not done:
-                if _core.wait(pending[0].handle, _POLL_S):
+                if _done(pending[0].handle, _POLL_S):
                     continue
                 if time.monotonic() - progress < _STALL_S:
                     continue

@@ -21,7 +21,6 @@ import numpy as np
 
 from byteps.core import api as _core
 from byteps.core.collective import carry as _carry
-from byteps.core.collective import ops as _collectives
 from byteps.core.api import BytePSError
 from byteps.core.collective.rules import check_name
 from byteps.torch.compression import Compression
@@ -90,13 +89,12 @@ def _export_horovod_env() -> None:
 
 def shutdown() -> None:
     """Leave the job; ``init()`` may be called again afterwards."""
+    from byteps.core.api import basics
+    _core.finish_pending()         # e.g. a CrossBarrier's updates: they need these handles
     with _lock:
         _handles.clear()
         _staging.clear()
-    from byteps.core.collective import process_sets as _ps
-    _ps.reset()
-    _collectives.reset()
-    _core.shutdown()
+    basics.shutdown()
 
 
 def is_initialized() -> bool:

@@ -37,7 +37,7 @@ class Net(nn.Module):
 
 
 def optimizer(phase, params):
-    if phase in ("sgd", "fp16", "bpps2", "onebit", "join"):
+    if phase in ("sgd", "fp16", "bpps2", "onebit", "join", "shutdown"):
         return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
     if phase == "adam":
         return torch.optim.Adam(params, lr=1e-3)
@@ -58,8 +58,10 @@ def train(phase, cross, batches):
     cparams = {"compressor": "onebit", "ef": "vanilla"} if phase == "onebit" else None
     steps = STEPS - 3 * (bps.rank() % 2) if phase == "join" else STEPS   # uneven, then join()
     if cross:
+        # "shutdown": no step waits; bps.shutdown() right after the last one must
         opt = bps.CrossBarrier(model, opt, named_parameters=named, compression=compression,
-                               backward_passes_per_step=bpps, num_steps=STEPS,
+                               backward_passes_per_step=bpps,
+                               num_steps=10**6 if phase == "shutdown" else STEPS,
                                compression_params=cparams)
     else:
         opt = bps.DistributedOptimizer(opt, named_parameters=named, compression=compression,
@@ -84,6 +86,11 @@ def train(phase, cross, batches):
         bps.join()
         if cross:
             opt.synchronize()
+    if phase == "shutdown" and cross:
+        inflight = opt._cb_inflight
+        bps.shutdown()                   # the last step's updates are applied first
+        return model, {"crossed": crossed, "waited_mid": waited_mid, "inflight": inflight,
+                       "done": opt._cb_inflight == 0}
     done = (opt._cb_inflight == 0) if cross else True     # the step numbered num_steps waits
     return model, {"crossed": crossed, "waited_mid": waited_mid, "done": done}
 
@@ -115,7 +122,9 @@ def mismatch():
 
 def main():
     out, phases = sys.argv[1], sys.argv[2:]
+    assert "shutdown" not in phases[:-1], "shutdown ends the job: the last phase"
     bps.init()
+    rank = None
     res = {}
     for phase in phases:
         if phase == "mismatch":
@@ -124,13 +133,19 @@ def main():
         g = torch.Generator().manual_seed(100 + bps.rank())
         batches = [(torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
                    for _ in range(2 * STEPS)]
-        cb, info = train(phase, True, batches)
-        ref, _ = train(phase, False, batches)
+        if phase == "shutdown":          # the last phase: the reference first
+            ref, _ = train(phase, False, batches)
+            rank = bps.rank()
+            cb, info = train(phase, True, batches)
+        else:
+            cb, info = train(phase, True, batches)
+            ref, _ = train(phase, False, batches)
         diff = max((a - b).abs().max().item() for a, b in zip(cb.parameters(), ref.parameters()))
         scale = max(b.abs().max().item() for b in ref.parameters())
         res[phase] = dict(info, diff=diff, scale=scale,
                           checksum=[round(p.double().sum().item(), 6) for p in cb.parameters()])
-    with open(os.path.join(out, f"rank{bps.rank()}.json"), "w") as f:
+    rank = rank if "shutdown" in phases else bps.rank()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     bps.shutdown()
 

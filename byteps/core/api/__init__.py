@@ -32,9 +32,9 @@ from byteps.core.timeline import Timeline
 from byteps.core.pipeline import redeclare as _redeclare
 # the layers below, re-exported: the API every plugin binds (state -> tensors -> push_pull
 # -> collectives -> telemetry); none of them imports this module
-from byteps.core.state import (NameInFlightError, State, Tensor, _contiguous,  # noqa: F401
-                               _State, _state, get_config, is_initialized, local_rank,
-                               local_size, rank, size, tensor_key)
+from byteps.core.state import (BEFORE_SHUTDOWN, NameInFlightError, State,  # noqa: F401
+                               Tensor, _contiguous, _State, _state, get_config,
+                               is_initialized, local_rank, local_size, rank, size, tensor_key)
 from byteps.core.pipeline.tensors import (_check_op, _comp_change, _partition,  # noqa: F401
                                           _spec, _tensor, declare)
 from byteps.core.pipeline.pushpull import (  # noqa: F401
@@ -142,8 +142,21 @@ def init(lazy: bool = False) -> None:
                 _autotune_initial.probe(st)
 
 
+def finish_pending() -> None:
+    """The first thing every ``shutdown()`` does (a plugin's before it forgets its own
+    handles): the work of this job still in flight (``BEFORE_SHUTDOWN``) is finished."""
+    if _st.current() is None:
+        return
+    for obj in list(_st.BEFORE_SHUTDOWN):
+        try:
+            obj._bps_before_shutdown()
+        except Exception as exc:
+            log.warning("shutdown: %s could not finish: %s", type(obj).__name__, exc)
+
+
 def shutdown() -> None:
     """Leave the job; ``init()`` may be called again afterwards."""
+    finish_pending()
     with _INIT_LOCK:
         st = _st.current()
         _st.set_current(None)

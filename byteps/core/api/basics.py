@@ -50,6 +50,7 @@ def shutdown() -> None:
     """Leave the job (the core's ``shutdown``), forgetting process sets and unfinished
     collective handles, so that ``init()`` starts afresh (as byteps.torch does)."""
     from byteps.core.collective import ops as collectives
+    api.finish_pending()
     if importlib.util.find_spec("byteps.core.collective.process_sets") is not None:
         from byteps.core.collective import process_sets
         process_sets.reset()
