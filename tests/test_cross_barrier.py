@@ -9,7 +9,8 @@ from conftest import assert_ok, read_results, run_script
 
 torch = pytest.importorskip("torch")
 
-PHASES = ["sgd", "adam", "adamw", "rmsprop", "fp16", "bpps2", "onebit", "join", "shutdown"]
+PHASES = ["sgd", "adam", "adamw", "rmsprop", "fp16", "bpps2", "onebit", "join", "convbn",
+          "shutdown"]
 
 
 def _check(res: dict, workers: int, phases: list) -> None:
@@ -33,7 +34,8 @@ def test_cross_barrier_trains_as_distributed_optimizer(tmp_path):
     """SGD (Nesterov, weight decay), Adam, AdamW, RMSprop, fp16 compression,
     backward_passes_per_step=2, onebit with error feedback, and join() after uneven steps
     (odd ranks stop 3 steps early), each with an lr scheduler that changes the lr while
-    updates are in flight, and bps.shutdown() right after the last step (its updates are
+    updates are in flight, a small ResNet (convolutions, batch norms: their running
+    statistics compared too), and bps.shutdown() right after the last step (its updates are
     applied first: was, lost, and the background thread died on the closed job); first a
     shape mismatch: the background thread's error reaches
     every rank's loop, and the job stays usable (rank 1's backward pass pauses until its

@@ -36,8 +36,28 @@ class Net(nn.Module):
         return self.head(self.body(x) * self.gain)
 
 
+class ConvNet(nn.Module):
+    """The original example's kind of model (a ResNet): convolutions, batch norms (running
+    statistics updated by each forward pass), a residual block."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(16), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                                   nn.BatchNorm2d(16), nn.ReLU(),
+                                   nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                                   nn.BatchNorm2d(16))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = F.relu(x + self.block(x))
+        return self.head(x.mean((2, 3)))
+
+
 def optimizer(phase, params):
-    if phase in ("sgd", "fp16", "bpps2", "onebit", "join", "shutdown"):
+    if phase in ("sgd", "fp16", "bpps2", "onebit", "join", "shutdown", "convbn"):
         return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
     if phase == "adam":
         return torch.optim.Adam(params, lr=1e-3)
@@ -50,7 +70,7 @@ def optimizer(phase, params):
 
 def train(phase, cross, batches):
     torch.manual_seed(0)
-    model = Net()
+    model = ConvNet() if phase == "convbn" else Net()
     opt = optimizer(phase, model.parameters())
     named = [(f"{phase}.{'cb' if cross else 'ref'}.{n}", p) for n, p in model.named_parameters()]
     compression = bps.Compression.fp16 if phase == "fp16" else bps.Compression.none
@@ -131,8 +151,9 @@ def main():
             res[phase] = mismatch()
             continue
         g = torch.Generator().manual_seed(100 + bps.rank())
-        batches = [(torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
-                   for _ in range(2 * STEPS)]
+        shape = (8, 3, 12, 12) if phase == "convbn" else (16, 32)
+        batches = [(torch.randn(*shape, generator=g),
+                    torch.randint(0, 10, (shape[0],), generator=g)) for _ in range(2 * STEPS)]
         if phase == "shutdown":          # the last phase: the reference first
             ref, _ = train(phase, False, batches)
             rank = bps.rank()
@@ -140,8 +161,10 @@ def main():
         else:
             cb, info = train(phase, True, batches)
             ref, _ = train(phase, False, batches)
-        diff = max((a - b).abs().max().item() for a, b in zip(cb.parameters(), ref.parameters()))
-        scale = max(b.abs().max().item() for b in ref.parameters())
+        # parameters and buffers (batch norms' running statistics)
+        pairs = list(zip(cb.state_dict().values(), ref.state_dict().values()))
+        diff = max((a - b).abs().max().item() for a, b in pairs if a.is_floating_point())
+        scale = max(b.abs().max().item() for _, b in pairs if b.is_floating_point())
         res[phase] = dict(info, diff=diff, scale=scale,
                           checksum=[round(p.double().sum().item(), 6) for p in cb.parameters()])
     rank = rank if "shutdown" in phases else bps.rank()
