@@ -117,3 +117,38 @@ def test_an_algorithm_takes_its_own_step(local_job):
     opt.finish()
     assert m(x).pow(2).sum().item() < first
     assert isinstance(opt, torch.optim.SGD)
+
+
+@pytest.mark.timeout(60)
+def test_a_dropped_cross_barrier_is_collected_and_its_thread_ends(local_job):
+    """The background thread and the gradient hooks hold the optimizer weakly: a script
+    that builds a new model and optimizer per trial does not keep every old model alive
+    (nor a CrossBarrier's thread).  Was: every DistributedOptimizer lived to the end."""
+    import gc
+    import weakref
+    bps = local_job
+    m = _model()
+    opt = bps.CrossBarrier(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                           named_parameters=[("gc." + n, p) for n, p in m.named_parameters()])
+    for _ in range(2):
+        m(torch.randn(8, 3)).pow(2).sum().backward()
+        opt.step()
+    opt.synchronize()
+    thread, ref = opt._cb_thread, weakref.ref(opt)
+    param = weakref.ref(next(m.parameters()))
+    assert thread.is_alive()
+    del opt, m
+    gc.collect()
+    thread.join(10)
+    assert ref() is None and not thread.is_alive()
+    assert param() is None                          # nor the model
+    m = _model()                                    # a DistributedOptimizer alike
+    opt = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                   named_parameters=[("gc2." + n, p)
+                                                     for n, p in m.named_parameters()])
+    m(torch.randn(8, 3)).pow(2).sum().backward()
+    opt.step()
+    ref, param = weakref.ref(opt), weakref.ref(next(m.parameters()))
+    del opt, m
+    gc.collect()
+    assert ref() is None and param() is None

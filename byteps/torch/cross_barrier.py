@@ -37,6 +37,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 
 import torch
 
@@ -107,8 +108,11 @@ class _CrossBarrier:
         if hasattr(model, "register_load_state_dict_pre_hook"):   # no update lands after it
             self._cb_hooks.append(model.register_load_state_dict_pre_hook(
                 lambda *_a, **_k: self.synchronize()))
-        self._cb_thread = threading.Thread(target=self._cb_run, name="bps-crossbarrier",
+        # the thread holds the optimizer weakly: dropped, it is collected and the thread ends
+        self._cb_thread = threading.Thread(target=_cb_run, name="bps-crossbarrier",
+                                           args=(weakref.ref(self), self._cb_queue),
                                            daemon=True)
+        weakref.finalize(self, self._cb_queue.put, None)
         self._cb_thread.start()
         _core.BEFORE_SHUTDOWN.add(self)
 
@@ -209,32 +213,6 @@ class _CrossBarrier:
             raise err
 
     # ------------------------------------------------------------------ background thread
-    def _cb_run(self) -> None:
-        pending: list[_Pending] = []
-        progress = time.monotonic()
-        while True:
-            block = not pending
-            try:
-                while True:
-                    item = self._cb_queue.get(block=block)
-                    block = False
-                    if item is None:
-                        return
-                    bisect.insort(pending, item)
-            except queue.Empty:
-                pass
-            done = [x for x in pending if _done(x.handle, 0)]
-            if not done:
-                if _done(pending[0].handle, _POLL_S):
-                    continue
-                if time.monotonic() - progress < _STALL_S:
-                    continue
-                done = [pending[0]]        # synchronize() blocks: deadlines, failures
-            for x in done:
-                pending.remove(x)
-                self._cb_apply(x)
-            progress = time.monotonic()
-
     def _cb_apply(self, x: _Pending) -> None:
         p, one = x.p, self._cb_alone(x.p, x.group)
         try:
@@ -267,6 +245,40 @@ class _CrossBarrier:
                              if not k.startswith(("_bps_", "_cb_"))})
         one.param_groups = [dict(hyper, params=[p])]
         return one
+
+
+def _cb_run(ref, q: queue.SimpleQueue) -> None:
+    """The background thread: applies each update once its handle is done, the most
+    urgent first; ``ref`` is the CrossBarrier (weak: held only while applying)."""
+    pending: list[_Pending] = []
+    progress = time.monotonic()
+    while True:
+        block = not pending
+        try:
+            while True:
+                item = q.get(block=block)
+                block = False
+                if item is None:
+                    return
+                bisect.insort(pending, item)
+        except queue.Empty:
+            pass
+        done = [x for x in pending if _done(x.handle, 0)]
+        if not done:
+            if _done(pending[0].handle, _POLL_S):
+                continue
+            if time.monotonic() - progress < _STALL_S:
+                continue
+            done = [pending[0]]        # synchronize() blocks: deadlines, failures
+        opt = ref()
+        if opt is None:
+            return
+        for x in done:
+            pending.remove(x)
+            opt._cb_apply(x)
+        # nothing of the optimizer's (nor its parameters, whose hooks hold it) stays here
+        opt = done = x = item = None
+        progress = time.monotonic()
 
 
 _CLASSES: dict[type, type] = {}

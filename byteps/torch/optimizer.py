@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import warnings
+import weakref
 
 import torch
 
@@ -103,8 +104,13 @@ class _DistributedOptimizer:
 
     # ------------------------------------------------------------------ hooks
     def _bps_make_hook(self, p):
+        # the hook lives on the parameter, outside the garbage collector's view: holding
+        # the optimizer and the parameter weakly lets dropped ones be collected
+        ref, pref = weakref.ref(self), weakref.ref(p)
+
         def hook(*_):
-            if p.grad is None:
+            self, p = ref(), pref()
+            if self is None or p is None or p.grad is None:
                 return
             if self._bps_delay[p] <= 0:
                 raise AssertionError(
