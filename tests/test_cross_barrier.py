@@ -10,7 +10,7 @@ from conftest import assert_ok, read_results, run_script
 torch = pytest.importorskip("torch")
 
 PHASES = ["sgd", "adam", "adamw", "rmsprop", "fp16", "bpps2", "onebit", "join", "convbn",
-          "shutdown"]
+          "addgroup", "shutdown"]
 
 
 def _check(res: dict, workers: int, phases: list) -> None:
@@ -34,11 +34,12 @@ def test_cross_barrier_trains_as_distributed_optimizer(tmp_path):
     """SGD (Nesterov, weight decay), Adam, AdamW, RMSprop, fp16 compression,
     backward_passes_per_step=2, onebit with error feedback, and join() after uneven steps
     (odd ranks stop 3 steps early), each with an lr scheduler that changes the lr while
-    updates are in flight, a small ResNet (convolutions, batch norms: their running
-    statistics compared too), and bps.shutdown() right after the last step (its updates are
-    applied first: was, lost, and the background thread died on the closed job); first a
-    shape mismatch: the background thread's error reaches
-    every rank's loop, and the job stays usable (rank 1's backward pass pauses until its
+    updates are in flight, a parameter group added at step 3 (each rank's own values:
+    broadcast from rank 0; was: never averaged, the ranks diverged), a small ResNet
+    (convolutions, batch norms: their running statistics compared too), and bps.shutdown()
+    right after the last step (its updates are applied first: was, lost, and the background
+    thread died on the closed job); first a shape mismatch: the background thread's error
+    reaches every rank's loop, and the job stays usable (rank 1's backward pass pauses until its
     error is back: it still pushes every gradient, else rank 0 would wait for them)."""
     # onebit's scale is per partition, and autotune's trials may cut the two runs
     # differently; join() this early needs autotune's settings fixed (docs/compatibility.md,
@@ -117,6 +118,10 @@ def test_an_algorithm_takes_its_own_step(local_job):
     opt.finish()
     assert m(x).pow(2).sum().item() < first
     assert isinstance(opt, torch.optim.SGD)
+    m.extra = torch.nn.Parameter(torch.zeros(2))     # the model's, not the optimizer's yet
+    with pytest.raises(ValueError, match="rule 'algorithm-param-group'"):
+        opt.add_param_group({"params": [m.extra]})
+    assert len(opt.param_groups) == 1
 
 
 @pytest.mark.timeout(60)

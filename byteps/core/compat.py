@@ -71,6 +71,18 @@ _RULES = (
          "neither the servers' keys nor the peer rings can tell apart",
          "use SyncPS (the default) with process_set, or drop process_set to train every "
          "worker with the algorithm", ValueError),
+    Rule("algorithm-param-group",
+         "optimizer.add_param_group() on a DistributedOptimizer with an algorithm other "
+         "than SyncPS (AsyncPS, AsyncModelAverage, DiLoCo, Decentralized)",
+         "these algorithms exchange parameters, not gradients, in rounds set up over the "
+         "parameters they were given: the servers' copies seeded from rank 0 (AsyncPS, "
+         "DiLoCo's global parameters and outer momentum), DiLoCo's fragments, the averaging "
+         "rounds' snapshots; a parameter added during training would enter in the middle "
+         "of a round, with no round-start value to take its difference from",
+         "add every group before wrapping the optimizer, or call finish() and wrap the "
+         "optimizer again with the algorithm after adding the group (its rounds then start "
+         "over every parameter); SyncPS (the default) takes new groups as they come",
+         ValueError),
     Rule("qadam-algorithm",
          "QAdamOptimizer (1-bit Adam) with an algorithm other than SyncPS (AsyncPS, "
          "BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, DiLoCo, Decentralized)",

@@ -85,6 +85,7 @@ class _CrossBarrier:
     """Placed in front of the DistributedOptimizer's class (see :func:`CrossBarrier`)."""
 
     def _cb_setup(self, model: torch.nn.Module, base: type, num_steps: int) -> None:
+        self._cb_model = model
         self._cb_base, self._cb_final, self._cb_steps = base, num_steps, 0
         self._cb_seq = itertools.count()
         self._cb_ready = {p: threading.Event() for p in self._bps_requires_update}
@@ -98,10 +99,7 @@ class _CrossBarrier:
         self._cb_hooks = []
         if self._bps_async:         # an algorithm's own step: nothing to cross
             return
-        for mod in model.modules():
-            mine = [p for p in mod.parameters(recurse=False) if p in self._cb_ready]
-            if mine:
-                self._cb_hooks.append(mod.register_forward_pre_hook(self._cb_gate(mine)))
+        self._cb_gates(self._bps_requires_update)
         if hasattr(model, "register_state_dict_pre_hook"):
             self._cb_hooks.append(model.register_state_dict_pre_hook(
                 lambda *_a, **_k: self.synchronize()))
@@ -115,6 +113,35 @@ class _CrossBarrier:
         weakref.finalize(self, self._cb_queue.put, None)
         self._cb_thread.start()
         _core.BEFORE_SHUTDOWN.add(self)
+
+    def _cb_gates(self, params: list) -> None:
+        """A forward pre-hook on each module that owns some of ``params``: it waits for
+        their updates."""
+        ids = {id(p) for p in params}
+        for mod in self._cb_model.modules():
+            mine = [p for p in mod.parameters(recurse=False) if id(p) in ids]
+            if mine:
+                self._cb_hooks.append(mod.register_forward_pre_hook(self._cb_gate(mine)))
+
+    def add_param_group(self, param_group: dict) -> None:
+        """DistributedOptimizer's; the modules of the new parameters wait for them too."""
+        if "_cb_ready" not in self.__dict__:       # the wrapped class's own __init__
+            return super().add_param_group(param_group)
+        ps = param_group["params"]
+        ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+        owned = {id(p) for p in self._cb_model.parameters()}
+        if any(p.requires_grad and id(p) not in owned for p in ps):
+            raise ValueError("CrossBarrier.add_param_group: some of the group's parameters "
+                             "are not parameters of the model (their forward pass could not "
+                             "wait for their update); add the module to the model first")
+        self.synchronize()                    # no update in flight while the maps grow
+        super().add_param_group(dict(param_group, params=ps))
+        new = [p for p in self._bps_requires_update if p not in self._cb_ready]
+        for p in new:
+            self._cb_ready[p] = threading.Event()
+            self._cb_ready[p].set()
+        if not self._bps_async:
+            self._cb_gates(new)
 
     # ------------------------------------------------------------------ main thread
     def _cb_gate(self, params: list):

@@ -36,32 +36,68 @@ class _DistributedOptimizer:
         self._bps_cparams = compression_params
         self._bps_lr = None
         params = _params_of(self)
-        if named_parameters is not None:
-            by_id = _check_named(params, named_parameters)
-            self._bps_names = {p: by_id[id(p)] for p in params}
-        else:
-            from byteps.core.collective.rules import position_name
-            self._bps_names = {p: position_name(i) for i, p in enumerate(params)}
+        # names given for parameters not in the optimizer yet serve add_param_group()
+        self._bps_given = _check_named(params, named_parameters) \
+            if named_parameters is not None else {}
+        self._bps_names, self._bps_priority, self._bps_delay = {}, {}, {}
         self._parameter_names = self._bps_names      # Horovod's name for it
-        self._bps_priority = {p: -i for i, p in enumerate(params)}
         self._bps_bpps = backward_passes_per_step
-        self._bps_delay = {p: backward_passes_per_step for p in params}
         self._bps_handles: dict = {}
         self._bps_resparse: list = []      # sparse gradients exchanged as dense (sparse_as_dense)
-        self._bps_requires_update = [p for p in params if p.requires_grad]
+        self._bps_requires_update = []
         self._bps_should_sync = True
         self._bps_synchronized = False
         self._bps_hooks = []
         self.algorithm = algorithm          # bound by DistributedOptimizer (the core's rule)
         # every algorithm but SyncPS runs in step() (``_bps_alg_*``); the flag keeps its name
         self._bps_async = not algorithm.plugin_gradients
-        for name in sorted(self._bps_names.values()):
-            declare("Gradient." + name, compression_params=compression_params)
+        self._bps_adopt(params)
         if self._bps_async:
             self._bps_alg_init()
+
+    def _bps_adopt(self, params: list) -> None:
+        """Name, declare and hook ``params`` (all of them at setup; a group's later)."""
+        from byteps.core.collective.rules import position_name
+        at = {id(q): i for i, q in enumerate(_params_of(self))}
+        names = {p: self._bps_given.get(id(p)) or position_name(at[id(p)]) for p in params}
+        taken = set(self._bps_names.values()) & set(names.values())
+        if taken or len(set(names.values())) < len(names):
+            raise ValueError(f"parameter names {sorted(taken)[:5]} are used twice; name "
+                             f"every parameter once (named_parameters)")
+        for p in params:
+            self._bps_names[p], self._bps_priority[p] = names[p], -at[id(p)]
+            self._bps_delay[p] = self._bps_bpps
+        self._bps_requires_update += [p for p in params if p.requires_grad]
+        for name in sorted(names.values()):
+            declare("Gradient." + name, compression_params=self._bps_cparams)
+        if not self._bps_async:
+            self._bps_hooks += [_register_hook(p, self._bps_make_hook(p))
+                                for p in params if p.requires_grad]
+
+    def add_param_group(self, param_group: dict) -> None:
+        """The wrapped optimizer's, and the group's gradients are exchanged as the others':
+        every rank adds the same groups in the same order (names and priorities follow
+        the optimizer's parameter order), and the new parameters start from rank 0's
+        values (a broadcast, as ``broadcast_parameters`` at the start)."""
+        if "_bps_names" not in self.__dict__:        # the wrapped class's own __init__
+            return super().add_param_group(param_group)
+        if self._bps_async:
+            from byteps.core import compat
+            compat.refuse("algorithm-param-group", f"add_param_group() on rank "
+                          f"{_core.rank()} with {self.algorithm.describe()}")
+        super().add_param_group(param_group)
+        new = [p for p in self.param_groups[-1]["params"] if p not in self._bps_names]
+        if not new:
             return
-        for p in self._bps_requires_update:
-            self._bps_hooks.append(_register_hook(p, self._bps_make_hook(p)))
+        self._bps_adopt(new)
+        ps = self._bps_process_set
+        if ps is None and self._bps_outside:     # a rank outside the process set: alone
+            return
+        from byteps.torch.functions import broadcast_parameters
+        with torch.no_grad():
+            broadcast_parameters([(self._bps_names[p], p) for p in new], prefix="ParamGroup.",
+                                 root_rank=0 if ps is None else ps._members()[0],
+                                 process_set=ps)
 
     # ------------------------------------------------------------------ algorithms
     def _bps_alg_init(self) -> None:
@@ -396,6 +432,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     outside = process_set is not None and callable(getattr(process_set, "included", None)) \
         and getattr(process_set, "process_set_id", 0) != 0 and not process_set.included()
     dist._bps_process_set = None if outside else _coll._set(process_set)
+    dist._bps_outside = outside
     algorithm = _algorithms.resolve(algorithm)   # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
     if dist._bps_process_set is not None and not algorithm.plugin_gradients:
         from byteps.core import compat

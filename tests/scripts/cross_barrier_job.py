@@ -57,7 +57,7 @@ class ConvNet(nn.Module):
 
 
 def optimizer(phase, params):
-    if phase in ("sgd", "fp16", "bpps2", "onebit", "join", "shutdown", "convbn"):
+    if phase in ("sgd", "fp16", "bpps2", "onebit", "join", "shutdown", "convbn", "addgroup"):
         return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
     if phase == "adam":
         return torch.optim.Adam(params, lr=1e-3)
@@ -71,7 +71,12 @@ def optimizer(phase, params):
 def train(phase, cross, batches):
     torch.manual_seed(0)
     model = ConvNet() if phase == "convbn" else Net()
-    opt = optimizer(phase, model.parameters())
+    if phase == "addgroup":      # the head joins at step 3 (progressive unfreezing)
+        model.head.requires_grad_(False)
+        opt = optimizer(phase, [p for n, p in model.named_parameters()
+                                if not n.startswith("head.")])
+    else:
+        opt = optimizer(phase, model.parameters())
     named = [(f"{phase}.{'cb' if cross else 'ref'}.{n}", p) for n, p in model.named_parameters()]
     compression = bps.Compression.fp16 if phase == "fp16" else bps.Compression.none
     bpps = 2 if phase == "bpps2" else 1
@@ -92,6 +97,11 @@ def train(phase, cross, batches):
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     crossed, waited_mid = 0, None
     for step in range(steps):
+        if phase == "addgroup" and step == 3:
+            with torch.no_grad():        # each rank's own start: the group is broadcast
+                model.head.weight.add_(bps.rank())
+            model.head.requires_grad_(True)
+            opt.add_param_group({"params": model.head.parameters(), "lr": 0.05})
         opt.zero_grad()
         for x, y in batches[step * bpps:(step + 1) * bpps]:
             F.cross_entropy(model(x), y).backward()
