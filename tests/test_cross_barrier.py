@@ -10,7 +10,7 @@ from conftest import assert_ok, read_results, run_script
 torch = pytest.importorskip("torch")
 
 PHASES = ["sgd", "adam", "adamw", "rmsprop", "fp16", "bpps2", "onebit", "join", "convbn",
-          "addgroup", "shutdown"]
+          "addgroup", "unfreeze", "shutdown"]
 
 
 def _check(res: dict, workers: int, phases: list) -> None:
@@ -35,7 +35,8 @@ def test_cross_barrier_trains_as_distributed_optimizer(tmp_path):
     backward_passes_per_step=2, onebit with error feedback, and join() after uneven steps
     (odd ranks stop 3 steps early), each with an lr scheduler that changes the lr while
     updates are in flight, a parameter group added at step 3 (each rank's own values:
-    broadcast from rank 0; was: never averaged, the ranks diverged), a small ResNet
+    broadcast from rank 0; was: never averaged, the ranks diverged), a head frozen at the
+    start and unfrozen at step 3 (was: the same), a small ResNet
     (convolutions, batch norms: their running statistics compared too), and bps.shutdown()
     right after the last step (its updates are applied first: was, lost, and the background
     thread died on the closed job); first a shape mismatch: the background thread's error

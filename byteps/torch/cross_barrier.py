@@ -136,7 +136,14 @@ class _CrossBarrier:
                              "wait for their update); add the module to the model first")
         self.synchronize()                    # no update in flight while the maps grow
         super().add_param_group(dict(param_group, params=ps))
-        new = [p for p in self._bps_requires_update if p not in self._cb_ready]
+
+    def _bps_hook_params(self, params: list) -> None:
+        """DistributedOptimizer's (a group added, a parameter unfrozen); their modules wait
+        for their updates too."""
+        super()._bps_hook_params(params)
+        if "_cb_ready" not in self.__dict__:       # at setup: _cb_setup does it
+            return
+        new = [p for p in params if p not in self._cb_ready]
         for p in new:
             self._cb_ready[p] = threading.Event()
             self._cb_ready[p].set()
@@ -334,7 +341,7 @@ def CrossBarrier(model, optimizer, named_parameters=None, compression=Compressio
     base = type(optimizer)
     model_params = {id(p) for p in model.parameters()}
     missing = [i for g in optimizer.param_groups for i, p in enumerate(g["params"])
-               if p.requires_grad and id(p) not in model_params]
+               if id(p) not in model_params]      # frozen ones too: they may be unfrozen
     if missing:
         raise ValueError(f"CrossBarrier: {len(missing)} of the optimizer's parameters are not "
                          f"parameters of the model passed (their forward pass could not wait "

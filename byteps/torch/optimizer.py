@@ -67,12 +67,18 @@ class _DistributedOptimizer:
         for p in params:
             self._bps_names[p], self._bps_priority[p] = names[p], -at[id(p)]
             self._bps_delay[p] = self._bps_bpps
-        self._bps_requires_update += [p for p in params if p.requires_grad]
         for name in sorted(names.values()):
             declare("Gradient." + name, compression_params=self._bps_cparams)
+        self._bps_hook_params([p for p in params if p.requires_grad])
+
+    def _bps_hook_params(self, params: list) -> None:
+        """Exchange the gradients of ``params`` from now on: at setup, in a group added,
+        and once unfrozen (``requires_grad`` set again: ``_bps_push_missing``)."""
+        if self._bps_outside:                # outside the process set: alone
+            return
+        self._bps_requires_update += params
         if not self._bps_async:
-            self._bps_hooks += [_register_hook(p, self._bps_make_hook(p))
-                                for p in params if p.requires_grad]
+            self._bps_hooks += [_register_hook(p, self._bps_make_hook(p)) for p in params]
 
     def add_param_group(self, param_group: dict) -> None:
         """The wrapped optimizer's, and the group's gradients are exchanged as the others':
@@ -104,7 +110,7 @@ class _DistributedOptimizer:
         """A core algorithm (AsyncPS with BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, ...)
         on numpy views of the parameters (docs/algorithms.md)."""
         with torch.no_grad():
-            named = {self._bps_names[p]: p for p in self._bps_requires_update}
+            named = {n: p for p, n in self._bps_names.items()}    # frozen ones too
             arrs = _as_arrays(named)
             self.algorithm.init(arrs)
             _write_back(named, arrs)
@@ -112,8 +118,7 @@ class _DistributedOptimizer:
     def _bps_alg_step(self, closure):
         """Gradients (algorithm), local step, parameters (algorithm)."""
         with torch.no_grad():
-            grads = {self._bps_names[p]: p.grad for p in self._bps_requires_update
-                     if p.grad is not None}
+            grads = {n: p.grad for p, n in self._bps_names.items() if p.grad is not None}
             if grads and type(self.algorithm).reduce_gradients is not \
                     _algorithms.Algorithm.reduce_gradients:
                 arrs = _as_arrays(grads)
@@ -121,7 +126,7 @@ class _DistributedOptimizer:
                 _write_back(grads, arrs)
         loss = super().step(closure)
         with torch.no_grad():
-            named = {self._bps_names[p]: p for p in self._bps_requires_update}
+            named = {n: p for p, n in self._bps_names.items()}
             arrs = _as_arrays(named)
             self.algorithm.after_step(arrs)
             _write_back(named, arrs)
@@ -133,7 +138,7 @@ class _DistributedOptimizer:
         average of AsyncModelAverage; SyncPS after an uneven ``join()``: the model of the
         rank that joined last); every rank must call it."""
         with torch.no_grad():
-            named = {self._bps_names[p]: p for p in self._bps_requires_update}
+            named = {n: p for p, n in self._bps_names.items()}
             arrs = _as_arrays(named)
             self.algorithm.finish(arrs)
             _write_back(named, arrs)
@@ -221,9 +226,15 @@ class _DistributedOptimizer:
 
     def _bps_push_missing(self) -> None:
         """Push what autograd did not: parameters without a gradient this step (as zeros)
-        and those still accumulating (``backward_passes_per_step``)."""
+        and those still accumulating (``backward_passes_per_step``).  A parameter
+        unfrozen since (``requires_grad`` set again) takes part from now on, one frozen
+        again does not (torch leaves it alone: no gradient, no update)."""
+        if len(self._bps_requires_update) < len(self._bps_names) and not self._bps_outside:
+            on = set(map(id, self._bps_requires_update))
+            self._bps_hook_params([p for p in self._bps_names
+                                   if p.requires_grad and id(p) not in on])
         for p in self._bps_requires_update:
-            if p not in self._bps_handles:
+            if p not in self._bps_handles and p.requires_grad:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
                 self._bps_handles[p] = None
@@ -310,13 +321,7 @@ _CLASSES: dict[type, type] = {}
 
 def _params_of(optimizer) -> list:
     """The optimizer's parameters in order, each once."""
-    params, seen = [], set()
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if id(p) not in seen:
-                seen.add(id(p))
-                params.append(p)
-    return params
+    return list({id(p): p for g in optimizer.param_groups for p in g["params"]}.values())
 
 
 def _check_named(params: list, named: list) -> dict:
@@ -453,10 +458,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         compression_params = None
     dist._bps_setup(named_parameters, compression, backward_passes_per_step, compression_params,
                     algorithm)
-    if outside:
-        for h in dist._bps_hooks:
-            (h[1] if isinstance(h, tuple) else h).remove()
-        dist._bps_hooks, dist._bps_requires_update = [], []
     return dist
 
 

@@ -57,7 +57,8 @@ class ConvNet(nn.Module):
 
 
 def optimizer(phase, params):
-    if phase in ("sgd", "fp16", "bpps2", "onebit", "join", "shutdown", "convbn", "addgroup"):
+    if phase in ("sgd", "fp16", "bpps2", "onebit", "join", "shutdown", "convbn", "addgroup",
+                 "unfreeze"):
         return torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
     if phase == "adam":
         return torch.optim.Adam(params, lr=1e-3)
@@ -77,6 +78,8 @@ def train(phase, cross, batches):
                                 if not n.startswith("head.")])
     else:
         opt = optimizer(phase, model.parameters())
+    if phase == "unfreeze":      # frozen at the start, unfrozen at step 3 (all in opt)
+        model.head.requires_grad_(False)
     named = [(f"{phase}.{'cb' if cross else 'ref'}.{n}", p) for n, p in model.named_parameters()]
     compression = bps.Compression.fp16 if phase == "fp16" else bps.Compression.none
     bpps = 2 if phase == "bpps2" else 1
@@ -102,6 +105,10 @@ def train(phase, cross, batches):
                 model.head.weight.add_(bps.rank())
             model.head.requires_grad_(True)
             opt.add_param_group({"params": model.head.parameters(), "lr": 0.05})
+        if phase == "unfreeze" and step == 3:
+            model.head.requires_grad_(True)
+        if phase == "unfreeze" and step == 5:     # frozen again: no gradient, no update
+            model.gain.requires_grad_(False)
         opt.zero_grad()
         for x, y in batches[step * bpps:(step + 1) * bpps]:
             F.cross_entropy(model(x), y).backward()
