@@ -81,10 +81,8 @@ class _DistributedOptimizer:
             self._bps_hooks += [_register_hook(p, self._bps_make_hook(p)) for p in params]
 
     def add_param_group(self, param_group: dict) -> None:
-        """The wrapped optimizer's, and the group's gradients are exchanged as the others':
-        every rank adds the same groups in the same order (names and priorities follow
-        the optimizer's parameter order), and the new parameters start from rank 0's
-        values (a broadcast, as ``broadcast_parameters`` at the start)."""
+        """The wrapped optimizer's; the group's gradients are exchanged as the others' (every
+        rank adds the same groups in the same order), from rank 0's values (a broadcast)."""
         if "_bps_names" not in self.__dict__:        # the wrapped class's own __init__
             return super().add_param_group(param_group)
         if self._bps_async:
@@ -273,10 +271,13 @@ class _DistributedOptimizer:
     def zero_grad(self, set_to_none: bool = True):
         """Like the wrapped optimizer's, but refuses to run while gradients are in flight."""
         if self._bps_handles:
+            names = sorted(self._bps_names[p] for p in self._bps_handles)
             raise AssertionError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                "cause a race condition (gradients are still being push_pulled).")
+                f"optimizer.zero_grad() was called after loss.backward() but before "
+                f"optimizer.step() or optimizer.synchronize(): a race ({', '.join(names[:3])}"
+                f"{', ...' if len(names) > 3 else ''} still being push_pulled). If another "
+                f"optimizer's loss reached these parameters (a GAN's generator step through "
+                f"the discriminator), freeze them for it (requires_grad_(False)).")
         return super().zero_grad(set_to_none=set_to_none)
 
 
