@@ -110,6 +110,8 @@ def train(phase, cross, batches):
         if phase == "unfreeze" and step == 5:     # frozen again: no gradient, no update
             model.gain.requires_grad_(False)
         opt.zero_grad()
+        if phase == "shutdown" and cross and step == steps - 1 and bps.rank() == 1:
+            time.sleep(0.3)     # rank 0's last updates wait for these pushes: in flight
         for x, y in batches[step * bpps:(step + 1) * bpps]:
             F.cross_entropy(model(x), y).backward()
         opt.step()
