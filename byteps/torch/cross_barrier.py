@@ -130,7 +130,7 @@ class _CrossBarrier:
         ps = param_group["params"]
         ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
         owned = {id(p) for p in self._cb_model.parameters()}
-        if any(p.requires_grad and id(p) not in owned for p in ps):
+        if any(id(p) not in owned for p in ps):     # as CrossBarrier() checks
             raise ValueError("CrossBarrier.add_param_group: some of the group's parameters "
                              "are not parameters of the model (their forward pass could not "
                              "wait for their update); add the module to the model first")

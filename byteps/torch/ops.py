@@ -90,11 +90,10 @@ def _export_horovod_env() -> None:
 def shutdown() -> None:
     """Leave the job; ``init()`` may be called again afterwards."""
     from byteps.core.api import basics
-    _core.finish_pending()         # e.g. a CrossBarrier's updates: they need these handles
+    basics.shutdown()      # first: what is still in flight (a CrossBarrier's) needs _handles
     with _lock:
         _handles.clear()
         _staging.clear()
-    basics.shutdown()
 
 
 def is_initialized() -> bool:
