@@ -76,6 +76,8 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         _initial.infer_boundary(st, name, asynchronous)    # a repeated name ends a step
         _autotune.relayout(st, t, src.nbytes)
     hid = next(st.ids)
+    if st.tuner is not None and st.tuner.names is not None and not asynchronous:
+        st.tuner.names.track(hid, name, st.handles)     # the loop's own (names.py)
     if st.engine is None or (src.size == 0 and not asynchronous):   # nothing to exchange
         h = Handle(hid, t, out, 0, average)
         if asynchronous:        # one process: the "servers' value" is kept here
