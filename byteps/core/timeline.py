@@ -73,12 +73,36 @@ class StepCounter:
         self.wait_s = 0.0                 # main thread blocked in synchronize (api/reporter.py)
         self.last = ""                    # the last push_pull synchronized
         self.waiting: tuple | None = None    # (name, since) while synchronize blocks
+        self.mine: set = set()            # the main thread's push_pull handles (track)
+        self.cap = 64
 
     def waited(self, name: str, seconds: float) -> None:
         """``synchronize`` of ``name`` returned after blocking ``seconds``."""
         self.wait_s += seconds
         self.last = name
         self.waiting = None
+
+    def track(self, hid: int, handles) -> None:
+        """Handle ``hid`` starts a push_pull, in any thread: remembered when the main
+        thread (the user's loop) starts it; forgotten once no longer in ``handles`` (at
+        :meth:`busy`, and whenever the remembered ids double)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.mine.add(hid)
+        if len(self.mine) >= self.cap:      # a loop that never synchronizes all at once
+            self.busy(handles)
+            self.cap = max(64, 2 * len(self.mine))
+
+    def busy(self, handles) -> bool:
+        """Whether one of the loop's own push_pulls is among ``handles`` (in flight; main
+        thread only).  Other threads' do not count: autotune's exchange from the last step
+        end completes once the slowest rank has pushed it, so whether it is still in
+        flight differs from rank to rank, and a background stage's timing does too; a
+        step end decided from them would differ between the ranks."""
+        if threading.current_thread() is not threading.main_thread():
+            return any(h in handles for h in list(self.mine))     # (only main changes it)
+        self.mine = {h for h in self.mine if h in handles}
+        return bool(self.mine)
 
     def pushed(self, name: str) -> None:
         """A push_pull of ``name`` starts (only matters while no step was ever marked)."""

@@ -44,7 +44,7 @@ def infer_boundary(st, name: str, asynchronous: bool) -> None:
     ``push_pull_async`` outside any lock)."""
     tu = st.tuner
     if tu is None or asynchronous or tu.names is None or \
-            not tu.names.pushed(name, st.handles):
+            not tu.names.pushed(name, idle=not st.steps.busy(st.handles)):
         return
     _at.boundary(st, inferred=True)
 

@@ -6,11 +6,12 @@ same program; a name pushed again while operations are pending, e.g. twice in fl
 ends no step).  Other threads' operations do not count: autotune's own exchange from the
 last step end completes once the slowest rank has pushed it, so whether it is still in
 flight at the next step's first push differs from rank to rank (counted, it let one rank
-skip a step end that the others took: their exchanges then waited for each other).  Autotune hears of a step end (and runs its exchanges there, which every rank
-must reach) only once the loop is steady: the step that ended pushed the same names in
-the same order as the one before it.  A program whose ranks push a name at different
-points (e.g. one rank before a barrier, the others after it) thus never reaches an
-exchange it could wait in forever (docs/scaling.md, "Autotune").
+skip a step end that the others took: their exchanges then waited for each other;
+``timeline.StepCounter.busy``).  Autotune hears of a step end (and runs its exchanges
+there, which every rank must reach) only once the loop is steady: the step that ended
+pushed the same names in the same order as the one before it.  A program whose ranks
+push a name at different points (e.g. one rank before a barrier, the others after it)
+thus never reaches an exchange it could wait in forever (docs/scaling.md, "Autotune").
 
 The same rule on every rank: every synchronous push_pull is pushed by every rank, so each
 rank sees the same names per step (in any order) and ends its steps at the same pushes;
@@ -37,22 +38,17 @@ class NameSteps:
         self.cur: list = []         # the names of the current step, in order
         self.prev: list | None = None
         self.count = 0              # steady step ends reported
-        self.mine: set = set()      # the main thread's push_pulls' handles (track)
-        self.cap = 64
         self.lock = threading.Lock()
 
-    def pushed(self, name: str, handles=()) -> bool:
-        """A synchronous push_pull of ``name`` is about to start; ``handles``: the ids of
-        this rank's operations in flight.  True when it ends a step (the caller then runs
-        autotune's boundary before pushing it).  Idle means none of the loop's own
-        push_pulls (:meth:`track`) is in flight: another thread's may be (autotune's own
-        exchange, whose result comes when the slowest rank pushed it, or a background
-        stage's), as their timing differs from rank to rank."""
+    def pushed(self, name: str, idle: bool = True) -> bool:
+        """A synchronous push_pull of ``name`` is about to start, ``idle``: none of the
+        loop's own push_pulls is in flight (``StepCounter.busy``).  True when it ends a
+        step (the caller then runs autotune's boundary before pushing it)."""
         if self.explicit or name.startswith(OWN) or \
                 threading.current_thread() is not threading.main_thread():
             return False
         with self.lock:
-            if name not in self.seen or not self.idle(handles):
+            if name not in self.seen or not idle:
                 self.seen.add(name)
                 self.cur.append(name)
                 return False
@@ -60,20 +56,3 @@ class NameSteps:
             self.prev, self.cur, self.seen = self.cur, [name], {name}
             self.count += steady
             return steady
-
-    def track(self, hid: int, name: str, handles) -> None:
-        """Handle ``hid`` pushes ``name`` (in any thread): remembered when the main thread,
-        the user's loop, pushes it; forgotten once no longer in ``handles`` (checked at
-        step ends, and whenever the remembered ids double)."""
-        if self.explicit or name.startswith(OWN) or \
-                threading.current_thread() is not threading.main_thread():
-            return
-        self.mine.add(hid)
-        if len(self.mine) >= self.cap:      # a loop whose names never repeat
-            self.idle(handles)
-            self.cap = max(64, 2 * len(self.mine))
-
-    def idle(self, handles) -> bool:
-        """None of the loop's own push_pulls is among ``handles`` (main thread only)."""
-        self.mine = {h for h in self.mine if h in handles}
-        return not self.mine

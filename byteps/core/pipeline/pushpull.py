@@ -76,8 +76,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         _initial.infer_boundary(st, name, asynchronous)    # a repeated name ends a step
         _autotune.relayout(st, t, src.nbytes)
     hid = next(st.ids)
-    if st.tuner is not None and st.tuner.names is not None and not asynchronous:
-        st.tuner.names.track(hid, name, st.handles)     # the loop's own (names.py)
+    st.steps.track(hid, st.handles)       # the loop's own push_pulls (timeline.StepCounter)
     if st.engine is None or (src.size == 0 and not asynchronous):   # nothing to exchange
         h = Handle(hid, t, out, 0, average)
         if asynchronous:        # one process: the "servers' value" is kept here
@@ -216,9 +215,10 @@ def step_done(implicit: bool = False) -> None:
     """This worker's current training step ended (plugins call it from their optimizer's
     step; numpy users may too).  The timeline's trace window counts these steps; see
     :class:`byteps.core.timeline.StepCounter`.  ``implicit`` (numpy ``synchronize``)
-    counts only when nothing is left to synchronize and no explicit step was marked."""
+    counts only when none of the loop's own push_pulls is left to synchronize (another
+    thread's may be: ``StepCounter.busy``) and no explicit step was marked."""
     st = _st.current()
-    if st is None or (implicit and st.handles):
+    if st is None or (implicit and st.steps.busy(st.handles)):
         return
     if st.steps.mark(implicit) and st.tuner is not None and not implicit:
         _autotune.boundary(st)       # autotune counts explicit steps only (same on every rank)
