@@ -65,6 +65,36 @@ def test_join_uneven_steps_match_horovod_reference(tmp_path, ipc):
     assert len({str(o["params"]["w.onebit"]) for o in out.values()}) == 1
 
 
+def test_join_while_autotune_changes_the_cut_under_local_reduction(tmp_path):
+    """Two hosts of two local ranks, every setting left to autotune: the ranks join at
+    steps 10 to 20, while autotune still searches, and the ranks still training switch to
+    other partition sizes without the joined ones (new layouts, new shared segments). A
+    joined local rank's zeros follow its host's training ranks' cut (before: every such
+    job hung, the training rank waiting for the joined one's share of the new layout)."""
+    steps = [10, 15, 20, 12]        # ranks 0, 1 on host0; 2, 3 on host1
+    res = run_job([sys.executable, str(SCRIPTS / "join_uneven.py"), str(tmp_path), "join",
+                   ",".join(map(str, steps))], workers=4, servers=2, timeout=120,
+                  launcher_args=("--hosts", "2", "--local-size", "2"),
+                  BYTEPS_AUTOTUNE_LOG=str(tmp_path / "tune{rank}.csv"))
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3] and {o["last"] for o in out.values()} == {2}, out
+    ref = _reference(steps)
+    for r, o in out.items():
+        for name, w in ref.items():
+            got = np.array(o["params"][name], np.float32)
+            assert np.array_equal(got, w), (r, name, np.abs(got - w).max())
+    # what this test is for: a rank still training cut with another size than the one its
+    # host's joined rank had when it joined
+    import csv
+
+    def last_cut(r):
+        rows = [row for row in csv.DictReader(open(tmp_path / f"tune{r}.csv"))
+                if row["kind"] not in ("model", "join")]
+        return int(rows[-1]["partition_bytes"])
+    assert last_cut(2) != last_cut(3), [last_cut(r) for r in range(4)]
+
+
 @pytest.mark.parametrize("how", ["leave", "exit"])
 def test_rank_that_left_fails_the_waiting_rank_at_once(tmp_path, how):
     res = _run(tmp_path, how, [20, 10])

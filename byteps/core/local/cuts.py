@@ -64,13 +64,15 @@ class Cuts:
                             for k in range(self.L)]
         return out
 
-    def chunk_bytes(self, nbytes: int, name: str) -> int:
+    def chunk_bytes(self, nbytes: int, name: str, cfg=None) -> int:
         """Bytes of one chunk of a tensor: the partition size (capped to fit a message;
-        autotune's current one) where slices go to the servers, the initial one where both
-        leave the tensor whole; BYTEPS_PARTITION_BYTES as given without a network stage."""
+        autotune's current one, or ``cfg``'s) where slices go to the servers, the initial
+        one where both leave the tensor whole; BYTEPS_PARTITION_BYTES as given without a
+        network stage."""
         if not self.network:
             return self.cfg0.partition_bytes
-        p, p0 = self.cfg().partition_size(nbytes, name), self.cfg0.partition_size(nbytes, name)
+        p = (cfg or self.cfg()).partition_size(nbytes, name)
+        p0 = self.cfg0.partition_size(nbytes, name)
         return p0 if nbytes <= min(p, p0) else p
 
     def layout_key(self, key: int, nbytes: int, name: str, cut: int) -> int:

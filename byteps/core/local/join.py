@@ -9,7 +9,11 @@ host as joined only when every one of its local ranks has
 (:func:`byteps.server.store.counted_joined`).
 
 The local ranks of a host tell each other that they joined through a small shared file
-``<prefix>joined`` (one int64 per local rank: how many times it called ``join()``).  A
+``<prefix>joined`` (one int64 per local rank: how many times it called ``join()``; then
+one per local rank: the partition size it cuts with now).  A rank may join while autotune
+still searches; the ranks still training then switch partition sizes without it (fresh
+layout keys, fresh segments), so a joined rank cuts its zeros with their current size
+(:meth:`JoinFlags.training_partition`), not its own.  A
 joined rank stops adding zeros as soon as every local rank of its host has joined: then
 no operation of the current ``join()`` can start any more (a rank joins only after its
 own operations finished), and the next ones, after ``JOIN_DONE``, are everyone's again.
@@ -76,18 +80,20 @@ def learn(path: str) -> tuple | None:
 
 
 class JoinFlags:
-    """The shared ``joined`` counters of one host's local ranks."""
+    """The shared ``joined`` counters of one host's local ranks, and each one's partition
+    size (autotune's, as its reducer cuts with it now)."""
 
     def __init__(self, path: str, local_size: int):
         self.path, self.L = path, local_size
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
-            if os.fstat(fd).st_size < local_size * 8:
-                os.ftruncate(fd, local_size * 8)     # zeros; idempotent on every rank
-            self.mm = mmap.mmap(fd, local_size * 8)
+            if os.fstat(fd).st_size < 2 * local_size * 8:
+                os.ftruncate(fd, 2 * local_size * 8)     # zeros; idempotent on every rank
+            self.mm = mmap.mmap(fd, 2 * local_size * 8)
         finally:
             os.close(fd)
         self.count = np.frombuffer(self.mm, np.int64, local_size)
+        self.part = np.frombuffer(self.mm, np.int64, local_size, local_size * 8)
 
     def mark(self, me: int, gen: int) -> None:
         self.count[me] = gen
@@ -95,8 +101,21 @@ class JoinFlags:
     def all_joined(self, gen: int) -> bool:
         return bool((self.count >= gen).all())
 
+    def publish(self, me: int, partition_bytes: int) -> None:
+        self.part[me] = partition_bytes
+
+    def training_partition(self, me: int, gen: int) -> int | None:
+        """The partition size of a local rank that has not joined ``join()`` number
+        ``gen`` (None: none, or not known).  The ranks still training switch sizes at the
+        same step (autotune: their step counts agree; a joined rank's stopped), so a
+        joined rank cuts its zeros as they do now, not as it did when it joined."""
+        for r in range(self.L):
+            if r != me and self.count[r] < gen and self.part[r] > 0:
+                return int(self.part[r])
+        return None
+
     def close(self) -> None:
-        self.count = None
+        self.count = self.part = None
         try:
             self.mm.close()
         except (BufferError, AttributeError):

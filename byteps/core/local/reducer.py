@@ -21,6 +21,7 @@ global number of workers.  The stages and their order are :class:`.stages.Stages
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import struct
@@ -102,6 +103,7 @@ class LocalReducer:
                              self.network, mode, engine, speed, cfg.host_id, self._notify,
                              self.net_done)
         self.join = JoinState(os.path.join(self.dir, f"{self.prefix}joined"), self.L)
+        self.join.flags.publish(self.me, cfg.partition_bytes)
         self.values: dict[int, np.ndarray] = {}   # asynchronous keys without a network stage
         self.fatal: BytePSError | None = None
         self.settle = BarrierSettle(self.L, self.me)
@@ -109,12 +111,24 @@ class LocalReducer:
         self.thread = threading.Thread(target=self._loop, name="byteps-local", daemon=True)
         self.thread.start()
 
+    @property
+    def cfg(self):
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg) -> None:
+        """Autotune's setting (user thread, at a step boundary), published to the host's
+        other local ranks for their zeros after ``join()`` (:mod:`.join`)."""
+        self._cfg = cfg
+        if getattr(self, "join", None) is not None:
+            self.join.flags.publish(self.me, cfg.partition_bytes)
+
     def _ipc(self, r: int) -> str:
         return f"ipc://{os.path.join(self.dir, self.prefix)}n{r}"
 
     # ------------------------------------------------------------ user thread
     def submit(self, hid: int, tensor, src: np.ndarray, out: np.ndarray, average: bool,
-               priority: int, pre=None, raw: bool = False) -> Handle:
+               priority: int, pre=None, raw: bool = False, cut: int | None = None) -> Handle:
         """Start the local push_pull of ``src`` (api.Tensor ``tensor``) into ``out``.
 
         ``pre(j, a, b)``, when given, returns this rank's share of chunk ``j`` already
@@ -122,7 +136,8 @@ class LocalReducer:
         a PCIe switch): it replaces the copy and group stages, ``src`` only gives the
         layout.  See :meth:`.stages.Stages.pre_range`.  ``raw``: the slices go
         uncompressed (an exact push of a compressed asynchronous name, see
-        ``api.push_pull_async``).
+        ``api.push_pull_async``).  ``cut``: the chunk bytes (a joined rank's zeros, cut as
+        the ranks still training cut; else autotune's current size).
 
         An asynchronous name (``tensor.wire_flags`` has ``ASYNC``) sums the local ranks'
         deltas here in full precision; the network client pushes the host's sum and the
@@ -133,7 +148,7 @@ class LocalReducer:
             raise self.fatal
         flat_src = src.reshape(-1)
         n = flat_src.size
-        cut = self.cuts.chunk_bytes(src.nbytes, tensor.name)
+        cut = cut or self.cuts.chunk_bytes(src.nbytes, tensor.name)
         chunk = max(1, cut // src.dtype.itemsize)
         lkey = self.cuts.layout_key(tensor.key, src.nbytes, tensor.name, cut)
         seg = self.segs.get(lkey)
@@ -337,6 +352,9 @@ class LocalReducer:
         which this rank joins in itself after its own ``join()`` returns."""
         if self.join.done():
             return
+        p = self.join.flags.training_partition(self.me, self.join.gen)   # the others' size
+        cfg = self.cfg if p in (None, self.cfg.partition_bytes) else \
+            dataclasses.replace(self.cfg, partition_bytes=p)
         for key in keys:
             if key in self.by_key:
                 continue
@@ -345,11 +363,16 @@ class LocalReducer:
                 self._unknown(key)
                 continue
             tensor, average, shape, dtype = known
-            lkey = self.cuts.layouts.get(tensor.name)
-            seg = self.segs.get(lkey)       # None: never pushed here (learned from its note)
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            cut = self.cuts.chunk_bytes(nbytes, tensor.name, cfg)
+            lkey = self.cuts.layout_key(tensor.key, nbytes, tensor.name, cut)
+            seg = self.segs.get(lkey)     # None: not pushed here in this cut (or learned)
+            if seg is None and not os.path.exists(
+                    os.path.join(self.dir, f"{self.prefix}t{lkey:016x}")):
+                continue                  # no other local rank started it in this cut
             if seg is None or self.join.wanted(seg, self.me, self.rounds.get(lkey, 0)):
                 z = identity(getattr(tensor, "op", 0), shape, dtype)
-                self.submit(0, tensor, z, np.empty_like(z), average, 0)
+                self.submit(0, tensor, z, np.empty_like(z), average, 0, cut=cut)
 
     def _unknown(self, key: int) -> None:
         """A joined rank cannot add zeros to a tensor it never pushed and has no note of
