@@ -95,6 +95,53 @@ def test_join_while_autotune_changes_the_cut_under_local_reduction(tmp_path):
     assert last_cut(2) != last_cut(3), [last_cut(r) for r in range(4)]
 
 
+def test_a_rank_joined_at_once_adds_zeros_to_compressed_tensors_it_never_pushed(tmp_path):
+    """Two hosts of two local ranks; local rank 1 of host0 joins before its first step,
+    while the others push compressed tensors (fp16, onebit) it never pushed: it declares
+    them from the note the first pusher wrote (compression included) and adds zeros (as
+    AsyncModelAverage's background rounds need when a rank joins before its first round;
+    before: the others' push_pulls failed, 'never pushed the tensor')."""
+    steps = [10, 0, 20, 12]
+    res = run_job([sys.executable, str(SCRIPTS / "join_uneven.py"), str(tmp_path), "join",
+                   ",".join(map(str, steps))], workers=4, servers=2, timeout=120,
+                  launcher_args=("--hosts", "2", "--local-size", "2"),
+                  BYTEPS_MIN_COMPRESS_BYTES=0, BYTEPS_PARTITION_BYTES=300000)
+    assert_ok(res)
+    assert "never pushed" not in res.stderr, res.stderr[-3000:]
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3] and {o["last"] for o in out.values()} == {2}, out
+    ref = _reference(steps)
+    for r, o in out.items():            # fp16 is exact for these values
+        for name, w in ref.items():
+            got = np.array(o["params"][name], np.float32)
+            assert np.array_equal(got, w), (r, name, np.abs(got - w).max())
+    assert len({str(o["params"]["w.onebit"]) for o in out.values()}) == 1
+
+
+def test_every_algorithm_joins_inside_autotune_search_under_local_reduction(tmp_path):
+    """The feature matrix's job, 30 steps instead of 600: the ranks join at steps 30 to
+    12, inside autotune's search, while background stages (AsyncModelAverage,
+    Decentralized, DiLoCo) may not have run a round yet.  Every cell runs on every rank
+    (or is refused by one rule) and the ranks end with one model (too few steps for the
+    accuracy bar)."""
+    from byteps.core import compat
+    cells = ["sync/int8/uneven", "async/int8/uneven", "average/int8/uneven",
+             "average/onebit/uneven", "decentralized/onebit/uneven", "diloco/int8/uneven"]
+    res = run_job([sys.executable, str(SCRIPTS / "matrix_job.py"), str(tmp_path), "numpy",
+                   *cells], workers=4, servers=1, timeout=150,
+                  launcher_args=("--hosts", "2", "--local-size", "2"),
+                  MATRIX_STEPS=30, BYTEPS_MIN_COMPRESS_BYTES=0)
+    assert_ok(res)
+    out = read_results(tmp_path)
+    for cell in cells:
+        got = [out[r][cell] for r in range(4)]
+        if all("refused" in g for g in got):
+            assert {g["refused"] for g in got} <= set(compat.RULES), (cell, got)
+            continue
+        assert all("acc" in g for g in got), (cell, got)
+        assert len({g["digest"] for g in got}) == 1, (cell, got)
+
+
 @pytest.mark.parametrize("how", ["leave", "exit"])
 def test_rank_that_left_fails_the_waiting_rank_at_once(tmp_path, how):
     res = _run(tmp_path, how, [20, 10])

@@ -35,6 +35,7 @@ OUT, PLUGIN, CELLS = sys.argv[1], sys.argv[2], sys.argv[3:]
 COMP = {"none": None, "onebit": {"compressor": "onebit", "ef": "vanilla"},
         "int8": {"compressor": "int8"}}
 STEPS, BATCH, LR = 600, 32, 0.3    # per rank, whatever the number of ranks
+STEPS = int(os.environ.get("MATRIX_STEPS", STEPS))     # fewer: joins inside autotune's search
 STUCK_S = float(os.environ.get("MATRIX_CELL_STUCK_S", "150"))
 
 

@@ -24,10 +24,11 @@ minus the local round at the last ``join()`` (:attr:`JoinState.base`), the same 
 host.
 
 A joined rank can add zeros to a tensor it never pushed itself (Horovod's join tests: a
-rank joins at once while the others push new names): the first local rank to push an
-uncompressed, synchronous tensor writes its name, shape, dtype, op and average flag to
-``<prefix>n<key>`` (:func:`note`, JSON, validated field by field when read,
-:func:`learn`), and the joined rank declares the tensor from it.
+rank joins at once while the others push new names; AsyncModelAverage's background
+rounds, which may not have run on a rank that joins early): the first local rank to push
+a tensor writes its name, shape, dtype, op, average flag, compression and whether it is
+asynchronous to ``<prefix>n<key>`` (:func:`note`, JSON, validated field by field when
+read, :func:`learn`), and the joined rank declares the tensor from it.
 """
 from __future__ import annotations
 
@@ -47,13 +48,16 @@ _DTYPES = {np.dtype(t).str: np.dtype(t) for t in (
 
 
 def note(path: str, tensor, average: bool, src: np.ndarray) -> None:
-    """Write, once per host, what a joined local rank needs to add zeros to ``tensor``
-    (an uncompressed, synchronous one; others are not described)."""
-    if os.path.exists(path) or tensor.asked is not None or tensor.wire_flags or \
-            src.dtype.str not in _DTYPES:
+    """Write, once per host, what a joined local rank needs to add zeros to ``tensor``:
+    its shape, dtype, op, average flag, compression (the spec's wire form) and whether it
+    is asynchronous."""
+    if os.path.exists(path) or src.dtype.str not in _DTYPES:
         return
+    from byteps.transport.wire import ASYNC
     body = json.dumps({"name": tensor.name, "shape": list(src.shape), "dtype": src.dtype.str,
-                       "op": int(tensor.op), "average": bool(average)})
+                       "op": int(tensor.op), "average": bool(average),
+                       "spec": None if tensor.asked is None else tensor.asked.to_wire(),
+                       "async": bool(tensor.wire_flags & ASYNC)})
     tmp = f"{path}.{os.getpid()}"
     try:
         with open(tmp, "w") as f:
@@ -64,19 +68,25 @@ def note(path: str, tensor, average: bool, src: np.ndarray) -> None:
 
 
 def learn(path: str) -> tuple | None:
-    """(name, shape, dtype, op, average) from :func:`note`'s file, checked field by field;
-    None when there is none or it is malformed."""
+    """(name, shape, dtype, op, average, spec, asynchronous) from :func:`note`'s file,
+    checked field by field (the spec by ``Spec.from_wire``); None when there is none or it
+    is malformed."""
+    from byteps.compression.spec import Spec
     try:
         with open(path) as f:
             d = json.loads(f.read(65536))
         name, shape, dt, op, avg = d["name"], d["shape"], d["dtype"], d["op"], d["average"]
-    except (OSError, ValueError, KeyError, TypeError):
+        spec, asy = d["spec"], d["async"]
+        if spec is not None:
+            spec = Spec.from_wire(spec, f"the join note {path}")
+    except (OSError, ValueError, KeyError, TypeError):     # CompressionError: a ValueError
         return None
     if not (isinstance(name, str) and 0 < len(name) <= 4096 and isinstance(shape, list)
             and len(shape) <= 32 and all(type(x) is int and 0 <= x < 1 << 40 for x in shape)
-            and dt in _DTYPES and type(op) is int and 0 <= op <= 3 and type(avg) is bool):
+            and dt in _DTYPES and type(op) is int and 0 <= op <= 3 and type(avg) is bool
+            and type(asy) is bool):
         return None
-    return name, tuple(shape), _DTYPES[dt], op, avg
+    return name, tuple(shape), _DTYPES[dt], op, avg, spec, asy
 
 
 class JoinFlags:
@@ -163,12 +173,20 @@ class JoinState:
         from byteps.common.errors import BytePSError
         from byteps.core import state as _st
         from byteps.core.pipeline.tensors import _tensor
-        name, shape, dtype, op, average = got
+        name, shape, dtype, op, average, spec, asynchronous = got
+        st = _st.current()
+        if spec is not None and name not in st.tensors:
+            st.declared.setdefault(name, spec)     # as api.declare(name, its params)
         try:
-            tensor = _tensor(_st.current(), name, np.zeros(shape, dtype), None, op)
+            tensor = _tensor(st, name, np.zeros(shape, dtype), None, op)
         except BytePSError:
             return None
-        if tensor.key != key:
+        if tensor.key != key or tensor.asked != spec:
+            return None
+        from byteps.transport.wire import ASYNC
+        if asynchronous:
+            tensor.wire_flags |= ASYNC           # as its first asynchronous push does
+        elif tensor.wire_flags & ASYNC:
             return None
         self.known[key] = (tensor, average, shape, dtype)
         return self.known[key]

@@ -375,16 +375,18 @@ class LocalReducer:
                 self.submit(0, tensor, z, np.empty_like(z), average, 0, cut=cut)
 
     def _unknown(self, key: int) -> None:
-        """A joined rank cannot add zeros to a tensor it never pushed and has no note of
-        (compressed, asynchronous): the local ranks that push it fail, naming why."""
+        """A joined rank cannot add zeros to a tensor it never pushed and has no readable
+        note of (:func:`.join.note`; e.g. a full /dev/shm, or a dtype numpy does not name):
+        the local ranks that push it fail, naming why."""
         path = os.path.join(self.dir, f"{self.prefix}t{key:016x}")
         if key in self.join.failed or not os.path.exists(path):
             return
         self.join.failed.add(key)
         log.error("host %s local rank %d called join() and never pushed the tensor of key "
-                  "%#x, which another local rank pushes now; a joined rank adds zeros to a "
-                  "compressed or asynchronous tensor only when it pushed it before joining: "
-                  "push every such tensor once on every local rank before join()", self.cfg.host_id, self.me, key)
+                  "%#x, which another local rank pushes now, and its note %sn%016x (written "
+                  "by the first local rank to push it) is missing or unreadable (a full "
+                  "/dev/shm? see the warnings): push every tensor once on every local rank "
+                  "before join()", self.cfg.host_id, self.me, key, self.prefix, key)
         _fail_peers(path, f"key {key:#x}", self.me)
 
     def _notify(self, op: Op) -> None:
