@@ -123,6 +123,10 @@ class LocalReducer:
         if getattr(self, "join", None) is not None:
             self.join.flags.publish(self.me, cfg.partition_bytes)
 
+    def _seg_path(self, lkey: int) -> str:
+        """The shared segment of layout key ``lkey`` (made by the first local rank to push)."""
+        return os.path.join(self.dir, f"{self.prefix}t{lkey:016x}")
+
     def _ipc(self, r: int) -> str:
         return f"ipc://{os.path.join(self.dir, self.prefix)}n{r}"
 
@@ -153,7 +157,7 @@ class LocalReducer:
         lkey = self.cuts.layout_key(tensor.key, src.nbytes, tensor.name, cut)
         seg = self.segs.get(lkey)
         if seg is None and n:
-            path = os.path.join(self.dir, f"{self.prefix}t{lkey:016x}")
+            path = self._seg_path(lkey)
             try:   # without a network stage the chunks may shrink to fit a small /dev/shm
                 seg = Segment(path, tensor.name, src.dtype, tensor.dtype_code, n, self.L, chunk,
                               len(self.groups) if self.stages.two_level else 1, self.me,
@@ -367,8 +371,7 @@ class LocalReducer:
             cut = self.cuts.chunk_bytes(nbytes, tensor.name, cfg)
             lkey = self.cuts.layout_key(tensor.key, nbytes, tensor.name, cut)
             seg = self.segs.get(lkey)     # None: not pushed here in this cut (or learned)
-            if seg is None and not os.path.exists(
-                    os.path.join(self.dir, f"{self.prefix}t{lkey:016x}")):
+            if seg is None and not os.path.exists(self._seg_path(lkey)):
                 continue                  # no other local rank started it in this cut
             if seg is None or self.join.wanted(seg, self.me, self.rounds.get(lkey, 0)):
                 z = identity(getattr(tensor, "op", 0), shape, dtype)
@@ -378,7 +381,7 @@ class LocalReducer:
         """A joined rank cannot add zeros to a tensor it never pushed and has no readable
         note of (:func:`.join.note`; e.g. a full /dev/shm, or a dtype numpy does not name):
         the local ranks that push it fail, naming why."""
-        path = os.path.join(self.dir, f"{self.prefix}t{key:016x}")
+        path = self._seg_path(key)
         if key in self.join.failed or not os.path.exists(path):
             return
         self.join.failed.add(key)
