@@ -5,8 +5,11 @@
 
 Loopback, 2 workers (two emulated hosts) + 2 servers, one tensor of ``--mb`` MB, no variable
 set.  Every process's CPU is read per thread from ``/proc/<pid>/task/<tid>/schedstat``
-(nanoseconds on a CPU) and ``stat`` (user/system split) before and after the timed
-iterations, between two barriers, so start-up and warm-up are not counted.  CPU seconds,
+(nanoseconds on a CPU) and ``stat`` (user/system split) before and after each timed window,
+between two barriers, so start-up is not counted.  byteps has two windows in one job: the
+first steps (``--iters`` steps after ``--warm``: autotune is still searching, trying
+partition sizes) and the steady state (``--iters`` steps once autotune is done on every
+rank; at most ``--settle`` steps are taken in between for it to finish).  CPU seconds,
 not wall time, are the measure: the machine may be shared.  "Moved" is what a process sent
 plus what it received: a worker pushes and pulls the tensor (2 x size per push_pull), a
 server receives and returns its share of every worker's push, a gloo rank sends and
@@ -73,27 +76,43 @@ import json, sys, time
 import numpy as np
 import byteps.numpy as bps
 from byteps.core import api, state
-nbytes, iters, warm, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+nbytes, iters, warm, settle = (int(a) for a in sys.argv[1:5])
+out = sys.argv[5]
 bps.init()
 st = state.current()
 servers = [s["pid"] for s in st.engine.server_info]
 x = np.ones(nbytes // 4, np.float32)
+def step():
+    api.push_pull(x, "cpb", out=x, average=True)
+    bps.step_done()
+def window(n):
+    """CPU of this rank (and, on rank 0, of the servers) over ``n`` steps between barriers."""
+    bps.barrier()
+    me0, srv0 = threads(os.getpid()), [threads(p) for p in servers]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    wall = time.perf_counter() - t0
+    bps.barrier()
+    w = {"wall_s": wall, "threads": delta(me0, threads(os.getpid())), "moved": 2 * nbytes * n,
+         "steps": n}
+    if bps.rank() == 0:
+        w["servers"] = [delta(a, threads(p)) for a, p in zip(srv0, servers)]
+    return w
+def tuned():
+    tu = st.tuner
+    return tu is None or tu.state == "done"
 for _ in range(warm):
-    api.push_pull(x, "cpb", out=x, average=True)
-    bps.step_done()
-bps.barrier()
-me0 = threads(os.getpid())
-srv0 = [threads(p) for p in servers]
-t0 = time.perf_counter()
-for _ in range(iters):
-    api.push_pull(x, "cpb", out=x, average=True)
-    bps.step_done()
-wall = time.perf_counter() - t0
-bps.barrier()
-res = {"rank": bps.rank(), "wall_s": wall, "threads": delta(me0, threads(os.getpid())),
-       "moved": 2 * nbytes * iters}
-if bps.rank() == 0:
-    res["servers"] = [delta(a, threads(p)) for a, p in zip(srv0, servers)]
+    step()
+first = window(iters)                      # the first steps: autotune still searching
+extra = 0                                  # then until autotune is done on every rank
+while extra < settle and api.push_pull(np.array([0.0 if tuned() else 1.0]), "cpb.tuning",
+                                       average=False)[0] > 0:
+    step()
+    extra += 1
+res = window(iters)                        # the steady state
+res.update(rank=bps.rank(), first=first, settle_steps=extra, tuned=tuned(),
+           partition_bytes=st.cfg.partition_bytes, credit_bytes=st.cfg.credit_bytes)
 json.dump(res, open(f"{out}.{bps.rank()}", "w"))
 '''
 
@@ -129,26 +148,41 @@ def total(threads: dict) -> list:
     return [sum(v[i] for v in threads.values()) for i in range(3)]
 
 
-def run_byteps(nbytes: int, iters: int, warm: int, tmp: Path, ipc: bool,
-               partition: int = 0) -> dict:
-    script, out = tmp / "bps_worker.py", tmp / f"bps_{int(ipc)}_{partition}"
-    script.write_text(WORKER)
-    cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", "2", "--hosts", "2",
-           "-s", "2", sys.executable, str(script), str(nbytes), str(iters), str(warm), str(out)]
-    extra = {"BYTEPS_PARTITION_BYTES": str(partition)} if partition else {}
-    subprocess.run(cmd, env=env(BYTEPS_ENABLE_IPC="1" if ipc else "0", **extra), check=True,
-                   timeout=900)
-    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
-    wcpu = [total(r["threads"]) for r in ranks]
-    scpu = [total(s) for s in ranks[0]["servers"]]
-    moved = sum(r["moved"] for r in ranks)      # the servers move the same bytes in all
-    return {"wall_s": max(r["wall_s"] for r in ranks) / iters,
+def _cpu(ranks: list, window: str | None) -> dict:
+    """CPU per GB of the workers and servers over one measured window of every rank
+    (``window``: "first", or None for the steady state)."""
+    ws = [r[window] if window else r for r in ranks]
+    wcpu = [total(w["threads"]) for w in ws]
+    scpu = [total(s) for s in ws[0]["servers"]]
+    moved = sum(w["moved"] for w in ws)      # the servers move the same bytes in all
+    return {"wall_s": max(w["wall_s"] for w in ws) / ws[0]["steps"],
             "worker_s_per_gb": sum(c[0] for c in wcpu) / (moved / 1e9),
             "server_s_per_gb": sum(c[0] for c in scpu) / (moved / 1e9),
             "worker_user_sys": [sum(c[1] for c in wcpu), sum(c[2] for c in wcpu)],
             "server_user_sys": [sum(c[1] for c in scpu), sum(c[2] for c in scpu)],
-            "worker_threads": [r["threads"] for r in ranks], "server_threads": ranks[0]["servers"],
+            "worker_threads": [w["threads"] for w in ws], "server_threads": ws[0]["servers"],
             "moved_bytes": moved}
+
+
+def run_byteps(nbytes: int, iters: int, warm: int, settle: int, tmp: Path, ipc: bool,
+               partition: int = 0) -> dict:
+    """The steady state (``iters`` steps once autotune is done on every rank), with the
+    first ``iters`` steps after ``warm`` (autotune still searching) under ``first``."""
+    script, out = tmp / "bps_worker.py", tmp / f"bps_{int(ipc)}_{partition}"
+    script.write_text(WORKER)
+    cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", "2", "--hosts", "2",
+           "-s", "2", sys.executable, str(script), str(nbytes), str(iters), str(warm),
+           str(settle), str(out)]
+    extra = {"BYTEPS_PARTITION_BYTES": str(partition)} if partition else {}
+    subprocess.run(cmd, env=env(BYTEPS_ENABLE_IPC="1" if ipc else "0", **extra), check=True,
+                   timeout=900)
+    ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
+    res = _cpu(ranks, None)
+    res.update(first=_cpu(ranks, "first"), settle_steps=ranks[0]["settle_steps"],
+               tuned=all(r["tuned"] for r in ranks),
+               partition_bytes=ranks[0]["partition_bytes"],
+               credit_bytes=ranks[0]["credit_bytes"])
+    return res
 
 
 def run_gloo(nbytes: int, iters: int, warm: int, tmp: Path) -> dict:
@@ -271,23 +305,35 @@ def table(res: dict) -> str:
     mesh, gloo = res["mesh"], res.get("gloo")     # no gloo row with --only-tcp
     gw = gloo["worker_s_per_gb"] if gloo else float("nan")
     lines = [f"CPU s per GB moved (sent + received), loopback 2 workers + 2 servers, "
-             f"{res['mb']} MB tensor, {res['iters']} timed iterations; machine load "
-             f"{res['loadavg'][0]:.2f} (1 min) at start, busy cores during each row shown",
+             f"{res['mb']} MB tensor; byteps: {res['iters']} steps once autotune is done "
+             f"(steady), and the {res['iters']} steps after {res['warm']} warm-up steps "
+             f"(first, autotune searching); machine load {res['loadavg'][0]:.2f} (1 min) at "
+             f"start, busy cores during each row shown",
              f"{'row':<26} {'worker':>7} {'server':>7} {'w/gloo':>7} {'w/mesh':>7} "
-             f"{'s/mesh':>7} {'ms/op':>7} {'busy':>5}"]
+             f"{'s/mesh':>7} {'ms/op':>7} {'busy':>5} | {'first w':>7} {'first s':>7} "
+             f"{'ms/op':>7} | partition"]
     rows = [("byteps (default, shm)", res.get("byteps_shm")),
             ("byteps (tcp, IPC=0)", res.get("byteps_tcp"))]
     rows += [(f"byteps (tcp, {k.split('_')[-1]} parts)", res[k]) for k in res
              if k.startswith("byteps_tcp_")]
     rows += [("gloo all_reduce", gloo), ("raw TCP mesh (floor)", mesh)]
+    nan = float("nan")
     for name, r in rows:
         if r is None:
             continue
         w, s = r["worker_s_per_gb"], r.get("server_s_per_gb")
-        lines.append(f"{name:<26} {w:7.3f} {s if s is not None else float('nan'):7.3f} "
-                     f"{w / gw:7.2f} {w / mesh['worker_s_per_gb']:7.2f} "
-                     f"{(s or float('nan')) / mesh['server_s_per_gb']:7.2f} "
-                     f"{r.get('wall_s', float('nan')) * 1e3:7.1f} {r['busy_cores']:5.2f}")
+        line = (f"{name:<26} {w:7.3f} {s if s is not None else nan:7.3f} "
+                f"{w / gw:7.2f} {w / mesh['worker_s_per_gb']:7.2f} "
+                f"{(s or nan) / mesh['server_s_per_gb']:7.2f} "
+                f"{r.get('wall_s', nan) * 1e3:7.1f} {r['busy_cores']:5.2f}")
+        f = r.get("first")
+        if f:
+            line += (f" | {f['worker_s_per_gb']:7.3f} {f['server_s_per_gb']:7.3f} "
+                     f"{f['wall_s'] * 1e3:7.1f} | {r['partition_bytes'] >> 10} KB, "
+                     f"{r['credit_bytes'] / 2**20:.1f} MB in flight"
+                     + ("" if r["tuned"] else f", autotune not done after "
+                        f"{r['settle_steps']} more steps"))
+        lines.append(line)
     lines.append("per-thread CPU s/GB (largest):")
     for key in [k for k in res if k.startswith("byteps_")]:
         r = res.get(key)
@@ -310,14 +356,16 @@ def plot(res: dict, path: Path) -> None:
         r = res.get(key)
         if not r:
             continue
-        names.append(f"{label}\nworker")
-        vals.append(r["worker_s_per_gb"])
-        colors.append("tab:blue")
-        if r.get("server_s_per_gb") is not None:
-            names.append(f"{label}\nserver")
-            vals.append(r["server_s_per_gb"])
-            colors.append("tab:orange")
-    fig, ax = plt.subplots(figsize=(10, 4))
+        windows = [("", r)] + ([(" first", r["first"])] if r.get("first") else [])
+        for tag, w in windows:        # steady state, then the first steps (paler)
+            names.append(f"{label}{tag}\nworker")
+            vals.append(w["worker_s_per_gb"])
+            colors.append("tab:blue" if not tag else "lightsteelblue")
+            if w.get("server_s_per_gb") is not None:
+                names.append(f"{label}{tag}\nserver")
+                vals.append(w["server_s_per_gb"])
+                colors.append("tab:orange" if not tag else "navajowhite")
+    fig, ax = plt.subplots(figsize=(12, 4))
     ax.bar(range(len(vals)), vals, color=colors)
     ax.set_xticks(range(len(vals)), names, fontsize=7)
     ax.axhline(0.55, ls="--", color="tab:blue", lw=0.8, label="worker target 0.55")
@@ -337,6 +385,9 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=100)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warm", type=int, default=5)
+    ap.add_argument("--settle", type=int, default=150,
+                    help="at most this many steps between the two windows for autotune to "
+                         "finish its search")
     ap.add_argument("--mesh-seconds", type=float, default=3.0)
     ap.add_argument("--tag", default="", help="suffix of the file names (e.g. before, after)")
     ap.add_argument("--no-tcp", action="store_true", help="skip the BYTEPS_ENABLE_IPC=0 row")
@@ -362,12 +413,13 @@ def main() -> None:
             res["gloo"]["busy_cores"] = b
         for ipc in (True,) if args.no_tcp else (False,) if args.only_tcp else (True, False):
             key = "byteps_shm" if ipc else "byteps_tcp"
-            res[key], b = busy_cores(lambda: run_byteps(nbytes, args.iters, args.warm, tmp, ipc))
+            res[key], b = busy_cores(lambda: run_byteps(nbytes, args.iters, args.warm,
+                                                        args.settle, tmp, ipc))
             res[key]["busy_cores"] = b
         for kb in args.partition_kb:
             key = f"byteps_tcp_{kb}KB"
-            res[key], b = busy_cores(lambda: run_byteps(nbytes, args.iters, args.warm, tmp,
-                                                        False, kb << 10))
+            res[key], b = busy_cores(lambda: run_byteps(nbytes, args.iters, args.warm, args.settle,
+                                                        tmp, False, kb << 10))
             res[key]["busy_cores"] = b
     res["loadavg_end"] = os.getloadavg()
     text = table(res)
