@@ -108,3 +108,37 @@ def test_timeline_has_compress_and_decompress_spans(tmp_path):
         names = [e["name"] for e in spans]
         assert names.count("compress") >= 3 and names.count("decompress") >= 3, names
         assert {e["args"]["tensor"] for e in spans} == {"layer.weight"}
+
+
+@pytest.mark.parametrize("compressor,layout", [
+    ("onebit", "flat"), ("int8", "local"), ("onebit", "replicas")])
+def test_inf_or_nan_on_one_rank_gives_nan_on_every_rank_and_the_job_goes_on(
+        tmp_path, compressor, layout):
+    """onebit and int8 cannot encode inf or NaN.  A rank whose partition holds them pushes
+    it as NONFINITE and that round's result of the partition is NaN on every rank (what an
+    uncompressed sum gives), so a loop that skips non-finite steps (loss scaling) skips
+    the same step everywhere; the next rounds are exact again.  Before, that rank's
+    push_pull failed alone: the job ended, or, where the rank caught the error and went
+    on, the others waited for its push forever.  Flat 2 ranks;
+    2 hosts x 2 local ranks (the host's sum holds the NaN and the inf); 2 servers with a
+    backup each (the result is replicated)."""
+    workers, servers, args, env = {
+        "flat": (2, 1, (), {}),
+        "local": (4, 1, ("--hosts", "2", "--local-size", "2"), {}),
+        "replicas": (2, 2, (), {"BYTEPS_SERVER_REPLICAS": "1"})}[layout]
+    res = run_script("compress_nonfinite.py", tmp_path, compressor, workers=workers,
+                     servers=servers, launcher_args=args, timeout=90,
+                     BYTEPS_MIN_COMPRESS_BYTES=0, BYTEPS_PARTITION_BYTES=4000, **env)
+    assert_ok(res)
+    ranks = read_results(tmp_path)
+    assert sorted(ranks) == list(range(workers))
+    mean = (workers + 1) / 2
+    for r, got in ranks.items():
+        for step, (finite, firsts, nans) in enumerate(got["steps"]):
+            if step == 3:       # partition 1 (elements 1000-1999) is NaN, the others exact
+                assert not finite and nans == 1000 and firsts[0] == firsts[2] == mean, \
+                    (r, step, got["steps"][step])
+            else:
+                assert finite and firsts == [mean] * 3, (r, step, got["steps"][step])
+        assert got["applied"] == 6, (r, got)
+    assert "holds inf or NaN" in res.stderr and "NaN on every rank" in res.stderr

@@ -89,3 +89,40 @@ def test_results_from_a_slots_buffers_are_sent_as_one_reused_frame():
         a.close(0)
         b.close(0)
         ctx.term()
+
+
+def test_a_nonfinite_push_makes_that_round_nonfinite_for_every_worker_only():
+    """wire.NONFINITE: a compressed push whose partition held inf or NaN (an empty frame)
+    counts as a push of NaN: every worker's result of that round is an empty NONFINITE
+    frame, whatever the arrival order; the server's compressor state is left as it was,
+    so the next round's frame is the one a server that never saw that round makes."""
+    from byteps.compression import parse, server_pipeline, worker_pipeline
+    from byteps.transport.wire import COMP, NONFINITE
+    spec, n = parse({"compressor": "onebit", "ef": "vanilla"}), 64
+    frames = [worker_pipeline(spec, n, 7, 0).compress(np.full(n, r + 1.0, np.float32), 0)
+              for r in range(3)]
+    empty = np.empty(0, np.uint8)
+
+    def rounds(slot, first: list, order):
+        out: dict = {}
+        for rnd, pushes in ((0, first), (1, frames)):
+            for r in order:
+                f = pushes[r]
+                flags = PUSH | PULL | COMP | (NONFINITE if f is empty else 0)
+                apply(slot, Entry(7, 0, rnd, flags, 0, n), f, r, b"w%d" % r, 3, out)
+        return out
+
+    for order in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
+        slot = Slot(7, 0, 0, n, -1, server_pipeline(spec, n, 7, 0))
+        out = rounds(slot, [frames[0], empty, frames[2]], order)
+        ref = Slot(7, 0, 0, n, -1, server_pipeline(spec, n, 7, 0))
+        ref_out: dict = {}
+        for r in order:
+            apply(ref, Entry(7, 0, 1, PUSH | PULL | COMP, 0, n), frames[r], r, b"w%d" % r, 3,
+                  ref_out)
+        for w in (b"w0", b"w1", b"w2"):
+            (e0, a0), (e1, a1) = [x for x in out[w] if x[1] is not None]
+            assert e0.round == 0 and e0.flags & NONFINITE and e0.flags & COMP and a0.nbytes == 0
+            assert e1.round == 1 and not e1.flags & NONFINITE
+            (_, want), = [x for x in ref_out[w] if x[1] is not None]
+            np.testing.assert_array_equal(a1, want)

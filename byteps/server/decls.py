@@ -13,7 +13,8 @@ import os
 from byteps.compression import CompressionError, Spec, server_pipeline
 from byteps.server.outer import Outer
 from byteps.server.store import Slot
-from byteps.transport.wire import ASYNC, COMP, DTYPES, REDUCE_OPS, Entry, Op, outer_field
+from byteps.transport.wire import (ASYNC, COMP, DTYPES, NONFINITE, REDUCE_OPS, Entry, Op,
+                                   outer_field)
 
 log = logging.getLogger("byteps.server")
 INLINE_BYTES = 256 * 1024     # partitions up to this size are summed on the I/O thread
@@ -39,8 +40,9 @@ class Tensors:
         and a compressed frame has exactly the pipeline's size (the rest is checked
         when it is decompressed); otherwise it is dropped, never acknowledged."""
         if bool(e.flags & COMP) == (slot.pipe is not None) and (
-                slot.pipe is None or buf.nbytes == slot.pipe.frame_bytes):
-            return True
+                slot.pipe is None or buf.nbytes == (0 if e.flags & NONFINITE else
+                                                    slot.pipe.frame_bytes)):
+            return not e.flags & NONFINITE or self._sync_nonfinite(slot, e, rank)
         if e.flags & ASYNC and not e.flags & COMP:   # an asynchronous key's exact push (AsyncPS's
             return True                        # seed, a pull's zeros): raw, length checked
         name = self.decls.get(e.key, {}).get("name", e.key)
@@ -50,6 +52,16 @@ class Tensors:
                if bool(e.flags & COMP) == (slot.pipe is not None) else
                f"{'compressed' if e.flags & COMP else 'raw'} push for a tensor declared "
                f"{'with' if slot.pipe is not None else 'without'} compression")))
+        return False
+
+    def _sync_nonfinite(self, slot: Slot, e: Entry, rank: int) -> bool:
+        """A NONFINITE push (its partition held inf or NaN, byteps.transport.wire) is one
+        of a synchronous round, never of an asynchronous key or of an outer optimizer's."""
+        if not e.flags & ASYNC and slot.outer is None:
+            return True
+        self.drops.warn("malformed compressed push", (
+            f"tensor {self.decls.get(e.key, {}).get('name', e.key)!r} partition {e.part} "
+            f"from rank {rank}: NONFINITE push of an asynchronous key"))
         return False
 
     def declare(self, d: list, w: dict) -> None:

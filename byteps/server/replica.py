@@ -42,9 +42,9 @@ from byteps import transport
 from byteps.common import variables
 from byteps.common.node import describe
 from byteps.server.store import Round
-from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PULL, PUSH, Entry, Op, WireError,
-                                   decode, encode, entry_array, failover_body, frame_bytes,
-                                   new_seq, payload_count)
+from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, NONFINITE, PULL, PUSH, Entry, Op,
+                                   WireError, decode, encode, entry_array, failover_body,
+                                   frame_bytes, new_seq, payload_count)
 
 log = logging.getLogger("byteps.server")
 HELLO_RETRY_S = 0.05
@@ -181,7 +181,8 @@ class Replicator:
                 self.parked.setdefault(k, []).append((ident, e, arr))
                 if k not in self.sent:
                     self.sent.add(k)
-                    self._replicate(e._replace(flags=PULL | (e.flags & COMP)), -1, arr)
+                    self._replicate(e._replace(flags=PULL | (e.flags & (COMP | NONFINITE))),
+                                    -1, arr)
                     self.stats["rounds"] += 1
             if keep:
                 now[ident] = keep
@@ -349,7 +350,7 @@ class Replicator:
             raise WireError(f"entry {e}: compression differs from the declaration")
         if e.flags & COMP:
             arr = frame_bytes(frame)
-            if arr.nbytes != slot.pipe.frame_bytes:
+            if arr.nbytes != (0 if e.flags & NONFINITE and rank < 0 else slot.pipe.frame_bytes):
                 raise WireError(f"compressed frame of {arr.nbytes} bytes, expected "
                                 f"{slot.pipe.frame_bytes}")
             arr = np.frombuffer(arr, np.uint8)
@@ -366,7 +367,7 @@ class Replicator:
         if rs is None:
             rs = slot.rounds[e.round] = Round()
         if rs.result is None:
-            rs.result = arr
+            rs.result, rs.nonfinite = arr, bool(e.flags & NONFINITE)
         for old in [r for r in slot.rounds if r < e.round - 1]:
             del slot.rounds[old]
         return True

@@ -9,7 +9,9 @@ pushed the round (a resend) is never summed twice.
 Compressed partitions (``slot.pipe``, byteps.compression): the caller decompresses
 each push into float32 (:meth:`Slot.unpack`); the round is summed in float32 and
 the finished sum is compressed once (server-side error feedback lives in the
-pipeline), so every worker pulls the same compressed frame.
+pipeline), so every worker pulls the same compressed frame.  A NONFINITE push (the
+partition held inf or NaN, which no compressor encodes) counts as a push of NaN: the
+round's result is NONFINITE for every worker, an empty frame they read as NaN.
 
 Ranks that called ``join()`` (out of data) count as having pushed zeros: a round
 completes when every other pusher is in, with no frame from them (docs/fault_tolerance.md).
@@ -22,7 +24,8 @@ import numpy as np
 
 from byteps.server.tree import (WRITABLE, Nodes, Pool, accumulator, add, collapse, position,
                                  release, take)
-from byteps.transport.wire import AVG, COMP, DTYPES, PULL, PUSH, SHM, Entry, average
+from byteps.transport.wire import (AVG, COMP, DTYPES, NONFINITE, PULL, PUSH, SHM, Entry,
+                                   average)
 
 # the declared reduction (wire.REDUCE_OPS order: sum, min, max, product)
 REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
@@ -31,11 +34,13 @@ REDUCE = (np.add, np.minimum, np.maximum, np.multiply)
 class Round(Nodes):
     """One round of a synchronous key: its reduction tree (the pushes and partial sums,
     :class:`byteps.server.tree.Nodes`) and who pushed, pulled and waits."""
-    __slots__ = ("ranks", "result", "waiting", "pulled", "started", "warned", "div")
+    __slots__ = ("ranks", "result", "waiting", "pulled", "started", "warned", "div",
+                 "nonfinite")
 
     def __init__(self):
         Nodes.__init__(self)
         self.div = 0          # > 0: every push asked for the average, divide by this (AVG)
+        self.nonfinite = False    # a push was NONFINITE: the result is (wire.NONFINITE)
         self.ranks: set[int] = set()
         self.result = None
         self.waiting: list = []
@@ -135,6 +140,7 @@ def async_groups(workers, local_reduce: str, joined, gone) -> dict:
 
 
 ROUNDS_DONE = [0]     # rounds finished by this process (byteps.server.metrics)
+NONFINITE_RESULT = np.empty(0, np.uint8)     # the frame of a NONFINITE result
 
 
 def _flags(e: Entry, flags: int) -> Entry:
@@ -148,8 +154,8 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     that wait."""
     dst = slot.result_buf(rnd)
     acc, owned = collapse(rs, slot.reduce, slot.pool, dst)
-    if slot.pipe is not None:
-        rs.result = slot.pipe.compress(acc, rnd)
+    if slot.pipe is not None:       # NaN has no compressed form: an empty NONFINITE frame
+        rs.result = NONFINITE_RESULT if rs.nonfinite else slot.pipe.compress(acc, rnd)
         release(rs, slot.pool, dst, acc)
     elif owned is True or rs.div or slot.segs:
         # owned: the result buffer unless the root was complete before the round was (a
@@ -170,8 +176,8 @@ def finish(slot: Slot, rnd: int, rs: Round, out: dict) -> None:
     rs.result_used = False
     ROUNDS_DONE[0] += 1
     for w_ident, w_rank, w_entry in rs.waiting:
-        if rs.div:
-            w_entry = _flags(w_entry, w_entry.flags | AVG)
+        if rs.div or rs.nonfinite:
+            w_entry = _flags(w_entry, w_entry.flags | (AVG if rs.div else NONFINITE))
         out.setdefault(w_ident, []).append((w_entry, rs.result))
         rs.pulled.add(w_rank)
     rs.waiting.clear()
@@ -224,7 +230,11 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
                 len(rs.ranks) + 1 >= nworkers
             if slot.pipe is not None:                      # arr is a compressed frame
                 nbytes = length * 4
-                if (0, pos ^ 1) in t.nodes and t.nodes[(0, pos ^ 1)][1]:
+                if flags & NONFINITE:                      # inf or NaN: a push of NaN
+                    rs.nonfinite = True
+                    arr, owned = take(t, slot.pool, result), True
+                    arr.fill(np.nan)
+                elif (0, pos ^ 1) in t.nodes and t.nodes[(0, pos ^ 1)][1]:
                     arr = slot.unpack(arr, rnd)            # combined at once: scratch
                 else:
                     buf = take(t, slot.pool, result)
@@ -249,6 +259,8 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
             PULL | (flags & SHM if slot.segs else 0)
         if rs.result is not None and rs.div:
             rflags |= AVG
+        if rs.result is not None and rs.nonfinite:
+            rflags |= NONFINITE
         reply = Entry(entry.key, entry.part, rnd, rflags, dt, length)
         if rs.result is not None:
             if rank not in rs.pulled:

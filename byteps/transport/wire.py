@@ -26,7 +26,9 @@ tensor's first push to a server so that the server can fix and check its layout;
 A data entry is ``[key, part, round, flags, dtype, length]``; an entry with
 payload (a push, or a result) is followed by exactly one payload frame of
 ``length * itemsize`` bytes, or, with flag COMP, of exactly the compressor's
-frame size for ``length`` elements (checked by the receiver's pipeline).
+frame size for ``length`` elements (checked by the receiver's pipeline), or, with
+flags COMP and NONFINITE (version 6), of zero bytes: a compressed partition that held inf or
+NaN, whose round's result is NaN on every rank.
 Nothing received is ever unpickled or evaluated.
 """
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import NamedTuple
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 MAX_HEADER_BYTES = 1 << 20
 MAX_ENTRIES = 65536
 
@@ -89,6 +91,8 @@ COMP = 16        # payload is a compressed frame (byteps.compression), not raw e
 ASYNC = 32       # asynchronous key (BYTEPS_ENABLE_ASYNC=1): the push is added to the stored
                  # value at once, the pull returns the current value (byteps/server/staleness.py)
 AVG = 64         # push: the worker averages (float); result: the server already did (average)
+NONFINITE = 128  # COMP only, an empty frame: push: the partition held inf or NaN, which the
+                 # compressor cannot encode; result: that round's sum is NaN (every rank)
 MAX_COMP_PAIRS = 16
 
 
@@ -121,7 +125,7 @@ class Entry(NamedTuple):
     key: int
     part: int
     round: int
-    flags: int       # PUSH, PULL, ACK, SHM, COMP, ASYNC, AVG
+    flags: int       # PUSH, PULL, ACK, SHM, COMP, ASYNC, AVG, NONFINITE
     dtype: int       # index into DTYPES
     length: int      # elements
 
@@ -288,8 +292,10 @@ def _check_entries(body) -> None:
                 and type(flags) is int and type(dt) is int and type(length) is int):
             raise WireError("data entry must be 6 integers [key, part, round, flags, dtype, len]")
         if not (0 <= key < 1 << 63 and 0 <= part < 1 << 31 and 0 <= rnd < 1 << 62
-                and 0 <= flags < 128 and 0 <= dt < ndt and 0 <= length < 1 << 40):
+                and 0 <= flags < 256 and 0 <= dt < ndt and 0 <= length < 1 << 40):
             raise WireError(f"data entry out of range: {e}")
+        if flags & NONFINITE and not flags & COMP:
+            raise WireError(f"data entry {e}: NONFINITE without COMP")
 
 
 def _check_replica(body) -> None:

@@ -282,8 +282,8 @@ class Engine:
                     except CannotCompress as exc:      # e.g. inf/NaN in the gradient
                         self.drop_task(t, exc)
                         continue
-                entries.append(Entry(tn.key, t.part, t.round, PUSH | PULL | comp_flags(tn),
-                                     tn.dtype_code, t.length))
+                entries.append(Entry(tn.key, t.part, t.round,
+                                     PUSH | PULL | comp_flags(tn, t.wire), tn.dtype_code, t.length))
                 payload.append(t.wire)
                 t.sent_at = now
                 continue

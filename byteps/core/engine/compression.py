@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from byteps.common.errors import BytePSError
-from byteps.transport.wire import ASYNC, COMP, Entry, frame_bytes
+from byteps.transport.wire import ASYNC, COMP, NONFINITE, Entry, frame_bytes
 
 COMP_LR: list = [None]    # the learning rate last given to api.set_compression_lr()
 log = logging.getLogger("byteps.worker")
@@ -131,10 +131,17 @@ def recut_pipelines(tensor, old_parts: list) -> None:
     carry_state(old, new, sum(length for _, _, length, _ in tensor.parts))
 
 
-def comp_flags(tensor) -> int:
+def comp_flags(tensor, wire=None) -> int:
     """Entry flags of a compressed push (or resent pull) of ``tensor``: COMP, plus ASYNC
-    for an asynchronous key (AsyncPS's compressed parameter deltas)."""
-    return COMP | (getattr(tensor, "wire_flags", 0) & ASYNC)
+    for an asynchronous key (AsyncPS's compressed parameter deltas), plus NONFINITE for a
+    push whose frame (``wire``) is :data:`NONFINITE_FRAME`."""
+    return COMP | (getattr(tensor, "wire_flags", 0) & ASYNC) | \
+        (NONFINITE if wire is NONFINITE_FRAME else 0)
+
+
+#: the frame of a synchronous partition that held inf or NaN (wire.NONFINITE): no
+#: compressor encodes them, and the round must still complete on every rank
+NONFINITE_FRAME = np.empty(0, np.uint8)
 
 
 def result_compressed(t) -> bool:
@@ -157,6 +164,7 @@ class Compression:
         self.rank = rank
         self.bytes: dict[str, list] = {}
         self.skips: SkipNotice | None = None   # tensors left uncompressed (rank 0)
+        self.nonfinite_at: dict[str, float] = {}   # tensor -> when its inf/NaN was logged
 
     def compress(self, t, timeline=None) -> np.ndarray:
         """Partition ``t``'s compressed frame (momentum -> error feedback -> compressor);
@@ -167,11 +175,29 @@ class Compression:
         try:
             wire = t.comp.compress(src, t.round)
         except ValueError as exc:
+            if result_compressed(t) and not np.isfinite(src).all():
+                return self._nonfinite(t, exc)
             raise CannotCompress(f"worker rank {self.rank}: cannot compress tensor "
                               f"{t.handle.tensor.name!r} partition {t.part}: {exc}") from exc
         self.count(t.handle.tensor.name, t.src.nbytes, wire.nbytes, 0)
         _span(timeline, "compress", t, t0)
         return wire
+
+    def _nonfinite(self, t, exc) -> np.ndarray:
+        """A synchronous partition with inf or NaN: every rank waits for this push, so it
+        goes out as NONFINITE (the compressor's state unchanged) and the round's result is
+        NaN on every rank, as an uncompressed sum with a NaN would be."""
+        name, now = t.handle.tensor.name, time.monotonic()
+        if now - self.nonfinite_at.get(name, -1e9) < 10.0:      # one line per 10 s a tensor
+            return NONFINITE_FRAME
+        self.nonfinite_at[name] = now
+        log.warning((
+            f"worker rank {self.rank}: tensor {t.handle.tensor.name!r} partition {t.part} "
+            f"holds inf or NaN, which its compressor cannot encode ({exc}); this round's "
+            f"result of the partition is NaN on every rank, as an uncompressed sum's would "
+            f"be: skip the step on every rank when a result is not finite (loss scaling "
+            f"does), or find where the gradient overflows"))
+        return NONFINITE_FRAME
 
     def decompress(self, t, e: Entry, frame, timeline=None) -> np.ndarray:
         """The float32 result of a compressed RESULT entry (raises CompressionError before
@@ -181,6 +207,11 @@ class Compression:
         if out.dtype != np.float32:
             out = np.empty(t.length, np.float32)
         buf = frame_bytes(frame)
+        if e.flags & NONFINITE:       # the round's sum held inf or NaN (see _nonfinite)
+            if buf.nbytes:
+                raise ValueError(f"NONFINITE result {list(e)} with a {buf.nbytes}-byte frame")
+            out.fill(np.nan)
+            return out
         t.comp.decompress(buf, e.round, out)
         self.count(t.handle.tensor.name, 0, 0, t.src.nbytes, buf.nbytes)
         _span(timeline, "decompress", t, t0)
