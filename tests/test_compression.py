@@ -142,3 +142,18 @@ def test_inf_or_nan_on_one_rank_gives_nan_on_every_rank_and_the_job_goes_on(
                 assert finite and firsts == [mean] * 3, (r, step, got["steps"][step])
         assert got["applied"] == 6, (r, got)
     assert "holds inf or NaN" in res.stderr and "NaN on every rank" in res.stderr
+
+
+def test_inf_or_nan_in_a_diloco_outer_gradient_reaches_every_rank_not_a_hang(tmp_path):
+    """DiLoCo with int8 outer gradients, one rank's local model NaN after step 4: its outer
+    gradient's partition goes out as NONFINITE and the servers' outer step makes that
+    partition of the global parameters NaN, as an uncompressed outer gradient would; every rank pulls them at the round's
+    end and the job ends.  Before, that rank's step failed alone and the others waited."""
+    res = run_script("compress_nonfinite.py", tmp_path, "int8", "diloco", workers=2,
+                     timeout=90, BYTEPS_MIN_COMPRESS_BYTES=0, BYTEPS_PARTITION_BYTES=4000)
+    assert_ok(res)
+    ranks = read_results(tmp_path)
+    assert ranks[1]["nans"][4] == 1 and ranks[0]["nans"][4] == 0      # its own step
+    for r in (0, 1):       # the round of steps 3-5 ends at step 5: partition 1 NaN on both
+        assert ranks[r]["nans"][:4] == [0] * 4 and ranks[r]["nans"][5:] == [1000] * 5, ranks
+    assert "global parameters of the partition become NaN" in res.stderr

@@ -35,7 +35,7 @@ from byteps.server.staleness import AsyncStore
 from byteps.server.stalls import StallReports
 from byteps.server.store import Slot, apply, async_groups, counted_joined, recheck
 from byteps.server.tree import leaf_positions
-from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, PUSH, SHM, Entry, Op,
+from byteps.transport.wire import (ACK, ASYNC, COMP, DTYPES, NONFINITE, PUSH, SHM, Entry, Op,
                                    WireError, decode, entry_array, frame_bytes, payload_count)
 
 log = logging.getLogger("byteps.server")
@@ -416,7 +416,7 @@ class Server:
         try:
             if e.flags & ASYNC:
                 if arr is not None and e.flags & COMP:
-                    arr = slot.unpack(arr, e.round)
+                    arr = slot.unpack(arr, e.round, nonfinite=e.flags & NONFINITE)
                 return self.async_store.apply(slot, e, arr, rank, ident, self.async_ranks(),
                                               out, self.leaves.get(rank))
             # other keys keep rounds (compressed pushes decompressed only when summed);

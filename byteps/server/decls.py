@@ -56,8 +56,9 @@ class Tensors:
 
     def _sync_nonfinite(self, slot: Slot, e: Entry, rank: int) -> bool:
         """A NONFINITE push (its partition held inf or NaN, byteps.transport.wire) is one
-        of a synchronous round, never of an asynchronous key or of an outer optimizer's."""
-        if not e.flags & ASYNC and slot.outer is None:
+        of a round every rank waits for: a synchronous key's, or an outer optimizer's
+        (DiLoCo), never one of an asynchronous key's pushes, which nobody waits for."""
+        if not e.flags & ASYNC or slot.outer is not None:
             return True
         self.drops.warn("malformed compressed push", (
             f"tensor {self.decls.get(e.key, {}).get('name', e.key)!r} partition {e.part} "

@@ -192,7 +192,8 @@ class Replicator:
         """Copy an asynchronous push to the backup (before its pull can be answered)."""
         kp = (e.key, e.part)
         self.forwarded[kp] = self.forwarded.get(kp, 0) + 1
-        self._replicate(e._replace(flags=PUSH | ASYNC | (e.flags & COMP)), rank, arr)
+        self._replicate(e._replace(flags=PUSH | ASYNC | (e.flags & (COMP | NONFINITE))), rank,
+                        arr)
         self.stats["pushes"] += 1
 
     def _replicate(self, entry: Entry, rank: int, arr) -> None:
@@ -350,7 +351,7 @@ class Replicator:
             raise WireError(f"entry {e}: compression differs from the declaration")
         if e.flags & COMP:
             arr = frame_bytes(frame)
-            if arr.nbytes != (0 if e.flags & NONFINITE and rank < 0 else slot.pipe.frame_bytes):
+            if arr.nbytes != (0 if e.flags & NONFINITE else slot.pipe.frame_bytes):
                 raise WireError(f"compressed frame of {arr.nbytes} bytes, expected "
                                 f"{slot.pipe.frame_bytes}")
             arr = np.frombuffer(arr, np.uint8)
@@ -360,7 +361,7 @@ class Replicator:
         if e.flags & PUSH:
             if rank < 0:
                 raise WireError(f"forwarded push {e} without a rank")
-            entry = e._replace(flags=PUSH | ASYNC | (e.flags & COMP))
+            entry = e._replace(flags=PUSH | ASYNC | (e.flags & (COMP | NONFINITE)))
             srv.apply(slot, entry, arr, rank, None, {})
             return True
         rs = slot.rounds.get(e.round)

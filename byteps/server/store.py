@@ -81,15 +81,20 @@ class Slot:
             self.bufs = [np.empty(self.length, dt) for _ in (0, 1)]
         return self.bufs[rnd % 2]
 
-    def unpack(self, buf, rnd: int, into: np.ndarray | None = None) -> np.ndarray:
+    def unpack(self, buf, rnd: int, into: np.ndarray | None = None,
+               nonfinite: int = 0) -> np.ndarray:
         """Decompress a push into ``into`` or this slot's float32 scratch array (raises
         CompressionError for a malformed frame, before writing anything else).  The
-        scratch is valid until the next unpack."""
+        scratch is valid until the next unpack.  ``nonfinite`` (wire.NONFINITE): the
+        partition held inf or NaN (an empty frame), a push of NaN."""
         if into is None:
             if self.scratch is None:
                 self.scratch = np.empty(self.length, np.float32)
             into = self.scratch
-        self.pipe.decompress(buf, rnd, into)
+        if nonfinite:
+            into.fill(np.nan)
+        else:
+            self.pipe.decompress(buf, rnd, into)
         return into
 
     def reset_rounds(self) -> None:
@@ -230,16 +235,14 @@ def apply(slot: Slot, entry: Entry, arr, rank: int, ident: bytes, nworkers: int,
                 len(rs.ranks) + 1 >= nworkers
             if slot.pipe is not None:                      # arr is a compressed frame
                 nbytes = length * 4
-                if flags & NONFINITE:                      # inf or NaN: a push of NaN
-                    rs.nonfinite = True
-                    arr, owned = take(t, slot.pool, result), True
-                    arr.fill(np.nan)
-                elif (0, pos ^ 1) in t.nodes and t.nodes[(0, pos ^ 1)][1]:
-                    arr = slot.unpack(arr, rnd)            # combined at once: scratch
+                nonfinite = flags & NONFINITE              # inf or NaN: a push of NaN
+                rs.nonfinite |= bool(nonfinite)
+                if (0, pos ^ 1) in t.nodes and t.nodes[(0, pos ^ 1)][1]:
+                    arr = slot.unpack(arr, rnd, nonfinite=nonfinite)   # combined at once
                 else:
                     buf = take(t, slot.pool, result)
                     try:
-                        arr, owned = slot.unpack(arr, rnd, into=buf), True
+                        arr, owned = slot.unpack(arr, rnd, buf, nonfinite), True
                     except Exception:
                         release(t, slot.pool, result, buf)
                         raise

@@ -1,14 +1,16 @@
 """A rank's gradient holds NaN or inf in one step, with a compressor that cannot encode
 them (tests/test_compression.py): that push_pull must neither hang nor fail on one rank.
 
-    compress_nonfinite.py OUT_DIR COMPRESSOR
+    compress_nonfinite.py OUT_DIR COMPRESSOR [diloco]
 
 Each rank pushes a tensor of 3 partitions (BYTEPS_PARTITION_BYTES=4000: 1000 floats each)
 filled with rank + 1, compressed with COMPRESSOR (with error feedback for onebit), for 7
 steps; at step 3 the highest rank puts a NaN in partition 1 and, with more than 2 ranks,
 the rank below it an inf.  Like a loop with loss scaling, every rank skips the
 step whose result is not finite.  Writes OUT_DIR/rank<r>.json: every step's result as
-[finite?, first element of each partition], and the steps applied.
+[finite?, first element of each partition], and the steps applied.  ``diloco``: DiLoCo
+(H = 3) with COMPRESSOR outer gradients instead, the highest rank's gradient NaN at step
+4; writes how many parameters are NaN after each step.
 """
 import json
 import sys
@@ -22,6 +24,23 @@ PARAMS = {"compressor": COMPRESSOR, **({"ef": "vanilla"} if COMPRESSOR == "onebi
 
 bps.init()
 r, n = bps.rank(), bps.size()
+if sys.argv[3:] == ["diloco"]:
+    p = {"w": np.full(3000, 0.5, np.float32)}
+    alg = bps.algorithms.DiLoCo(inner_steps=3, compression_params=PARAMS)
+    opt = bps.DistributedOptimizer(lambda ps, gs: ps["w"].__isub__(0.1 * gs["w"]), p,
+                                   algorithm=alg)
+    nans = []
+    for step in range(10):
+        g = np.full(3000, 0.01 * (r + 1), np.float32)
+        if step == 4 and r == n - 1:
+            g[1500] = np.nan
+        opt.step({"w": g})
+        nans.append(int(np.isnan(p["w"]).sum()))
+    opt.finish()
+    with open(f"{OUT}/rank{r}.json", "w") as f:
+        json.dump({"nans": nans}, f)
+    bps.shutdown()
+    sys.exit(0)
 steps, applied = [], 0
 for step in range(7):
     g = np.full(3000, r + 1.0, np.float32)

@@ -175,28 +175,30 @@ class Compression:
         try:
             wire = t.comp.compress(src, t.round)
         except ValueError as exc:
-            if result_compressed(t) and not np.isfinite(src).all():
-                return self._nonfinite(t, exc)
+            outer = getattr(t.handle.tensor, "outer", None)    # DiLoCo's servers step it
+            if (result_compressed(t) or outer) and not np.isfinite(src).all():
+                return self._nonfinite(t, exc, outer)
             raise CannotCompress(f"worker rank {self.rank}: cannot compress tensor "
                               f"{t.handle.tensor.name!r} partition {t.part}: {exc}") from exc
         self.count(t.handle.tensor.name, t.src.nbytes, wire.nbytes, 0)
         _span(timeline, "compress", t, t0)
         return wire
 
-    def _nonfinite(self, t, exc) -> np.ndarray:
-        """A synchronous partition with inf or NaN: every rank waits for this push, so it
-        goes out as NONFINITE (the compressor's state unchanged) and the round's result is
-        NaN on every rank, as an uncompressed sum with a NaN would be."""
+    def _nonfinite(self, t, exc, outer) -> np.ndarray:
+        """A partition with inf or NaN in a round every rank waits for (a synchronous
+        one, or DiLoCo's outer round): it goes out as NONFINITE, the compressor's state
+        unchanged, and counts as a push of NaN, as it would uncompressed."""
         name, now = t.handle.tensor.name, time.monotonic()
         if now - self.nonfinite_at.get(name, -1e9) < 10.0:      # one line per 10 s a tensor
             return NONFINITE_FRAME
         self.nonfinite_at[name] = now
-        log.warning((
-            f"worker rank {self.rank}: tensor {t.handle.tensor.name!r} partition {t.part} "
-            f"holds inf or NaN, which its compressor cannot encode ({exc}); this round's "
-            f"result of the partition is NaN on every rank, as an uncompressed sum's would "
-            f"be: skip the step on every rank when a result is not finite (loss scaling "
-            f"does), or find where the gradient overflows"))
+        what = ("the servers' global parameters of the partition become NaN, as with an "
+                "uncompressed outer gradient: keep the local model finite" if outer else
+                "this round's result of the partition is NaN on every rank, as an "
+                "uncompressed sum's would be: skip the step on every rank when a result is "
+                "not finite (loss scaling does), or find where the gradient overflows")
+        log.warning("worker rank %d: tensor %r partition %d holds inf or NaN, which its "
+                    "compressor cannot encode (%s); %s", self.rank, name, t.part, exc, what)
         return NONFINITE_FRAME
 
     def decompress(self, t, e: Entry, frame, timeline=None) -> np.ndarray:
