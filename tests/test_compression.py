@@ -111,10 +111,11 @@ def test_timeline_has_compress_and_decompress_spans(tmp_path):
 
 
 @pytest.mark.parametrize("compressor,layout", [
-    ("onebit", "flat"), ("int8", "local"), ("onebit", "replicas")])
+    ("onebit", "flat"), ("int8", "local"), ("onebit", "replicas"), ("fp16", "flat")])
 def test_inf_or_nan_on_one_rank_gives_nan_on_every_rank_and_the_job_goes_on(
         tmp_path, compressor, layout):
-    """onebit and int8 cannot encode inf or NaN.  A rank whose partition holds them pushes
+    """onebit and int8 cannot encode inf or NaN, and error feedback (here with every
+    compressor, fp16 too) would keep them for good.  A rank whose partition holds them pushes
     it as NONFINITE and that round's result of the partition is NaN on every rank (what an
     uncompressed sum gives), so a loop that skips non-finite steps (loss scaling) skips
     the same step everywhere; the next rounds are exact again.  Before, that rank's
@@ -147,8 +148,9 @@ def test_inf_or_nan_on_one_rank_gives_nan_on_every_rank_and_the_job_goes_on(
 def test_inf_or_nan_in_a_diloco_outer_gradient_reaches_every_rank_not_a_hang(tmp_path):
     """DiLoCo with int8 outer gradients, one rank's local model NaN after step 4: its outer
     gradient's partition goes out as NONFINITE and the servers' outer step makes that
-    partition of the global parameters NaN, as an uncompressed outer gradient would; every rank pulls them at the round's
-    end and the job ends.  Before, that rank's step failed alone and the others waited."""
+    partition of the global parameters NaN, as an uncompressed outer gradient would;
+    every rank pulls them at the round's end and the job ends.  Before, that rank's step
+    failed alone and the others waited."""
     res = run_script("compress_nonfinite.py", tmp_path, "int8", "diloco", workers=2,
                      timeout=90, BYTEPS_MIN_COMPRESS_BYTES=0, BYTEPS_PARTITION_BYTES=4000)
     assert_ok(res)

@@ -193,16 +193,23 @@ def test_input_untouched_new_frame_any_buffer(name):
         assert np.array_equal(out, ref, equal_nan=True)
 
 
-@pytest.mark.parametrize("name", ["onebit", "dithering", "int8"])
-def test_non_finite_gradient_is_refused(name):
+@pytest.mark.parametrize("name", COMPRESSORS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_gradient_is_refused_and_the_state_kept(name, bad):
+    """onebit, dithering and int8 cannot encode inf or NaN; the others could, but error
+    feedback or momentum would then keep them for good: with either, every compressor
+    refuses the round (the worker sends it NONFINITE) and its state is as before, so the
+    next frame is the one a pipeline that never saw the round makes."""
     x = grad()
-    x[7] = np.nan
-    p = pipe(name, ef="vanilla", momentum="nesterov")
-    p.compress(grad(seed=1), 0)
+    x[7] = bad
+    p, ref = (pipe(name, ef="vanilla", momentum="nesterov") for _ in range(2))
+    for q in (p, ref):
+        q.compress(grad(seed=1), 0)
     state = p.momentum.copy(), p.residual.copy()
     with pytest.raises(CompressionError, match="inf or NaN"):
         p.compress(x, 1)
     assert np.array_equal(p.momentum, state[0]) and np.array_equal(p.residual, state[1])
+    assert np.array_equal(p.compress(grad(seed=2), 2), ref.compress(grad(seed=2), 2))
 
 
 def test_pipeline_validates_spec_and_arguments():

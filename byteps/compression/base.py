@@ -97,6 +97,9 @@ class Compressor(abc.ABC):
 
     #: exact size in bytes of every frame
     frame_bytes: int
+    #: compress() raises CompressionError on inf or NaN (a scale computed from them:
+    #: onebit, int8, dithering); the others encode them as they are
+    finite_only = False
 
     def __init__(self, spec, n: int, key: int, part: int):
         self.spec, self.n, self.key, self.part = spec, n, key, part

@@ -53,6 +53,8 @@ def levels(s: int, partition: str) -> np.ndarray:
 class Dithering(Compressor):
     """One int8 level index per element and one float32 norm per frame."""
 
+    finite_only = True      # the scale check below (finite_scale)
+
     def __init__(self, spec, n: int, key: int, part: int):
         super().__init__(spec, n, key, part)
         self.s = int(spec.k)

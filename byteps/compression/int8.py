@@ -37,6 +37,8 @@ def _step(mn: np.ndarray, mx: np.ndarray) -> np.ndarray:
 class Int8(Compressor):
     """uint8 codes between per-bucket float32 min and max."""
 
+    finite_only = True      # the scale check below (finite_scale)
+
     def __init__(self, spec, n: int, key: int, part: int):
         super().__init__(spec, n, key, part)
         self.bucket = spec.bucket

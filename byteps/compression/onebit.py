@@ -35,6 +35,8 @@ _BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1)
 class OneBit(Compressor):
     """One sign bit per element and one float32 scale per frame."""
 
+    finite_only = True      # the scale check below (finite_scale)
+
     def __init__(self, spec, n: int, key: int, part: int):
         super().__init__(spec, n, key, part)
         self.frame_bytes = 4 + (n + 7) // 8

@@ -88,6 +88,12 @@ class Pipeline:
             v = np.multiply(mom, self._mu, out=self._work)
             v += x
         r = self.residual
+        if (r is not None or mom is not None) and not self.compressor.finite_only and \
+                not np.isfinite(v).all():
+            # inf or NaN would stay in the residual or the momentum for good: the round is
+            # not compressed (the worker sends it NONFINITE) and the state is kept
+            raise CompressionError(f"{self.compressor.what}: the gradient contains inf or "
+                                   f"NaN, which error feedback or momentum would keep")
         if r is None:
             frame = self.compressor.compress(v, rnd)
         else:

@@ -4,7 +4,7 @@ them (tests/test_compression.py): that push_pull must neither hang nor fail on o
     compress_nonfinite.py OUT_DIR COMPRESSOR [diloco]
 
 Each rank pushes a tensor of 3 partitions (BYTEPS_PARTITION_BYTES=4000: 1000 floats each)
-filled with rank + 1, compressed with COMPRESSOR (with error feedback for onebit), for 7
+filled with rank + 1, compressed with COMPRESSOR and error feedback, for 7
 steps; at step 3 the highest rank puts a NaN in partition 1 and, with more than 2 ranks,
 the rank below it an inf.  Like a loop with loss scaling, every rank skips the
 step whose result is not finite.  Writes OUT_DIR/rank<r>.json: every step's result as
@@ -20,7 +20,7 @@ import numpy as np
 import byteps.numpy as bps
 
 OUT, COMPRESSOR = sys.argv[1], sys.argv[2]
-PARAMS = {"compressor": COMPRESSOR, **({"ef": "vanilla"} if COMPRESSOR == "onebit" else {})}
+PARAMS = {"compressor": COMPRESSOR, "ef": "vanilla"}
 
 bps.init()
 r, n = bps.rank(), bps.size()
