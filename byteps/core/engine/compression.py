@@ -197,8 +197,8 @@ class Compression:
                 "this round's result of the partition is NaN on every rank, as an "
                 "uncompressed sum's would be: skip the step on every rank when a result is "
                 "not finite (loss scaling does), or find where the gradient overflows")
-        log.warning("worker rank %d: tensor %r partition %d holds inf or NaN, which its "
-                    "compressor cannot encode (%s); %s", self.rank, name, t.part, exc, what)
+        log.warning("worker rank %d: tensor %r partition %d holds inf or NaN, which is not "
+                    "compressed (%s); %s", self.rank, name, t.part, exc, what)
         return NONFINITE_FRAME
 
     def decompress(self, t, e: Entry, frame, timeline=None) -> np.ndarray:
