@@ -159,3 +159,19 @@ def test_inf_or_nan_in_a_diloco_outer_gradient_reaches_every_rank_not_a_hang(tmp
     for r in (0, 1):       # the round of steps 3-5 ends at step 5: partition 1 NaN on both
         assert ranks[r]["nans"][:4] == [0] * 4 and ranks[r]["nans"][5:] == [1000] * 5, ranks
     assert "global parameters of the partition become NaN" in res.stderr
+
+
+@pytest.mark.parametrize("comp", ["none", "onebit"])
+def test_torch_loss_scaling_skips_an_overflow_on_every_rank(tmp_path, comp):
+    """A real loss scaler (torch.amp.GradScaler on CPU, Horovod's recipe), rank 1's loss
+    inf in step 2: every rank skips that step (parameters unchanged, scale halved) and the
+    ranks stay identical, uncompressed and with onebit + error feedback.  With onebit the
+    job used to end there: rank 1's gradients could not be compressed."""
+    res = run_script("torch_amp_nonfinite.py", tmp_path, comp, workers=2, timeout=120,
+                     BYTEPS_MIN_COMPRESS_BYTES=0)
+    assert_ok(res)
+    ranks = read_results(tmp_path)
+    assert ranks[0] == ranks[1], ranks                        # one model, one scale
+    log = ranks[0]
+    assert [s for s, _ in log] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 512.0], log
+    assert log[2][1] == log[1][1] and len({d for _, d in log}) == 5, log   # step 2 skipped
