@@ -7,7 +7,7 @@ What CI runs (``make test``, under its 30-minute budget), as three jobs at once:
   numpy plugin under local reduction (2 hosts x 2: local stage and servers; ``slow``): the
   core decides every stage, so this is where a combination breaks;
 - the sampled cells (every value of every axis at least once) for numpy and torch, flat,
-  and for MXNet (tests/test_mxnet_matrix.py, its own venv); each plugin's own compose
+  for numpy with server replication (2 servers, each the other's backup), and for MXNet (tests/test_mxnet_matrix.py, its own venv); each plugin's own compose
   tests (tests/test_compose_*.py) cover its adaptation under local reduction.
 The rest carries the ``matrix_full`` mark: the whole cross product of numpy, torch and
 tensorflow and the sampled cells of torch, tensorflow and MXNet in both layouts
@@ -45,6 +45,14 @@ def test_matrix_numpy_whole_and_torch_sampled(tmp_path):
     failed = [f"{'/'.join(job)}: {run.exception()}" for job, run in runs.items()
               if run.exception() is not None]
     assert not failed, "\n\n".join(failed)
+
+
+def test_sampled_cells_with_server_replication(tmp_path):
+    """Server replication (BYTEPS_SERVER_REPLICAS=1: 2 servers, each the other's backup)
+    is an axis too: the sampled cells, numpy, 2 hosts x 2.  AsyncPS with compression hung
+    here: its exact seed push is raw on a compressed key, which the backup refused
+    ("compression differs from the declaration"), so the primary waited for its copy."""
+    matrix.check("numpy", "replicas", tmp_path, matrix.sampled(), timeout=600)
 
 
 @pytest.mark.matrix_full

@@ -347,16 +347,14 @@ class Replicator:
         if slot.dtype != e.dtype or slot.length != e.length:
             raise WireError(f"entry {e} does not match the stored {slot.length} x "
                             f"{DTYPES[slot.dtype].name}")
-        if bool(e.flags & COMP) != (slot.pipe is not None):
-            raise WireError(f"entry {e}: compression differs from the declaration")
+        arr = frame_bytes(frame) if e.flags & COMP else entry_array(e, frame)
+        # the primary's own rule (an asynchronous key's exact push, AsyncPS's seed, is raw
+        # even when the key is compressed), decided once in Tensors.comp_ok
+        if not srv.tensors.comp_ok(slot, e, arr, rank):
+            raise WireError(f"entry {e}: compression or frame size differs from the "
+                            f"declaration")
         if e.flags & COMP:
-            arr = frame_bytes(frame)
-            if arr.nbytes != (0 if e.flags & NONFINITE else slot.pipe.frame_bytes):
-                raise WireError(f"compressed frame of {arr.nbytes} bytes, expected "
-                                f"{slot.pipe.frame_bytes}")
             arr = np.frombuffer(arr, np.uint8)
-        else:
-            arr = entry_array(e, frame)
         self.stats["stored"] += 1
         if e.flags & PUSH:
             if rank < 0:
