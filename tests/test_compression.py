@@ -175,3 +175,20 @@ def test_torch_loss_scaling_skips_an_overflow_on_every_rank(tmp_path, comp):
     log = ranks[0]
     assert [s for s, _ in log] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 512.0], log
     assert log[2][1] == log[1][1] and len({d for _, d in log}) == 5, log   # step 2 skipped
+
+
+def test_torch_loss_scaling_skips_an_overflow_on_every_rank_of_a_process_set(tmp_path):
+    """The same on process sets ([0, 2] and [1, 3], 2 hosts x 2), whose compressed
+    allreduce is the sets' own (core/collective/set_ops.py): rank 2's loss inf in step 2,
+    so set [0, 2] skips that step on both of its ranks and [1, 3] does not.  Before, rank
+    2's compression raised alone and the job ended."""
+    res = run_script("torch_amp_nonfinite.py", tmp_path, "procset", workers=4, timeout=120,
+                     launcher_args=("--hosts", "2", "--local-size", "2"),
+                     BYTEPS_MIN_COMPRESS_BYTES=0)
+    assert_ok(res)
+    ranks = read_results(tmp_path)
+    assert ranks[0] == ranks[2] and ranks[1] == ranks[3], ranks
+    assert [s for s, _ in ranks[0]] == [1024.0] * 2 + [512.0] * 4, ranks[0]
+    assert ranks[0][2][1] == ranks[0][1][1], ranks[0]                 # skipped
+    assert [s for s, _ in ranks[1]] == [1024.0] * 6 and \
+        len({d for _, d in ranks[1]}) == 6, ranks[1]                   # the other set did not
