@@ -192,3 +192,16 @@ def test_torch_loss_scaling_skips_an_overflow_on_every_rank_of_a_process_set(tmp
     assert ranks[0][2][1] == ranks[0][1][1], ranks[0]                 # skipped
     assert [s for s, _ in ranks[1]] == [1024.0] * 6 and \
         len({d for _, d in ranks[1]}) == 6, ranks[1]                   # the other set did not
+
+
+def test_inf_or_nan_in_a_decentralized_model_reaches_its_peers_not_a_hang(tmp_path):
+    """Decentralized with onebit model differences, rank 1's model NaN at step 3: its
+    difference goes out as non-finite (a status byte after the frame), both replicas take
+    NaN and the models become NaN on both ranks, as an uncompressed exchange gives; the
+    job ends.  Before, rank 1's compression raised alone and its peer waited for it."""
+    res = run_script("compress_nonfinite.py", tmp_path, "onebit", "decentralized",
+                     workers=2, timeout=90, BYTEPS_MIN_COMPRESS_BYTES=0)
+    assert_ok(res)
+    ranks = read_results(tmp_path)
+    for r in (0, 1):
+        assert ranks[r]["nans"][:3] == [0] * 3 and ranks[r]["nans"][3:] == [3000] * 7, ranks

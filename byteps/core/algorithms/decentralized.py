@@ -285,6 +285,23 @@ class Decentralized(_PeerAlgorithm):
         acc /= len(models)
         self.flat.scatter(acc, params)
 
+    def _encode(self, d: np.ndarray, t: int) -> np.ndarray:
+        """The frame of the difference ``d`` (decoded into ``self.dec``), and a status
+        byte: 1 when ``d`` held inf or NaN, which not every compressor encodes; then the
+        frame is zeros and both replicas take NaN, as an uncompressed exchange would
+        (wire.NONFINITE's rule), instead of this rank failing alone."""
+        try:
+            f = np.append(self.codec.compress(d, t), np.uint8(0))
+        except CompressionError:
+            if np.isfinite(d).all():
+                raise
+            self.dec.fill(np.nan)
+            f = np.zeros(self.codec.frame_bytes + 1, np.uint8)
+            f[-1] = 1
+            return f
+        self.codec.decompress(f[:-1], t, self.dec)
+        return f
+
     def _compressed_step(self, params, t: int, what: str) -> None:
         x = self.flat.gather(params).astype(np.float32, copy=False)
         to, frm = self._peers(t)
@@ -293,18 +310,20 @@ class Decentralized(_PeerAlgorithm):
             h = self.mine[r]
             f = frames.get(id(h))
             if f is None:                    # a shared replica is updated once
-                f = frames[id(h)] = self.codec.compress(x - h, t)
-                self.codec.decompress(f, t, self.dec)
+                f = frames[id(h)] = self._encode(x - h, t)
                 h += self.dec
             if r not in self.net.joined:
                 self.net.send(r, t, self.slot, KIND_COMP, self.layout, f)
         present = []
         for r in frm:
-            buf = self._recv(r, t, self.codec.frame_bytes, KIND_COMP, what)
+            buf = self._recv(r, t, self.codec.frame_bytes + 1, KIND_COMP, what)
             if buf is None:
                 continue
             try:
-                self.codec.decompress(buf, t, self.dec)
+                if buf[-1]:                  # its model held inf or NaN (see _encode)
+                    self.dec.fill(np.nan)
+                else:
+                    self.codec.decompress(buf[:-1], t, self.dec)
             except CompressionError as exc:
                 raise api.BytePSError(f"worker rank {self.rank}: {what}: the frame of "
                                       f"{self.net.describe(r)} is invalid: {exc}") from None
