@@ -112,3 +112,33 @@ class Compressor(abc.ABC):
     @abc.abstractmethod
     def decompress(self, buf, rnd: int, out: np.ndarray) -> None:
         """Validate the frame ``buf`` and write all ``n`` decoded elements into ``out``."""
+
+
+# ---------------------------------------------------------------- frames with a status byte
+def nonfinite_frame(codec) -> np.ndarray:
+    """The flagged frame (:func:`compress_flagged`) of a tensor that held inf or NaN."""
+    f = np.zeros(codec.frame_bytes + 1, np.uint8)
+    f[-1] = 1
+    return f
+
+
+def compress_flagged(codec, x: np.ndarray, rnd: int) -> np.ndarray:
+    """``codec``'s frame of ``x`` (a Compressor or a Pipeline) and a status byte, for the
+    peer-to-peer exchanges that have no wire flag (process sets, Decentralized): 1 when
+    ``x`` held inf or NaN, which is not compressed: the frame is zeros, ``codec``'s state
+    is kept, and the receivers read NaN (wire.NONFINITE's rule on the servers' path)."""
+    try:
+        frame = codec.compress(x, rnd)
+    except CompressionError:
+        if np.isfinite(x).all():
+            raise
+        return nonfinite_frame(codec)
+    return np.append(frame, np.uint8(0))
+
+
+def decompress_flagged(codec, buf, rnd: int, out: np.ndarray) -> None:
+    """Decode a frame of :func:`compress_flagged` into ``out`` (NaN for a flagged one)."""
+    if buf[-1]:
+        out.fill(np.nan)
+    else:
+        codec.decompress(buf[:-1], rnd, out)

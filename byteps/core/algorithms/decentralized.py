@@ -41,7 +41,7 @@ import hashlib
 
 import numpy as np
 
-from byteps.compression import CompressionError
+from byteps.compression import CompressionError, compress_flagged, decompress_flagged
 from byteps.core import api
 from byteps.core.algorithms.base import Algorithm, _spec, average_now
 
@@ -285,23 +285,6 @@ class Decentralized(_PeerAlgorithm):
         acc /= len(models)
         self.flat.scatter(acc, params)
 
-    def _encode(self, d: np.ndarray, t: int) -> np.ndarray:
-        """The frame of the difference ``d`` (decoded into ``self.dec``), and a status
-        byte: 1 when ``d`` held inf or NaN, which not every compressor encodes; then the
-        frame is zeros and both replicas take NaN, as an uncompressed exchange would
-        (wire.NONFINITE's rule), instead of this rank failing alone."""
-        try:
-            f = np.append(self.codec.compress(d, t), np.uint8(0))
-        except CompressionError:
-            if np.isfinite(d).all():
-                raise
-            self.dec.fill(np.nan)
-            f = np.zeros(self.codec.frame_bytes + 1, np.uint8)
-            f[-1] = 1
-            return f
-        self.codec.decompress(f[:-1], t, self.dec)
-        return f
-
     def _compressed_step(self, params, t: int, what: str) -> None:
         x = self.flat.gather(params).astype(np.float32, copy=False)
         to, frm = self._peers(t)
@@ -310,7 +293,9 @@ class Decentralized(_PeerAlgorithm):
             h = self.mine[r]
             f = frames.get(id(h))
             if f is None:                    # a shared replica is updated once
-                f = frames[id(h)] = self._encode(x - h, t)
+                # a status byte follows the frame (inf or NaN: both replicas take NaN)
+                f = frames[id(h)] = compress_flagged(self.codec, x - h, t)
+                decompress_flagged(self.codec, f, t, self.dec)
                 h += self.dec
             if r not in self.net.joined:
                 self.net.send(r, t, self.slot, KIND_COMP, self.layout, f)
@@ -320,10 +305,7 @@ class Decentralized(_PeerAlgorithm):
             if buf is None:
                 continue
             try:
-                if buf[-1]:                  # its model held inf or NaN (see _encode)
-                    self.dec.fill(np.nan)
-                else:
-                    self.codec.decompress(buf[:-1], t, self.dec)
+                decompress_flagged(self.codec, buf, t, self.dec)
             except CompressionError as exc:
                 raise api.BytePSError(f"worker rank {self.rank}: {what}: the frame of "
                                       f"{self.net.describe(r)} is invalid: {exc}") from None

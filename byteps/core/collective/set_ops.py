@@ -147,32 +147,25 @@ def _compression(ps, name, a, wire) -> _SetCompression | None:
 
 
 def _compressed_allreduce(ps, name, a, avg, pre, post, row, s: _SetCompression):
-    """Every member's frame, and the reply, end in a status byte: 1 when the tensor held
-    inf or NaN, which no compressor sends (wire.NONFINITE's rule: the frame is zeros, the
-    compressors' state is kept, and the set's result is NaN on every member, as an
-    uncompressed sum's would be)."""
-    from byteps.compression import CompressionError, server_pipeline
+    """Every member's frame, and the reply, end in a status byte (compression's
+    ``compress_flagged``): a member's tensor with inf or NaN makes the set's result NaN on
+    every member, as an uncompressed sum's would be, the compressors' state kept."""
+    from byteps.compression import (CompressionError, compress_flagged, decompress_flagged,
+                                    nonfinite_frame, server_pipeline)
     rnd, s.rnd = s.rnd, s.rnd + 1
     k = len(ps.ranks)
-    x = np.asarray(c.scale(a, pre), np.float32).reshape(-1)
-    nonfinite = np.zeros(s.worker.frame_bytes + 1, np.uint8)
-    nonfinite[-1] = 1
-    try:
-        frame = np.append(s.worker.compress(x, rnd), np.uint8(0))
-    except CompressionError:
-        if np.isfinite(x).all():
-            raise
-        frame = nonfinite
+    frame = compress_flagged(s.worker, np.asarray(c.scale(a, pre), np.float32).reshape(-1),
+                             rnd)
     what = f"compressed allreduce of {name!r} on {ps!r}"
 
     def compute(meta, frames, ranks):
         c._check("allreduce", name, meta, trailing=False, ranks=ranks)
         if any(f[-1] for f in frames):          # a member's tensor held inf or NaN
-            return [(nonfinite, None)] * len(ranks)
+            return [(nonfinite_frame(s.worker), None)] * len(ranks)
         total, dec = np.zeros(s.n, np.float32), np.empty(s.n, np.float32)
         for r, f in zip(ranks, frames):
             try:
-                s.worker.decompress(f[:-1], rnd, dec)
+                decompress_flagged(s.worker, f, rnd, dec)
             except CompressionError as exc:
                 raise BytePSError(f"{what}: the frame of rank {r} is invalid ({exc}); every "
                                   f"member must declare {name!r} with the same "
@@ -180,15 +173,11 @@ def _compressed_allreduce(ps, name, a, avg, pre, post, row, s: _SetCompression):
             total += dec
         if s.server is None:
             s.server = server_pipeline(s.spec, s.n, s.key, 0)
-        out = np.append(s.server.compress(total, rnd), np.uint8(0))
-        return [(out, None)] * len(ranks)
+        return [(compress_flagged(s.server, total, rnd), None)] * len(ranks)
 
     def finish(fr, extra):
         res = np.empty(s.n, np.float32)
-        if fr[-1]:
-            res.fill(np.nan)
-        else:
-            s.worker.decompress(fr[:-1], rnd, res)
+        decompress_flagged(s.worker, fr, rnd, res)
         if avg and k > 1:
             res /= k
         return c.scale(res.astype(a.dtype, copy=False).reshape(a.shape), post)
