@@ -378,3 +378,22 @@ def test_suspend_and_resume_of_the_original():
     assert "E resume(num_workers=3): the job has 1 worker(s)" in r.stdout, r.stdout
     assert "needs an elastic job (bpslaunch --min-workers)" in r.stdout
     assert r.stdout.strip().endswith("[1.0, 1.0, 1.0]")
+
+
+@pytest.mark.parametrize("framework,workers,layout", [
+    ("numpy", 2, ()), ("torch", 4, ("--hosts", "2")), ("tensorflow", 2, ())])
+def test_suspend_and_resume_in_a_running_job(framework, workers, layout):
+    """The original's elastic example (example/pytorch/elastic_benchmark_byteps.py):
+    every worker suspends, logs with rank()/local_rank()/size() (they answered "not
+    initialized" before), resumes and trains on; the weights equal the one-process
+    replay, no server calls a worker's leaving a dropped connection, and the launcher's
+    summary counts the push_pulls of both halves (it counted the last half only)."""
+    r = run_job([sys.executable, str(SCRIPTS / "suspend_resume.py"), framework],
+                workers=workers, servers=2, launcher_args=layout, timeout=150)
+    assert_ok(r)
+    out = r.stdout + r.stderr
+    assert len(re.findall(r"RESULT ", out)) == workers, out[-3000:]
+    assert out.count("shutdown: rank() refused") == workers
+    assert "dropped connection" not in out, out[-3000:]
+    counts = [int(n) for n in re.findall(r"bpslaunch: worker rank \d+ .*?: (\d+) push_pull", out)]
+    assert len(counts) == workers and min(counts) >= 12, counts

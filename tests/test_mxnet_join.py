@@ -1,4 +1,4 @@
-"""MXNet join() (Horovod semantics): runs in the MXNet venv (``make test`` runs
+"""MXNet join() (Horovod semantics) and the original's suspend()/resume(): runs in the MXNet venv (``make test`` runs
 ``.venv-mxnet/bin/python -m pytest tests/test_mxnet*.py``; MXNet 1.9.1 needs numpy<1.24,
 so the main venv skips this file).
 
@@ -73,3 +73,14 @@ def test_mxnet_join_is_the_core_join_and_one_process_returns_rank_0():
         assert bps.join() == 0 and bps.join(device=-1) == 0
     finally:
         bps.shutdown()
+
+
+def test_suspend_and_resume_in_a_running_job():
+    """The original BytePS's ``byteps.mxnet.suspend()`` (and ``resume()``) in the middle
+    of training: tests/test_elastic.py's check, for MXNet."""
+    r = run_job([sys.executable, str(SCRIPTS / "suspend_resume.py"), "mxnet"], workers=2,
+                servers=2, timeout=150)
+    assert_ok(r)
+    out = r.stdout + r.stderr
+    assert out.count("RESULT ") == 2 and out.count("shutdown: rank() refused") == 2, out[-3000:]
+    assert "dropped connection" not in out

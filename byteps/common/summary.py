@@ -22,6 +22,7 @@ def write_summary(speed, rank: int, host: str, traffic: dict | None = None) -> s
         return None
     path = os.path.join(d, f"worker{rank}.json")
     doc = dict(speed.summary(), **(traffic or {}), rank=rank, host=host, pid=os.getpid())
+    _add_earlier(doc, path)
     try:
         with open(path + ".tmp", "w") as f:
             json.dump(doc, f)
@@ -30,6 +31,27 @@ def write_summary(speed, rank: int, host: str, traffic: dict | None = None) -> s
         log.debug("cannot write the summary %s: %s", path, exc)
         return None
     return path
+
+
+#: what a process's summaries of several init()...shutdown() cycles add up
+_SUMMED = ("push_pulls", "bytes", "active_s", "pushed", "pushed_wire", "pulled", "pulled_wire")
+
+
+def _add_earlier(doc: dict, path: str) -> None:
+    """The same process's summary of an earlier init() (shutdown() and init() again,
+    ``suspend()``/``resume()``, an elastic reset) is added in: the launcher reports the
+    whole process, not its last cycle."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return
+    if not isinstance(old, dict) or old.get("pid") != doc["pid"]:
+        return
+    for k in _SUMMED:
+        if isinstance(old.get(k), (int, float)) and k in doc:
+            doc[k] += old[k]
+    doc["avg_MBps"] = round(doc["bytes"] / doc["active_s"] / 1e6, 3) if doc["active_s"] else 0.0
 
 
 def format_summary(doc: dict) -> str:

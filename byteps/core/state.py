@@ -102,8 +102,37 @@ def current() -> State | None:
 
 
 def set_current(st: State | None) -> None:
-    global _STATE
+    global _STATE, _SUSPENDED
     _STATE = st
+    if st is not None:
+        _SUSPENDED = None
+
+
+#: (rank, size, local rank, local size) from suspend() until the next init: the original
+#: BytePS answers rank() and size() between suspend() and resume(), and its elastic
+#: example logs with them there
+_SUSPENDED: tuple | None = None
+
+
+def keep_ids_while_suspended(ids: tuple | None) -> None:
+    """After suspend()'s shutdown: rank(), size(), local_rank() and local_size() answer
+    ``ids`` (what they answered before) until init() or resume()."""
+    global _SUSPENDED
+    _SUSPENDED = ids
+
+
+def ids() -> tuple | None:
+    """(rank, size, local rank, local size) of this process, None when not initialized."""
+    if _STATE is None:
+        return _SUSPENDED
+    return _STATE.rank, _STATE.size, _STATE.cfg.local_rank, _STATE.cfg.local_size
+
+
+def _ids() -> tuple:
+    found = ids()
+    if found is None:
+        _state()           # raises "not initialized"
+    return found
 
 
 def _state() -> State:
@@ -122,20 +151,20 @@ def get_config() -> Config:
 
 def rank() -> int:
     """Global rank of this worker process."""
-    return _state().rank
+    return _ids()[0]
 
 
 def size() -> int:
     """Number of worker processes in the job."""
-    return _state().size
+    return _ids()[1]
 
 
 def local_rank() -> int:
-    return _state().cfg.local_rank
+    return _ids()[2]
 
 
 def local_size() -> int:
-    return _state().cfg.local_size
+    return _ids()[3]
 
 
 class NameInFlightError(BytePSError, ValueError):

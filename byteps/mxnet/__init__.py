@@ -56,3 +56,7 @@ from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the
 from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncPS, Decentralized, ...)
 
 __all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]
+
+from byteps.core.elastic import resume, suspend  # noqa: E402  (the original's elastic calls)
+
+__all__ = list(__all__) + ["suspend", "resume"]

@@ -315,7 +315,7 @@ class Server:
                 return self.drops.warn("HELLO for a node id bound to another connection, or "
                                        "replayed", f"sender {hdr.sender}, seq {hdr.seq}")
             self.peers[ident] = w
-            self.peer_fds[transport.source_fd(frames[1])] = w
+            self.remember_connection(frames[1], w)
             return self.send(ident, Op.HELLO_OK, {})
         w = self.peers.get(ident)
         if w is None or w["node_id"] != hdr.sender:
@@ -349,6 +349,13 @@ class Server:
                                  f"over the socket instead")
             return
         self.on_data(ident, w, entries, decls, arrays)
+
+    def remember_connection(self, frame, who: dict) -> None:
+        """``who`` owns the connection ``frame`` came on: its close is logged by name.  The
+        monitor's events are read first: a closed connection's descriptor may already be
+        this one's, and its late "down" would otherwise be taken for this one's."""
+        self.check_connections()
+        self.peer_fds[transport.source_fd(frame)] = who
 
     def check_connections(self) -> None:
         """Log closed connections: a worker's, or a stranger's (oversize/malformed stream)."""

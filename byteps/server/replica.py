@@ -315,7 +315,7 @@ class Replicator:
                 return self.srv.drops.warn("server HELLO for a node id bound to another "
                                            "connection", f"sender {hdr.sender}")
             self.peers[ident] = s
-            self.srv.peer_fds[transport.source_fd(frames[1])] = dict(s, role="server")
+            self.srv.remember_connection(frames[1], dict(s, role="server"))
             return self.srv.send(ident, Op.HELLO_OK, {})
         if self.peers.get(ident) is not s or s is None or hdr.epoch != self.srv.link.epoch \
                 or not self.seqs.accept(hdr.sender, hdr.seq):

@@ -236,6 +236,10 @@ from byteps.tensorflow import elastic  # noqa: E402  (bps.elastic.run, TensorFlo
 
 __all__ = list(__all__) + ["elastic"]
 
+from byteps.core.elastic import resume, suspend  # noqa: E402  (the original's elastic calls)
+
+__all__ = list(__all__) + ["suspend", "resume"]
+
 
 def __getattr__(name: str):
     """``SyncBatchNormalization`` is built on first use (it imports Keras)."""

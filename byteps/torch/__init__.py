@@ -53,13 +53,22 @@ __all__ = [
 ] + list(_horovod_names)
 
 
+def _suspend() -> None:
+    """The original BytePS's ``suspend()``: byteps.torch's ``shutdown()`` until ``resume()``;
+    ``rank()`` and ``size()`` still answer meanwhile."""
+    from byteps.core import elastic
+    elastic.suspend(shutdown)
+
+
 def __getattr__(name):
     if name in ("parallel", "elastic"):        # bps.elastic.run, bps.elastic.TorchState
         import importlib
         return importlib.import_module(f"byteps.torch.{name}")
-    if name in ("suspend", "resume"):          # the original BytePS's elastic calls
+    if name == "suspend":          # the original BytePS's elastic calls
+        return _suspend
+    if name == "resume":
         from byteps.core import elastic
-        return getattr(elastic, name)
+        return elastic.resume
     raise AttributeError(f"module 'byteps.torch' has no attribute {name!r}")
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)

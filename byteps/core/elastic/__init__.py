@@ -184,11 +184,16 @@ def run(func):
 
 
 # ---------------------------------------------------------------------- the original's API
-def suspend() -> None:
-    """The original BytePS's ``suspend()``: leave the job (as ``shutdown()``) until
-    :func:`resume`."""
-    from byteps.core import api
-    api.shutdown()
+def suspend(shutdown=None) -> None:
+    """The original BytePS's ``suspend()``: leave the job (as ``shutdown()``; a plugin
+    passes its own) until :func:`resume`.  Meanwhile ``rank()``, ``size()``,
+    ``local_rank()`` and ``local_size()`` answer what they did before, as the original's
+    do (its elastic example logs with them there); ``is_initialized()`` is False."""
+    from byteps.core import state
+    from byteps.core.api import basics
+    kept = state.ids()
+    (shutdown or basics.shutdown)()
+    state.keep_ids_while_suspended(kept)
 
 
 def resume(num_workers: int | None = None, num_servers: int | None = None,
