@@ -205,3 +205,19 @@ def test_inf_or_nan_in_a_decentralized_model_reaches_its_peers_not_a_hang(tmp_pa
     ranks = read_results(tmp_path)
     for r in (0, 1):
         assert ranks[r]["nans"][:3] == [0] * 3 and ranks[r]["nans"][3:] == [3000] * 7, ranks
+
+
+@pytest.mark.parametrize("comp", ["none", "onebit"])
+def test_keras_loss_scaling_skips_an_overflow_on_every_rank(tmp_path, comp):
+    """Keras 3's LossScaleOptimizer inside byteps's DistributedOptimizer, model.fit on 2
+    hosts, rank 1's batch 2 of each epoch overflowing: every rank skips those two steps
+    (6 of 8 applied), halves its scale twice and ends with the same finite weights,
+    uncompressed and with onebit + error feedback (rank 1's partitions go out NONFINITE)."""
+    res = run_script("keras_loss_scaling.py", tmp_path, comp, workers=2, timeout=150,
+                     BYTEPS_MIN_COMPRESS_BYTES=0)
+    assert_ok(res)
+    ranks = read_results(tmp_path)
+    assert ranks[0] == ranks[1], ranks
+    assert ranks[0]["scale"] == 2.0 ** 13 and ranks[0]["steps"] == 6, ranks[0]
+    assert ranks[0]["finite"], ranks[0]
+    assert ("holds inf or NaN" in res.stderr) == (comp == "onebit"), res.stderr[-3000:]
