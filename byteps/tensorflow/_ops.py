@@ -96,8 +96,10 @@ def wait(tickets: list, specs: list, step: bool = False) -> list:
 
 
 def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse_as_dense: bool,
-                    op: str, device_dense: str = "", device_sparse: str = "") -> list:
-    """Average (or sum) a flat list of gradients across workers; ``None`` stays ``None``."""
+                    op: str, device_dense: str = "", device_sparse: str = "",
+                    step: bool = True) -> list:
+    """Average (or sum) a flat list of gradients across workers; ``None`` stays ``None``.
+    ``step``: they are one training step's gradients (the step ends when they are in)."""
     if core.size() == 1:
         return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices)
                 else g for g in grads]
@@ -130,7 +132,7 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
                 tickets.append(start_dense(c, names[i], average, -i))
                 specs.append((c.dtype, c.shape))
         plan[i] = (g, sparse, ctx, wdt)
-    results = iter(wait(tickets, specs, step=True))
+    results = iter(wait(tickets, specs, step=step))
     out = list(grads)
     for i in reversed(range(len(grads))):
         if i not in plan:

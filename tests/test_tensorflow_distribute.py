@@ -1,0 +1,31 @@
+"""The original BytePS's ``byteps.tensorflow.distribute.MirroredStrategy``
+(tests/scripts/tf_mirrored.py): Keras ``fit`` and a custom ``strategy.run`` loop, one and
+two local replicas, 2 hosts and one host of 2 (local reduction).  Every rank starts from
+its own random weights and ends with rank 0's, trained as one process on every rank's
+batches (the replay, to float32 rounding)."""
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+from conftest import SCRIPTS, assert_ok, read_results, run_job
+
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("tensorflow is not installed (pip install -e '.[tensorflow]')",
+                allow_module_level=True)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode,devices,layout", [
+    ("fit", 1, ()), ("loop", 2, ()), ("fit", 2, ("--hosts", "1"))])
+def test_mirrored_strategy_trains_as_one_process(tmp_path, mode, devices, layout):
+    res = run_job([sys.executable, str(SCRIPTS / "tf_mirrored.py"), str(tmp_path), mode,
+                   str(devices)], workers=2, timeout=150, launcher_args=layout)
+    assert_ok(res)
+    ranks = read_results(tmp_path)
+    assert sorted(ranks) == [0, 1]
+    assert ranks[0]["initial"] == ranks[1]["initial"]       # rank 0's initial weights
+    assert ranks[0]["final"] == ranks[1]["final"]
+    for r in ranks.values():
+        assert r["moved"] > 0.1 and r["replay_diff"] < 1e-5, r["replay_diff"]
+    assert np.isfinite(np.concatenate([np.ravel(w) for w in ranks[0]["final"]])).all()
