@@ -305,6 +305,28 @@ def test_parse_normalises_and_warns():
     assert s.describe() == "onebit+ef(vanilla)+momentum(nesterov, mu=0.9)"
 
 
+def test_parse_takes_the_original_examples_empty_strings_as_unset():
+    """The original's example/mxnet/train_gluon_mnist_byteps_gc.py builds its dict from
+    argparse defaults: ``''`` for the choices, ``k=1``, ``scaling``/``fp16`` False.  There
+    that means uncompressed (``--fp16-pushpull``: fp16); here it raised."""
+    def original(**flags):
+        d = {"compressor": "", "ef": "", "momentum": "", "scaling": False, "k": 1,
+             "fp16": False}
+        d.update(flags)
+        return d
+    assert parse(original()) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # k and scaling do not apply to fp16
+        assert parse(original(fp16=True)) == Spec("fp16")
+        assert parse(original(compressor="onebit", ef="vanilla", scaling=True)) == \
+            Spec("onebit", ef="vanilla", scaling=True)
+        assert parse(original(compressor="topk", k=3)) == Spec("topk", k=3)
+    with pytest.raises(ValueError, match="no 'compressor'"):
+        parse({"ef": "vanilla"})              # no compressor key at all: still an error
+    with pytest.raises(ValueError, match="is not supported"):
+        parse({"compressor": "onebit", "ef": "vanila"})
+
+
 # ---------------------------------------------------------------- wire spec
 
 @pytest.mark.parametrize("name", COMPRESSORS)

@@ -109,7 +109,10 @@ def test_compression_params_validated_with_original_keys(bps):
     params = _net().collect_params()
     for cp in ({"compressor": "onebit"}, {"compressor": "topk", "k": 8},
                {"compressor": "dithering", "k": 2, "partition": "natural", "normalize": "l2"},
-               {"fp16": True, "ef": "vanilla"}):
+               {"fp16": True, "ef": "vanilla"},
+               # the original's example/mxnet/train_gluon_mnist_byteps_gc.py defaults
+               {"compressor": "", "ef": "", "momentum": "", "scaling": False, "k": 1,
+                "fp16": False}):
         bps.DistributedTrainer(params, "sgd", {"learning_rate": 0.1}, compression_params=cp)
     bad = [({"compresor": "topk"}, ValueError, "did you mean 'compressor'"),
            ({"compressor": "gzip"}, ValueError, "'gzip' is not supported"),

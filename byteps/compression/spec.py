@@ -1,7 +1,9 @@
 """User ``compression_params`` -> a validated, normalised, hashable :class:`Spec`.
 
 The keys are the original BytePS ones.  A key whose value is ``None`` counts as absent
-(argparse defaults).  Keys that do not apply to the chosen compressor are ignored with
+(argparse defaults), and so does an empty string for the keys that name a choice: the
+original's examples pass ``--compressor``/``--ef``/``--compress-momentum`` with ``''``
+defaults, and ``{"compressor": ""}`` means uncompressed there.  Keys that do not apply to the chosen compressor are ignored with
 one warning; the :class:`Spec` then holds the defaults for them, so two ranks with the
 same effective settings hold equal specs.
 """
@@ -206,6 +208,10 @@ def _build(name: str, given: dict) -> tuple[Spec, list]:
     return Spec(compressor=name, **values), sorted(ignored)
 
 
+#: keys whose value names a choice: "" counts as absent (the original's argparse defaults)
+_NAMED = ("compressor", "ef", "momentum", "partition", "normalize")
+
+
 def parse(params: Mapping | None) -> Spec | None:
     """Validate user ``compression_params``; None or {} (no compressor) -> None."""
     if params is None:
@@ -220,17 +226,17 @@ def parse(params: Mapping | None) -> Spec | None:
             hint = _did_you_mean(key, KEYS)
             raise ValueError(f"compression_params key {key!r} {rule}{hint} "
                              f"(example: {EXAMPLES['compressor']!r})")
-        if value is not None:
+        if value is not None and not (value == "" and key in _NAMED):
             given[key] = value
     fp16 = _flag("fp16", given.pop("fp16")) if "fp16" in given else False
     name = given.pop("compressor", None)
     if name is None:
         if fp16:
             name = "fp16"
-        elif given:
+        elif given and params.get("compressor") != "":
             raise ValueError(f"compression_params sets {sorted(given)} but no 'compressor'; "
                              f"choose one of {COMPRESSORS} (example: {EXAMPLES['compressor']!r})")
-        else:
+        else:         # {"compressor": "", ...}: the original's "no compressor"
             return None
     name = _choice("compressor", name, COMPRESSORS)
     if fp16 and name != "fp16":
