@@ -9,3 +9,11 @@ def missing_framework(module: str, extra: str, plugin: str, exc: ImportError) ->
     return ImportError(
         f"{plugin} needs {module} ({exc}); install it with: pip install '{DIST}[{extra}]' "
         f"(in a checkout of the project: pip install -e '.[{extra}]')")
+
+
+def __getattr__(name: str):
+    """``byteps.run``: Horovod's ``horovod.run`` (byteps/launcher/pyrun.py), imported on use."""
+    if name == "run":
+        from byteps.launcher.pyrun import run
+        return run
+    raise AttributeError(f"module 'byteps' has no attribute {name!r}")

@@ -25,7 +25,7 @@ _SHARED = [
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "rank", "rocm_built", "shutdown", "size", "start_timeline",
     "stop_timeline", "algorithms", "ProcessSet", "add_process_set", "global_process_set",
-    "remove_process_set",
+    "remove_process_set", "suspend", "resume",
 ]
 
 

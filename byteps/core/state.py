@@ -102,10 +102,20 @@ def current() -> State | None:
 
 
 def set_current(st: State | None) -> None:
-    global _STATE, _SUSPENDED
+    global _STATE, _SUSPENDED, _LAST
     _STATE = st
     if st is not None:
         _SUSPENDED = None
+        _LAST = ids()
+
+
+#: ids() of the last init(), kept after shutdown() (byteps.run orders results by it)
+_LAST: tuple | None = None
+
+
+def last_ids() -> tuple | None:
+    """(rank, size, local rank, local size) of this process's last init(), or None."""
+    return _LAST
 
 
 #: (rank, size, local rank, local size) from suspend() until the next init: the original
