@@ -29,3 +29,13 @@ def test_mirrored_strategy_trains_as_one_process(tmp_path, mode, devices, layout
     for r in ranks.values():
         assert r["moved"] > 0.1 and r["replay_diff"] < 1e-5, r["replay_diff"]
     assert np.isfinite(np.concatenate([np.ravel(w) for w in ranks[0]["final"]])).all()
+
+
+def test_the_originals_module_paths_import():
+    """The original's ``byteps.tensorflow.ops`` and ``byteps.torch.byteps_push_pull``
+    (its optimizers' name for ``push_pull_async_inplace``) resolve to byteps's own."""
+    import byteps.tensorflow as bps
+    import byteps.tensorflow.ops as ops
+    import byteps.torch as tbps
+    assert ops.push_pull is bps.push_pull and ops.suspend is bps.suspend
+    assert tbps.byteps_push_pull is tbps.push_pull_async_inplace

@@ -120,9 +120,10 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
 
 
 def _rank() -> int:
-    """This worker's rank in its last job (after ``shutdown()`` too)."""
-    from byteps.core import state
-    ids = state.last_ids()
+    """This worker's rank in its last job (after ``shutdown()`` too; read from the core
+    when ``func`` loaded it, never imported from here), else its place on this machine."""
+    state = sys.modules.get("byteps.core.state")
+    ids = state.last_ids() if state is not None else None
     if ids is not None:
         return ids[0]
     local = int(os.environ.get("BYTEPS_LOCAL_RANK", "0"))

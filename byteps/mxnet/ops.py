@@ -17,7 +17,10 @@ import threading
 import numpy as np
 
 from byteps.core import api as core
+from byteps.core.api import local_rank, local_size, rank, size  # noqa: F401  (the original's
+from byteps.core.api.basics import init, shutdown  # noqa: F401   names here too)
 from byteps.core.collective import ops as coll
+from byteps.core.elastic import resume, suspend  # noqa: F401
 from byteps.mxnet._mx import mx
 
 _HOST = ("cpu", "cpu_pinned", "cpu_shared")

@@ -76,3 +76,6 @@ from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the
 from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncModelAverage, ...)
 
 __all__ = list(__all__) + ["get_pushpull_speed", "algorithms"]
+
+byteps_push_pull = push_pull_async_inplace     # the original's name for it (its optimizers')
+__all__.append("byteps_push_pull")
