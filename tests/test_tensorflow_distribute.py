@@ -39,3 +39,14 @@ def test_the_originals_module_paths_import():
     import byteps.torch as tbps
     assert ops.push_pull is bps.push_pull and ops.suspend is bps.suspend
     assert tbps.byteps_push_pull is tbps.push_pull_async_inplace
+
+
+@pytest.mark.timeout(120)
+def test_mirrored_strategy_refuses_asynchronous_training(tmp_path):
+    """BYTEPS_ENABLE_ASYNC=1: the strategy would have trained synchronously without a
+    word; the core's rule async-wrapper refuses it on every rank, naming the fix."""
+    res = run_job([sys.executable, str(SCRIPTS / "tf_mirrored.py"), str(tmp_path), "fit",
+                   "1"], workers=2, timeout=100, BYTEPS_ENABLE_ASYNC=1)
+    assert res.returncode != 0
+    assert "MirroredStrategy on rank" in res.stderr and "rule 'async-wrapper'" in res.stderr
+    assert "wrap the optimizer instead" in res.stderr, res.stderr[-3000:]

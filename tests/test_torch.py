@@ -101,6 +101,7 @@ def test_async_training_with_the_original_api(tmp_path):
         assert res[r]["obj_ok"]
         assert res[r]["loss"] < 0.05 * 204.5, res[r]        # 204.5: loss of a zero model
         assert "BYTEPS_ENABLE_ASYNC=1" in res[r]["refused"]
+        assert "rule 'async-wrapper'" in res[r]["refused"]       # the core's one rule
 
 
 @pytest.mark.timeout(120)

@@ -83,6 +83,16 @@ _RULES = (
          "optimizer again with the algorithm after adding the group (its rounds then start "
          "over every parameter); SyncPS (the default) takes new groups as they come",
          ValueError),
+    Rule("async-wrapper",
+         "asynchronous training (BYTEPS_ENABLE_ASYNC=1) with a wrapper that averages "
+         "gradients inside the framework's step: torch DistributedDataParallel, "
+         "TensorFlow's MirroredStrategy (byteps.tensorflow.distribute)",
+         "these wrappers hand the framework one averaged gradient and let its optimizer "
+         "apply it; asynchronous training pushes each worker's parameter change after its "
+         "own optimizer step, which happens outside the wrapper, so the wrapper has nothing "
+         "to push and would silently train synchronously",
+         "wrap the optimizer instead (DistributedOptimizer, or DistributedGradientTape), "
+         "which trains asynchronously with the variable set, or unset BYTEPS_ENABLE_ASYNC"),
     Rule("qadam-algorithm",
          "QAdamOptimizer (1-bit Adam) with an algorithm other than SyncPS (AsyncPS, "
          "BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, DiLoCo, Decentralized)",

@@ -193,11 +193,11 @@ def async_mode() -> bool:
 
 
 def check_sync_mode(what: str) -> None:
-    """Refuse BYTEPS_ENABLE_ASYNC=1 where synchronous averaging is assumed."""
+    """Refuse BYTEPS_ENABLE_ASYNC=1 where synchronous averaging is assumed (the core's
+    rule ``async-wrapper``)."""
     if async_mode():
-        raise BytePSError(f"{what} needs synchronous training, but BYTEPS_ENABLE_ASYNC=1 on "
-                          f"rank {_core.rank()}; for asynchronous training use "
-                          f"bps.DistributedOptimizer, or unset BYTEPS_ENABLE_ASYNC")
+        from byteps.core import compat
+        compat.refuse("async-wrapper", f"{what} on rank {_core.rank()}")
 
 
 def _check_tensor(tensor, name) -> None:
