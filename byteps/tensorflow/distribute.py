@@ -35,6 +35,7 @@ from tensorflow.python.distribute import mirrored_strategy as _ms
 
 from byteps.core import api as core
 from byteps.tensorflow import _ops
+from byteps.tensorflow.compression import NoneCompressor
 
 __all__ = ["BytePSCrossDeviceOps", "MirroredStrategy"]
 
@@ -69,19 +70,9 @@ class BytePSCrossDeviceOps(_cdo.ReductionToOneDevice):
         reduced = local
         if core.size() > 1:
             with tf.device(devices[0]):
-                reduced = _ops.push_pull_grads(local, names, PREFIX, _NoCompression,
+                reduced = _ops.push_pull_grads(local, names, PREFIX, NoneCompressor,
                                                False, _ops.Average, step=False)
         return [self.broadcast(r, dest) for r, (_, dest) in zip(reduced, value_destination_pairs)]
-
-
-class _NoCompression:
-    @staticmethod
-    def compress(t):
-        return t, None
-
-    @staticmethod
-    def decompress(t, ctx):
-        return t
 
 
 class _Extended(_ms.MirroredExtended):
