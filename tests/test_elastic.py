@@ -397,3 +397,18 @@ def test_suspend_and_resume_in_a_running_job(framework, workers, layout):
     assert "dropped connection" not in out, out[-3000:]
     counts = [int(n) for n in re.findall(r"bpslaunch: worker rank \d+ .*?: (\d+) push_pull", out)]
     assert len(counts) == workers and min(counts) >= 12, counts
+
+
+def test_keras_elastic_callbacks_resume_after_a_lost_worker(tmp_path):
+    """Horovod's elastic Keras callbacks (CommitStateCallback, UpdateBatchStateCallback,
+    UpdateEpochStateCallback; its tensorflow2_keras_mnist_elastic.py failed here on the
+    first): model.fit inside bps.elastic.run, rank 1 lost in epoch 1; rank 0 resumes
+    from the last commit at epoch 1 and ends the 4 epochs alone."""
+    r = run_job([sys.executable, str(SCRIPTS / "keras_elastic_callbacks.py"), str(tmp_path)],
+                workers=2, timeout=150, launcher_args=("--min-workers", "1"))
+    assert_ok(r)
+    res = read_results(tmp_path)
+    assert list(res) == [0], res
+    assert res[0]["fits"] == [0, 1] and res[0]["size"] == 1, res[0]
+    assert res[0]["epoch"] == 4 and res[0]["batch"] == 0, res[0]
+    assert np.isfinite(res[0]["loss"]), res[0]

@@ -75,3 +75,98 @@ class TensorFlowKerasState(ObjectState):
 
 
 KerasState = TensorFlowKerasState     # Horovod's name in horovod.keras
+
+
+# ---------------------------------------------------------------- Horovod's elastic callbacks
+class CommitStateCallbackImpl:
+    """Commit ``state`` every ``batches_per_commit`` batches and at each epoch's end."""
+
+    def __init__(self, backend, state, batches_per_commit: int = 1, *args):
+        super().__init__(*args)
+        if isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int) \
+                or batches_per_commit < 1:
+            raise ValueError(f"CommitStateCallback(batches_per_commit={batches_per_commit!r}):"
+                             f" must be an integer >= 1")
+        self.backend, self.state = backend, state
+        self.batches_per_commit = self.batches_remaining = batches_per_commit
+
+    def on_train_begin(self, logs=None):
+        self.batches_remaining = self.batches_per_commit    # the same on every rank
+
+    def on_batch_end(self, batch, logs=None):
+        self.batches_remaining -= 1
+        if self.batches_remaining == 0:
+            self.state.commit()
+            self.batches_remaining = self.batches_per_commit
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.commit()
+
+
+class UpdateBatchStateCallbackImpl:
+    """Keep ``state.batch`` (the batch reached in this epoch), and after a reset start the
+    epoch's remaining steps only."""
+
+    def __init__(self, backend, state, *args):
+        super().__init__(*args)
+        self.backend, self.state, self.steps_per_epoch = backend, state, None
+
+    def on_train_begin(self, logs=None):
+        self.steps_per_epoch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.params.get("steps"):
+            if self.steps_per_epoch is None:
+                self.steps_per_epoch = self.params.get("steps")
+            self.params["steps"] = self.steps_per_epoch - self.state.batch
+
+    def on_batch_end(self, batch, logs=None):
+        self.state.batch = batch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallbackImpl:
+    """Keep ``state.epoch``: the epochs done across resets (Keras counts from 0 in each
+    ``fit``), so a reset resumes at the next epoch."""
+
+    def __init__(self, backend, state, *args):
+        super().__init__(*args)
+        self.backend, self.state = backend, state
+        self.initial_epoch = state.epoch
+
+    def on_train_begin(self, logs=None):
+        self.initial_epoch = self.state.epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = self.initial_epoch + epoch + 1
+
+
+def populate_callbacks(ns: dict, keras) -> None:
+    """Horovod's ``CommitStateCallback``, ``UpdateBatchStateCallback`` and
+    ``UpdateEpochStateCallback`` bound to ``keras``, defined in the namespace ``ns``."""
+    base = keras.callbacks.Callback
+
+    class CommitStateCallback(CommitStateCallbackImpl, base):
+        """Commit the elastic state every ``batches_per_commit`` batches and at each
+        epoch's end (a reset then loses at most that many batches)."""
+
+        def __init__(self, state, batches_per_commit=1):
+            super().__init__(keras.backend, state, batches_per_commit)
+
+    class UpdateBatchStateCallback(UpdateBatchStateCallbackImpl, base):
+        """Track ``state.batch``; a reset resumes the epoch where it was."""
+
+        def __init__(self, state):
+            super().__init__(keras.backend, state)
+
+    class UpdateEpochStateCallback(UpdateEpochStateCallbackImpl, base):
+        """Track ``state.epoch`` across resets."""
+
+        def __init__(self, state):
+            super().__init__(keras.backend, state)
+
+    for cls in (CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback):
+        cls.__module__ = ns.get("__name__", cls.__module__)
+        ns[cls.__name__] = cls
