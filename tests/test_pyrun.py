@@ -34,3 +34,15 @@ def test_other_machines_are_refused_with_the_launcher_to_use():
     out = _main("far")
     assert "ERROR ValueError byteps.run starts the job on this machine; hosts " \
            "['gpu-box-7']" in out and "bpslaunch -H" in out, out
+
+
+def test_a_function_that_never_joins_the_job_is_ordered_by_its_place():
+    """A lambda (cloudpickle) that never calls init(): its results come back ordered by
+    local rank, the place bpslaunch gave each worker."""
+    code = ("import byteps, os\n"
+            "print('R', byteps.run(lambda k: (k, os.environ['BYTEPS_LOCAL_RANK']), "
+            "args=(7,), np=3))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=job_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "R [(7, '0'), (7, '1'), (7, '2')]" in r.stdout, r.stdout[-2000:]

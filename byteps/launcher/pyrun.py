@@ -126,9 +126,9 @@ def _rank() -> int:
     ids = state.last_ids() if state is not None else None
     if ids is not None:
         return ids[0]
-    local = int(os.environ.get("BYTEPS_LOCAL_RANK", "0"))
-    return int(os.environ.get("DMLC_WORKER_ID", "0")) * \
-        int(os.environ.get("BYTEPS_LOCAL_SIZE", "1")) + local
+    from byteps.common import variables
+    host = variables.value("DMLC_WORKER_ID") or 0
+    return host * variables.value("BYTEPS_LOCAL_SIZE") + variables.value("BYTEPS_LOCAL_RANK")
 
 
 def _worker(folder: str) -> None:
