@@ -1,6 +1,6 @@
-"""MXNet join() (Horovod semantics) and the original's suspend()/resume(): runs in the MXNet venv (``make test`` runs
-``.venv-mxnet/bin/python -m pytest tests/test_mxnet*.py``; MXNet 1.9.1 needs numpy<1.24,
-so the main venv skips this file).
+"""MXNet join() (Horovod semantics) and the original's suspend()/resume(): runs in the
+MXNet venv (``make test`` runs ``.venv-mxnet/bin/python -m pytest tests/test_mxnet*.py``;
+MXNet 1.9.1 needs numpy<1.24, so the main venv skips this file).
 
 Ranks with uneven steps call join(); every rank's parameters equal a one-process replay
 in which, at each step, the ranks that still have data add their gradients and the

@@ -3,9 +3,9 @@
 The keys are the original BytePS ones.  A key whose value is ``None`` counts as absent
 (argparse defaults), and so does an empty string for the keys that name a choice: the
 original's examples pass ``--compressor``/``--ef``/``--compress-momentum`` with ``''``
-defaults, and ``{"compressor": ""}`` means uncompressed there.  Keys that do not apply to the chosen compressor are ignored with
-one warning; the :class:`Spec` then holds the defaults for them, so two ranks with the
-same effective settings hold equal specs.
+defaults, and ``{"compressor": ""}`` means uncompressed there.  Keys that do not apply
+to the chosen compressor are ignored with one warning; the :class:`Spec` then holds the
+defaults for them, so two ranks with the same effective settings hold equal specs.
 """
 from __future__ import annotations
 
