@@ -216,6 +216,7 @@ class Timeline:
         self.offset = time.time() - time.monotonic()
         self.lock = threading.Lock()
         self.ops: dict[int, tuple] = {}        # handle id -> (name, step, t0)
+        self.untraced: tuple = ()              # name prefixes of byteps's own exchanges
         self.tensor_spans: list[tuple] = []    # (start, end, name, args)
         self.part_spans: list[list] = []       # [(start, end, name, args), ...] per partition
         self.extra: list[tuple] = []           # free spans: (start, end, name, cat, args)
@@ -239,7 +240,7 @@ class Timeline:
         """A push_pull starts; returns nothing, records it if its step is traced."""
         step = self.steps.n
         if self.start_step <= step <= self.end_step and \
-                not (step - self.start_step) % self.sample:
+                not (step - self.start_step) % self.sample and not name.startswith(self.untraced):
             with self.lock:
                 self.ops[hid] = (name, step, t0)
 

@@ -417,6 +417,8 @@ def start(cfg, st) -> Tuner | None:
     if not cfg.autotune or st.engine is None or cfg.enable_async or \
             (cfg.partition_explicit and cfg.credit_explicit):
         return None
+    if st.engine.timeline is not None:        # autotune's own exchanges: never traced
+        st.engine.timeline.untraced += (NAME + ".",)
     return Tuner(cfg, st.rank, st.nservers, st.engine, tune_partitions=True,
                  elastic="elastic_gen" in (st.book or {}))
 
@@ -447,9 +449,7 @@ def _exchange(st, x: np.ndarray, name: str) -> np.ndarray:
     from byteps.core import api
     eng = st.engine
     hid = api.push_pull_async(x, name, average=False, priority=1 << 30)
-    if eng.timeline is not None:
-        eng.timeline.ops.pop(hid, None)     # (long before its result can arrive)
-    out = api.synchronize(hid)
+    out = api.synchronize(hid)              # (untraced: start() told the timeline)
     with eng.speed.lock:
         eng.speed.total_ops -= 1
         eng.speed.total_bytes -= x.nbytes
