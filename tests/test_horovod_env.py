@@ -104,3 +104,47 @@ def test_docs_table_names_every_mapped_variable():
     table = text[text.index("| Horovod variable | here |"):]
     missing = [n for n in [*horovod_env.HONOURED, *horovod_env.NAMED] if f"`{n}" not in table]
     assert not missing, f"docs/configuration.md's HOROVOD_* table lacks {missing}"
+
+
+def test_runner_env_rank_and_size_reads_the_launchers_variables(monkeypatch):
+    """``byteps.runner.common.util.env.get_env_rank_and_size`` (Horovod's module path, which
+    its process-set suites import): horovodrun's (and bpslaunch's) HOROVOD_RANK/SIZE first,
+    then Open MPI's and PMI's; (0, 1) with none; half a pair or a bad value is an error
+    naming the variables."""
+    from byteps.runner.common.util.env import get_env_rank_and_size
+    for k in ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+              "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    assert get_env_rank_and_size() == (0, 1)
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "4")
+    assert get_env_rank_and_size() == (1, 4)
+    monkeypatch.setenv("HOROVOD_RANK", "2")
+    monkeypatch.setenv("HOROVOD_SIZE", "3")
+    assert get_env_rank_and_size() == (2, 3)          # horovodrun's names win
+    monkeypatch.delenv("HOROVOD_SIZE")
+    with pytest.raises(RuntimeError, match="HOROVOD_RANK and HOROVOD_SIZE"):
+        get_env_rank_and_size()
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="HOROVOD_RANK=2 is not a rank"):
+        get_env_rank_and_size()
+    monkeypatch.setenv("HOROVOD_SIZE", "two")
+    with pytest.raises(RuntimeError, match="whole numbers"):
+        get_env_rank_and_size()
+    import byteps.runner
+    from byteps.launcher.pyrun import run
+    assert byteps.runner.run is run                  # horovod.runner.run
+
+
+def test_common_util_env_sets_and_restores(monkeypatch):
+    """``byteps.common.util.env`` (Horovod's ``horovod.common.util.env``): the variables
+    hold inside the block and are restored (or removed) after it, even on an error."""
+    from byteps.common.util import env
+    monkeypatch.setenv("BPS_TEST_KEEP", "old")
+    monkeypatch.delenv("BPS_TEST_NEW", raising=False)
+    with pytest.raises(KeyError):
+        with env(BPS_TEST_KEEP="new", BPS_TEST_NEW=1, BPS_TEST_SKIP=None):
+            assert (os.environ["BPS_TEST_KEEP"], os.environ["BPS_TEST_NEW"]) == ("new", "1")
+            assert "BPS_TEST_SKIP" not in os.environ
+            raise KeyError("inside")
+    assert os.environ["BPS_TEST_KEEP"] == "old" and "BPS_TEST_NEW" not in os.environ

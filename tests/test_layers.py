@@ -86,7 +86,7 @@ print("ok")
 # ---------------------------------------------------------------- no upward imports
 # Floors that must never reach the worker (byteps.core) or the server (byteps.server), even
 # inside a function: every role's floor (common), the launcher, and Ray's launcher.
-LOW_FLOORS = ("byteps.common", "byteps.launcher", "byteps.ray")
+LOW_FLOORS = ("byteps.common", "byteps.launcher", "byteps.ray", "byteps.runner")
 ABOVE = ("byteps.core", "byteps.server")
 PKG = ROOT / "byteps"
 

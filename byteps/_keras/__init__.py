@@ -70,6 +70,7 @@ class _Settings:
         self.reduced = None         # gradients _compute_gradients reduced already
         self.alg = None           # byteps._keras.algorithm.KerasAlgorithm (non-SyncPS)
         self.variables: list = []  # SyncPS: the variables of the latest step (finish())
+        self.process_set = None    # Horovod's process_set= (None: every worker)
         if self.passes < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
 
@@ -85,11 +86,12 @@ class _Settings:
         out = list(grads)
         red = _ops.push_pull_grads([grads[i] for i in shared], [variables[i] for i in shared],
                                    self.prefix, self.compression, self.sparse_as_dense,
-                                   self.op, self.device_dense, self.device_sparse)
+                                   self.op, self.device_dense, self.device_sparse,
+                                   process_set=self.process_set)
         for i, g in zip(shared, red):
             out[i] = g
         if self.scale_local and len(shared) < len(out):
-            n = float(core.size())
+            n = float(_ops.reducing_size(self.process_set))
             for i, v in enumerate(variables):
                 if id(v) in self.local and out[i] is not None:
                     out[i] = _scaled(out[i], 1.0 / n)
@@ -282,8 +284,9 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
                                  op=_ops.Average, backward_passes_per_step=1,
                                  average_aggregated_gradients=False, in_place=None,
                                  compression_params=None, algorithm=None,
-                                 scale_local_gradients=True):
-    """Wrap a Keras optimizer: same class name and config, gradients averaged across workers.
+                                 scale_local_gradients=True, process_set=None):
+    """Wrap a Keras optimizer: same class name and config, gradients averaged across workers
+    (among ``process_set``'s ranks only, with Horovod's ``process_set=``).
 
     An unbuilt optimizer is re-created from its config (the original stays
     untouched); a built one (it has state) is converted in place so that its
@@ -320,8 +323,14 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
                          device_dense, device_sparse, backward_passes_per_step,
                          average_aggregated_gradients)
     settings.scale_local = bool(scale_local_gradients)
+    settings.process_set = _ops.gradient_process_set(process_set)
     from byteps._keras.algorithm import resolve
     settings.alg = resolve(algorithm, settings)    # AsyncPS with BYTEPS_ENABLE_ASYNC=1, ...
+    if settings.alg is not None and settings.process_set is not None:
+        from byteps.core import compat
+        compat.refuse("process-set-algorithm", f"DistributedOptimizer(process_set="
+                                               f"{settings.process_set!r}, algorithm="
+                                               f"{settings.alg.algorithm.describe()})")
     if settings.alg is not None and hasattr(opt, "_bps_exchange"):
         from byteps.core import compat
         compat.refuse("qadam-algorithm", f"{type(opt).__name__} with "

@@ -125,8 +125,10 @@ def populate(ns: dict, keras) -> None:
                              compression=compression_none, sparse_as_dense=False,
                              backward_passes_per_step=1, op=_tf_bps.Average,
                              average_aggregated_gradients=False, compression_params=None,
-                             algorithm=None, scale_local_gradients=True):
-        """Wrap a Keras optimizer so that gradients are averaged across workers before use.
+                             algorithm=None, scale_local_gradients=True, process_set=None):
+        """Wrap a Keras optimizer so that gradients are averaged across workers before use
+        (among ``process_set``'s ranks only with Horovod's ``process_set=``; a rank outside
+        the set applies its own gradients).
 
         Works with ``model.compile``/``model.fit`` and with ``apply_gradients``.
         ``backward_passes_per_step=N`` sums N local gradients and communicates once per N
@@ -144,7 +146,8 @@ def populate(ns: dict, keras) -> None:
             _impl.keras_of(optimizer), optimizer, name, device_dense, device_sparse,
             compression, sparse_as_dense, op, backward_passes_per_step,
             average_aggregated_gradients, compression_params=compression_params,
-            algorithm=algorithm, scale_local_gradients=scale_local_gradients)
+            algorithm=algorithm, scale_local_gradients=scale_local_gradients,
+            process_set=process_set)
 
     def PartialDistributedOptimizer(optimizer, local_layers=None, **kwargs):
         """Horovod's: a DistributedOptimizer (same keywords) whose ``local_layers`` (a

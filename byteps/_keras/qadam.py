@@ -182,4 +182,4 @@ def _reduce_with(settings, tensors, variables, prefix, compression):
     from byteps.tensorflow import _ops
     return _ops.push_pull_grads(tensors, variables, settings.prefix + prefix, compression,
                                 settings.sparse_as_dense, settings.op, settings.device_dense,
-                                settings.device_sparse)
+                                settings.device_sparse, process_set=settings.process_set)

@@ -136,8 +136,9 @@ def rocm_built() -> bool:
     return bool(tf.test.is_built_with_rocm())
 
 
-def broadcast_variables(variables, root_rank: int, scope: str = ""):
-    """Assign rank ``root_rank``'s value to every variable on every rank.
+def broadcast_variables(variables, root_rank: int, scope: str = "", process_set=None):
+    """Assign rank ``root_rank``'s value to every variable on every rank (of
+    ``process_set``, Horovod's: its members call it, ``root_rank`` one of them).
 
     Eagerly this happens at once (returns None); inside ``tf.function`` or a
     TF1 graph it returns the op that does it.  Every rank must pass the same
@@ -145,8 +146,13 @@ def broadcast_variables(variables, root_rank: int, scope: str = ""):
     """
     variables = list(variables)
     names = _ops.unique_names("BroadcastVariables." + _scoped(scope, ""), variables)
-    values = _ops.broadcast_tensors([tf.convert_to_tensor(v) for v in variables], names,
-                                    root_rank)
+    ps = _ops.gradient_process_set(process_set)
+    if ps is None:
+        values = _ops.broadcast_tensors([tf.convert_to_tensor(v) for v in variables], names,
+                                        root_rank)
+    else:
+        values = [broadcast(tf.convert_to_tensor(v), root_rank, name=n, process_set=ps)
+                  for v, n in zip(variables, names)]
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     if tf.executing_eagerly():
         return None
@@ -202,8 +208,11 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
                          compression=Compression.none, sparse_as_dense: bool = False,
                          backward_passes_per_step: int = 1, op=Average,
                          average_aggregated_gradients: bool = False,
-                         compression_params: dict | None = None, algorithm=None):
-    """Wrap an optimizer so that it averages gradients across workers before applying them.
+                         compression_params: dict | None = None, algorithm=None,
+                         process_set=None):
+    """Wrap an optimizer so that it averages gradients across workers before applying them
+    (among ``process_set``'s ranks only with Horovod's ``process_set=``; a rank outside the
+    set applies its own gradients).
 
     Keras optimizers (Keras 3, or tf-keras under ``TF_USE_LEGACY_KERAS=1``)
     get the shared Keras implementation (``byteps.keras.DistributedOptimizer``);
@@ -220,12 +229,13 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
         refuse_v1(algorithm, optimizer)
         from byteps.tensorflow._v1 import wrap_v1_optimizer
         return wrap_v1_optimizer(optimizer, name, use_locking, device_dense, device_sparse,
-                                 compression, sparse_as_dense, backward_passes_per_step, op)
+                                 compression, sparse_as_dense, backward_passes_per_step, op,
+                                 process_set)
     from byteps import _keras
     return _keras.create_distributed_optimizer(
         _keras.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
         sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients,
-        algorithm=algorithm)
+        algorithm=algorithm, process_set=process_set)
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
 from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncPS, Decentralized, ...)

@@ -97,9 +97,13 @@ def wait(tickets: list, specs: list, step: bool = False) -> list:
 
 def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse_as_dense: bool,
                     op: str, device_dense: str = "", device_sparse: str = "",
-                    step: bool = True) -> list:
+                    step: bool = True, process_set=None) -> list:
     """Average (or sum) a flat list of gradients across workers; ``None`` stays ``None``.
-    ``step``: they are one training step's gradients (the step ends when they are in)."""
+    ``step``: they are one training step's gradients (the step ends when they are in).
+    ``process_set`` (Horovod's): only among that set's ranks (:func:`_set_grads`)."""
+    if process_set is not None and getattr(process_set, "process_set_id", None) != 0:
+        return _set_grads(grads, sources, prefix, compression, sparse_as_dense, op,
+                          device_dense, device_sparse, process_set)
     if core.size() == 1:
         return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices)
                 else g for g in grads]
@@ -145,6 +149,53 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
                 out[i] = tf.IndexedSlices(r, idx, g.dense_shape)
             else:
                 out[i] = r
+    return out
+
+
+def gradient_process_set(process_set):
+    """``process_set=`` of a gradient wrapper: None for None or the global set (every
+    worker: the servers' path), else the set, which must be registered (ValueError)."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return None
+    from byteps.core.api.basics import process_set_kw
+    process_set_kw(process_set, "process_set")
+    return process_set
+
+
+def reducing_size(process_set) -> int:
+    """The number of ranks whose gradients are averaged: the set's, or every worker's."""
+    return core.size() if process_set is None else process_set.size()
+
+
+def _set_grads(grads, sources, prefix, compression, sparse_as_dense, op, device_dense,
+               device_sparse, ps) -> list:
+    """The gradients of a process set, as Horovod's ``process_set=``: averaged (or summed)
+    among the set's ranks only, each by the set's allreduce over the worker-to-worker links
+    (byteps.core.collective.set_ops; compressed there too with ``compression_params``); a
+    rank outside the set keeps its own gradients and sends nothing."""
+    from byteps.core.api.basics import process_set_kw
+    from byteps.tensorflow import mpi_ops
+    process_set_kw(ps, prefix)                      # registered (ValueError when built)
+    dense = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices)
+             else g for g in grads]
+    if not ps.included():
+        return dense
+    if len(grads) != len(sources):
+        raise ValueError(f"{prefix}: {len(grads)} gradients for {len(sources)} variables")
+    names = unique_names(prefix, sources)
+    cparams = getattr(compression, "core_params", None)
+    if cparams:              # the core compresses (byteps.compression); nothing to do here
+        from byteps.tensorflow.compression import NoneCompressor
+        compression = NoneCompressor
+    out = list(dense)
+    for i, g in enumerate(dense):
+        if g is None:
+            continue
+        if cparams and not isinstance(g, tf.IndexedSlices):
+            core.declare(names[i], compression_params=cparams)
+        out[i] = mpi_ops.allreduce(g, op=mpi_ops.Average if op == Average else mpi_ops.Sum,
+                                   name=names[i], process_set=ps, compression=compression,
+                                   device_dense=device_dense, device_sparse=device_sparse)
     return out
 
 

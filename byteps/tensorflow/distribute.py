@@ -102,13 +102,10 @@ class MirroredStrategy(_ms.MirroredStrategy):
     ``cross_device_ops``)."""
 
     def __init__(self, devices=None, cross_device_ops=None):
+        from byteps.core.api import basics
         if not core.is_initialized():
-            from byteps.core.api import basics
             basics.init()
-        cfg = core.get_config()
-        if cfg.enable_async and cfg.distributed:
-            from byteps.core import compat
-            compat.refuse("async-wrapper", f"MirroredStrategy on rank {core.rank()}")
+        basics.refuse_async_wrapper("MirroredStrategy")
         extended = _Extended(self, devices=_local_devices(devices),
                              cross_device_ops=cross_device_ops or BytePSCrossDeviceOps())
         distribute_lib.Strategy.__init__(self, extended)   # tf's own makes its extended

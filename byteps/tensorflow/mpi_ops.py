@@ -24,6 +24,7 @@ import tensorflow as tf
 from byteps.core import api as core
 from byteps.core.collective import ops as coll
 from byteps.core.collective.rules import check_unscaled
+from byteps.core.api import basics as _basics  # noqa: F401  (hvd.mpi_ops._basics, Horovod's)
 from byteps.core.api.basics import process_set_kw
 from byteps.tensorflow import _plumbing as P
 from byteps.tensorflow.compression import Compression

@@ -131,13 +131,14 @@ class _DistributedGradientTape(tf.GradientTape):
 
     def __init__(self, tape, device_dense, device_sparse, compression, sparse_as_dense, op,
                  algorithm, optimizer, persistent=False, watch_accessed_variables=True,
-                 scale_local_gradients=True):
+                 scale_local_gradients=True, process_set=None):
         super().__init__(persistent, watch_accessed_variables)
         self._tape = tape._tape                 # share what the user's tape recorded
         self._bps = (device_dense, device_sparse, compression, sparse_as_dense, op)
         self._bps_alg, self._bps_opt = algorithm, optimizer
         self._bps_local: dict = {}              # key -> source (kept alive: its key is its id)
         self._bps_scale_local = scale_local_gradients
+        self._bps_process_set = process_set
 
     def register_local_source(self, source) -> None:
         """Horovod's: ``source``'s gradient stays this worker's own (no exchange), divided
@@ -153,7 +154,7 @@ class _DistributedGradientTape(tf.GradientTape):
         out = list(flat)
         for i, g in zip(glob, self._reduce([flat[i] for i in glob], [srcs[i] for i in glob])):
             out[i] = g
-        n = float(core.size())
+        n = float(_ops.reducing_size(self._bps_process_set))
         for i in set(range(len(srcs))) - set(glob):
             g = out[i]
             if g is not None and self._bps_scale_local:
@@ -179,9 +180,11 @@ class _DistributedGradientTape(tf.GradientTape):
             if exchange is not None:             # QAdam: gradients, then momenta
                 from byteps._keras import _Settings
                 st = _Settings(PREFIX, comp, sad, op, dd, ds, 1, False)
+                st.process_set = self._bps_process_set
                 reduced = exchange(flat, srcs, st)
             else:
-                reduced = _ops.push_pull_grads(flat, srcs, PREFIX, comp, sad, op, dd, ds)
+                reduced = _ops.push_pull_grads(flat, srcs, PREFIX, comp, sad, op, dd, ds,
+                                               process_set=self._bps_process_set)
         return reduced
 
     def _algorithm_step(self, grads: list, sources: list) -> list:
@@ -227,7 +230,8 @@ class _DistributedGradientTape(tf.GradientTape):
 def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
                             compression=Compression.none, sparse_as_dense: bool = False,
                             op=_ops.Average, compression_params: dict | None = None,
-                            algorithm=None, optimizer=None, scale_local_gradients=True):
+                            algorithm=None, optimizer=None, scale_local_gradients=True,
+                            process_set=None):
     """Wrap a recorded ``tf.GradientTape``: its gradients are averaged over workers.
 
     Each gradient's push_pull starts as soon as backpropagation produces it (first
@@ -241,11 +245,17 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     that applies the gradients (its learning rate drives lr-aware error feedback; a
     ``bps.QAdamOptimizer`` gets its momentum exchange).  ``register_local_source(v)`` on
     the result keeps ``v``'s gradient local (Horovod's model parallelism), divided by the
-    number of workers unless ``scale_local_gradients=False``.
+    number of workers unless ``scale_local_gradients=False``.  ``process_set`` (Horovod's):
+    gradients are averaged among that set's ranks only; a rank outside it keeps its own.
     """
     op = _ops.resolve_op(op, None)
     compression = with_params(compression, compression_params)
     alg = _algorithm(algorithm, compression)
+    ps = _ops.gradient_process_set(process_set)
+    if alg is not None and ps is not None:
+        from byteps.core import compat
+        compat.refuse("process-set-algorithm", f"DistributedGradientTape(process_set={ps!r}, "
+                                               f"algorithm={alg.describe()})")
     if alg is not None and hasattr(optimizer, "_bps_exchange"):
         from byteps.core import compat
         compat.refuse("qadam-algorithm", f"DistributedGradientTape with "
@@ -253,7 +263,7 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
     return cls(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op, alg,
                optimizer, gradtape._persistent, gradtape._watch_accessed_variables,
-               scale_local_gradients)
+               scale_local_gradients, ps)
 
 
 def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
@@ -263,13 +273,13 @@ def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_spar
                                    local_layers=None, scale_local_gradients: bool = True):
     """Horovod's: a :func:`DistributedGradientTape` whose ``local_layers`` (Keras layers)
     keep their gradients local (``register_local_source`` for each of their trainable
-    weights).  ``gradient_predivide_factor``, ``num_groups``/``groups`` and ``process_set``
-    take their defaults only (byteps exchanges each gradient on its own, over every
-    worker)."""
-    if gradient_predivide_factor != 1.0 or num_groups or groups or process_set is not None:
+    weights); ``process_set`` as :func:`DistributedGradientTape`'s.
+    ``gradient_predivide_factor``, ``num_groups``/``groups`` take their defaults only
+    (byteps exchanges each gradient on its own)."""
+    if gradient_predivide_factor != 1.0 or num_groups or groups:
         raise ValueError("PartialDistributedGradientTape: gradient_predivide_factor, "
-                         "num_groups, groups and process_set take their defaults only in "
-                         "byteps; leave them out")
+                         "num_groups and groups take their defaults only in byteps; leave "
+                         "them out")
     layers = [] if local_layers is None else local_layers
     if not isinstance(layers, (list, tuple)):
         layers = [layers]
@@ -277,7 +287,8 @@ def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_spar
         raise ValueError("PartialDistributedGradientTape: local_layers must be Keras layers")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op,
-                                   scale_local_gradients=scale_local_gradients)
+                                   scale_local_gradients=scale_local_gradients,
+                                   process_set=process_set)
     for layer in layers:
         for v in layer.trainable_weights:
             tape.register_local_source(v)

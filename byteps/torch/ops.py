@@ -52,23 +52,9 @@ def init(lazy: bool = True, process_sets=None, comm=None) -> None:
     """Join the job described by the ``DMLC_*``/``BYTEPS_*`` environment.
 
     Without those variables this is a local job of size 1 (no network).
-    ``lazy`` is accepted for compatibility with the original BytePS.  ``process_sets``
-    (Horovod's): a list of rank lists or ``ProcessSet``s registered at once (every rank
-    passes the same), or ``"dynamic"`` (accepted: sets may always be added later).
-    ``comm`` (an MPI communicator) is refused: byteps does not use MPI.
+    ``lazy`` is accepted for compatibility with the original BytePS.  ``process_sets`` and
+    ``comm``: Horovod's, as :func:`byteps.core.api.basics.init` takes them.
     """
-    if comm is not None:
-        raise ValueError("init(comm=...): byteps does not use MPI; the job is described by "
-                         "the DMLC_*/BYTEPS_* environment (bpslaunch)")
-    _init(lazy)
-    if process_sets is not None and not isinstance(process_sets, str):
-        from byteps.core.collective import process_sets as _ps
-        for s in process_sets:
-            if not (isinstance(s, _ps.ProcessSet) and s.process_set_id is not None):
-                _ps.add_process_set(s)
-
-
-def _init(lazy: bool) -> None:
     if not _core.is_initialized():
         # torch.optim imports torch._dynamo (~800 modules, seconds on a loaded machine)
         # on first use; do it before the engine thread has heartbeats to send, so a long
@@ -77,14 +63,8 @@ def _init(lazy: bool) -> None:
             import torch._dynamo  # noqa: F401
         except ImportError:
             pass
-    _core.init()
-    _export_horovod_env()
-
-
-def _export_horovod_env() -> None:
-    """HOROVOD_RANK, HOROVOD_SIZE, ... for this job (the core's rule, byteps.core.api.basics)."""
-    from byteps.core.api.basics import export_horovod_env
-    export_horovod_env()
+    from byteps.core.api import basics
+    basics.init(lazy, process_sets=process_sets, comm=comm)
 
 
 def shutdown() -> None:
@@ -186,18 +166,11 @@ def _direct(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and _wire_dtype(t, "") == t.dtype and t.is_contiguous()
 
 
-def async_mode() -> bool:
-    """True in a distributed job with BYTEPS_ENABLE_ASYNC=1 (servers apply pushes at once)."""
-    cfg = _core.get_config()
-    return bool(cfg.enable_async and cfg.distributed)
-
-
 def check_sync_mode(what: str) -> None:
     """Refuse BYTEPS_ENABLE_ASYNC=1 where synchronous averaging is assumed (the core's
     rule ``async-wrapper``)."""
-    if async_mode():
-        from byteps.core import compat
-        compat.refuse("async-wrapper", f"{what} on rank {_core.rank()}")
+    from byteps.core.api import basics
+    basics.refuse_async_wrapper(what)
 
 
 def _check_tensor(tensor, name) -> None:

@@ -61,6 +61,18 @@ KNOWN = {
         "test_partial_distributed_gradient_tape": "Keras 3 variables have no .ref(), which the "
                                                   "test calls itself (Horovod fails it too; "
                                                   "passes with TF_USE_LEGACY_KERAS=1)"},
+    "test_tensorflow_process_sets.py": {
+        "test_horovod_reducescatter_grad_cpu_process_sets": (
+            "the eager float16 case compares np.linalg.norm(expected - grad) with 1e-08: the "
+            "difference of a float64 array and a float16 tensor is a float16 tensor, its norm "
+            "a numpy float16, and numpy 2 (NEP 50) compares it with 1e-08 rounded to float16, "
+            "which is 0, so even an exact gradient (error 0) fails (Horovod's too; the "
+            "matching test of test_tensorflow.py leaves float16 out)")},
+    "test_tensorflow2_keras_process_sets.py": {
+        "test_process_set_optimizer": "Keras 3 (TensorFlow >= 2.16): the test's own optimizer "
+                                      "calls Optimizer.__init__ without the learning_rate "
+                                      "Keras 3 requires (Horovod fails it too; passes with "
+                                      "TF_USE_LEGACY_KERAS=1)"},
     "test_keras.py": {
         "KerasTests": "TensorFlow 1's suite: KerasTests.__init__ calls tf.ConfigProto, which "
                       "TensorFlow 2 does not have, so pytest cannot even build the tests to "

@@ -20,7 +20,8 @@ from byteps.core import api
 __all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built",
            "export_horovod_env", "global_only", "gloo_built", "gloo_enabled", "init",
            "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
-           "process_set_kw", "shutdown", "start_timeline", "stop_timeline"]
+           "process_set_kw", "refuse_async_wrapper", "shutdown", "start_timeline",
+           "stop_timeline"]
 
 
 def _info() -> dict:
@@ -40,10 +41,50 @@ def export_horovod_env() -> None:
         os.environ[f"HOROVOD_{k}"] = str(v)
 
 
-def init(lazy: bool = False) -> None:
-    """Join the job (the core's ``init``), then :func:`export_horovod_env`."""
+def init(lazy: bool = False, process_sets=None, comm=None) -> None:
+    """Join the job (the core's ``init``), then :func:`export_horovod_env`.
+
+    ``process_sets`` (Horovod's): a list of ``ProcessSet``s or rank lists registered at
+    once, in order, on every rank (every rank passes the same sets; the order of the ranks
+    within a set does not matter), or ``"dynamic"`` (accepted: sets may always be added
+    later).  A set listed twice is a ValueError before the job is joined; a set of every
+    rank (the global set) or of ranks beyond the job's size is one before any is
+    registered.  ``comm`` (an MPI communicator, or Horovod's list of ranks) is refused:
+    byteps does not use MPI."""
+    if comm is not None:
+        raise ValueError("init(comm=...): byteps does not use MPI; the job is described by "
+                         "the DMLC_*/BYTEPS_* environment (bpslaunch); for a subset of the "
+                         "ranks use init(process_sets=[...]) or add_process_set()")
+    sets = None
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise ValueError(f"init(process_sets={process_sets!r}): give a list of sets, or "
+                             f"'dynamic'")
+    elif process_sets is not None:
+        from byteps.core.collective import process_sets as _ps
+        sets = _ps.initial_sets(process_sets)
     api.init(lazy)
     export_horovod_env()
+    if sets:
+        _ps.add_initial(sets)
+
+
+def _get_process_set_ids_and_ranks() -> dict:
+    """``{process_set_id: ranks}`` of every registered set, the global one (0) included:
+    Horovod's internal function of the same name (``hvd.mpi_ops._basics``), which its test
+    suites call."""
+    from byteps.core.collective import process_sets as _ps
+    return _ps.ids_and_ranks()
+
+
+def refuse_async_wrapper(wrapper: str) -> None:
+    """Refuse asynchronous training (BYTEPS_ENABLE_ASYNC=1 in a distributed job) for a
+    ``wrapper`` that averages gradients inside the framework's step (torch DDP,
+    TensorFlow's MirroredStrategy): the core's rule ``async-wrapper``, decided here once."""
+    cfg = api.get_config()
+    if cfg.enable_async and cfg.distributed:
+        from byteps.core import compat
+        compat.refuse("async-wrapper", f"{wrapper} on rank {api.rank()}")
 
 
 def shutdown() -> None:
@@ -131,15 +172,18 @@ def stop_timeline() -> None:
 
 def process_set_kw(process_set, what: str) -> dict:
     """The keyword arguments that carry ``process_set`` to :mod:`byteps.core.collective.ops`:
-    ``{}`` for None or the global set (id 0), ``{"process_set": ps}`` for another set when
-    the core has process sets (``byteps/core/collective/process_sets.py``); otherwise a ValueError
-    naming the operation."""
+    ``{}`` for None or the global set (id 0), ``{"process_set": ps}`` for another registered
+    set when the core has process sets (``byteps/core/collective/process_sets.py``);
+    otherwise a ValueError naming the operation.  A set that is not registered is refused
+    here, where the operation is built (a graph too, as Horovod's), not when it runs."""
     if process_set is None or getattr(process_set, "process_set_id", None) == 0:
         return {}
     if importlib.util.find_spec("byteps.core.collective.process_sets") is None:
         raise ValueError(f"{what}: process_set={process_set!r} is not supported by this "
                          f"byteps: every worker takes part; pass process_set=None (or the "
                          f"global process set)")
+    from byteps.core.collective import process_sets as _ps
+    _ps.check_registered(process_set, what)
     return {"process_set": process_set}
 
 

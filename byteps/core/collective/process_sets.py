@@ -34,8 +34,9 @@ from byteps.core.collective import handles as _handles
 from byteps.core.node import BytePSError
 from byteps.transport.wire import DTYPES, dtype_code
 
-__all__ = ["ProcessSet", "add_process_set", "global_process_set", "get_process_set",
-           "remove_process_set", "resolve", "run"]
+__all__ = ["ProcessSet", "add_initial", "add_process_set", "global_process_set",
+           "check_registered", "get_process_set", "ids_and_ranks", "initial_sets", "remove_process_set", "resolve",
+           "run"]
 
 KIND = 8                       # peer message kind of process-set traffic
 _MAX_DIMS = 32
@@ -46,12 +47,23 @@ class ProcessSet:
     """A set of worker ranks that run collectives together (Horovod's ``ProcessSet``).
 
     ``ProcessSet(ranks)`` only describes the set; :func:`add_process_set` registers it
-    (on every rank) and gives it its ``process_set_id``."""
+    (on every rank) and gives it its ``process_set_id``.  ``mpi_comm`` is always None
+    (byteps does not use MPI); it is there because Horovod's sets print it."""
+
+    mpi_comm = None
 
     def __init__(self, ranks=None):
-        self.ranks = None if ranks is None else _ranks(ranks)
+        self._ranks = None if ranks is None else _ranks(ranks)
         self.process_set_id = None
         self.ops = 0                       # operations issued so far (the message tags)
+        self.compression: dict = {}        # name -> its compression state (set_ops.py)
+
+    @property
+    def ranks(self) -> list | None:
+        """The member ranks, sorted (the global set's: every rank of the job)."""
+        if self.process_set_id == 0:
+            return list(range(api.size())) if api.is_initialized() else None
+        return self._ranks
 
     def size(self) -> int:
         """Number of ranks in the set."""
@@ -70,20 +82,20 @@ class ProcessSet:
     def _members(self) -> list:
         if self.process_set_id == 0:
             return list(range(api.size()))
-        if self.ranks is None or self.process_set_id is None:
+        if self._ranks is None or self.process_set_id is None:
             raise ValueError(f"{self!r} is not registered; call add_process_set() on every "
                              f"rank first")
-        return self.ranks
+        return self._ranks
 
-    def __repr__(self) -> str:
-        ranks = "all" if self.process_set_id == 0 else self.ranks
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={ranks})"
+    def __repr__(self) -> str:            # Horovod's form (its suites compare the strings)
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")
 
 
 global_process_set = ProcessSet()
 global_process_set.process_set_id = 0
 _SETS: dict[int, ProcessSet] = {}
-_next_id = [1]
+_RETIRED_OPS: dict[int, int] = {}  # id of a removed set -> its operation count (the next tag)
 _lock = threading.Lock()
 
 
@@ -105,6 +117,8 @@ def add_process_set(ranks) -> ProcessSet:
     Every worker must call it, in the same order, with the same ranks; ranks that pass
     different ones get an error naming both.  Returns the registered set."""
     ps = ranks if isinstance(ranks, ProcessSet) else ProcessSet(ranks)
+    if ps.process_set_id == 0:
+        raise ValueError("add_process_set: hvd.global_process_set is always registered")
     if ps.ranks is None:
         raise ValueError("add_process_set: give the ranks of the set")
     n = api.size()
@@ -120,10 +134,60 @@ def add_process_set(ranks) -> ProcessSet:
         dup = [s for s in _SETS.values() if s.ranks == ps.ranks]
         if dup:
             raise ValueError(f"add_process_set: {dup[0]!r} already has ranks {ps.ranks}")
-        ps.process_set_id, ps.ops = _next_id[0], 0
-        _next_id[0] += 1
-        _SETS[ps.process_set_id] = ps
+        # the lowest free id, as Horovod's; a reused id's operations go on numbering where
+        # the removed set's stopped, so no message of the old set can pass for the new one's
+        pid = next(i for i in range(1, len(_SETS) + 2) if i not in _SETS)
+        ps.process_set_id, ps.ops, ps.compression = pid, _RETIRED_OPS.pop(pid, 0), {}
+        _SETS[pid] = ps
     return ps
+
+
+def initial_sets(sets) -> list:
+    """``init(process_sets=[...])``'s list as ProcessSets, checked before the job is joined:
+    a set listed twice (the order of its ranks does not matter) is a ValueError on every
+    rank, and nothing is registered."""
+    if isinstance(sets, (ProcessSet, str, bytes)) or not hasattr(sets, "__iter__"):
+        raise ValueError(f"init(process_sets=...) takes a list of ProcessSets or rank lists, "
+                         f"or 'dynamic'; got {sets!r}")
+    out = [s if isinstance(s, ProcessSet) else ProcessSet(s) for s in sets]
+    seen: dict = {}
+    for i, ps in enumerate(out):
+        if ps.process_set_id == 0:
+            continue                    # hvd.global_process_set: always there
+        if ps.ranks is None:
+            raise ValueError(f"init(process_sets=...): entry {i} ({ps!r}) has no ranks")
+        key = tuple(ps.ranks)
+        if key in seen:
+            raise ValueError(f"init(process_sets=...): entries {seen[key]} and {i} are the same "
+                             f"set of ranks {list(key)}; list each set once")
+        seen[key] = i
+    return [ps for ps in out if ps.process_set_id != 0]
+
+
+def add_initial(sets: list) -> None:
+    """Register :func:`initial_sets`' sets after ``init()``, in order (every rank passes the
+    same).  A set of every rank duplicates the global set and a rank beyond the job's size
+    does not exist: both are refused before any of them is registered."""
+    n = api.size()
+    for ps in sets:
+        if ps.ranks == list(range(n)):
+            raise ValueError(f"init(process_sets=...): {ps.ranks} is every rank of the job, "
+                             f"the global process set (hvd.global_process_set); drop it")
+        bad = [r for r in ps.ranks if not 0 <= r < n]
+        if bad:
+            raise ValueError(f"init(process_sets=...): ranks {bad} are out of range for a job "
+                             f"of {n} worker(s)")
+    for ps in sets:
+        if ps.process_set_id is None or _SETS.get(ps.process_set_id) is not ps:
+            add_process_set(ps)
+
+
+def ids_and_ranks() -> dict:
+    """Every registered set's id and ranks, the global set's (0) included (Horovod's
+    ``_get_process_set_ids_and_ranks``)."""
+    with _lock:
+        out = {pid: list(s.ranks) for pid, s in sorted(_SETS.items())}
+    return {0: list(range(api.size())), **out}
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
@@ -134,7 +198,10 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     _agree("remove_process_set", [pid])
     with _lock:
-        _SETS.pop(pid, None)
+        gone = _SETS.pop(pid, None)
+        if gone is not None:
+            _RETIRED_OPS[pid] = gone.ops
+            gone.compression = {}
     process_set.process_set_id = None
     return True
 
@@ -174,8 +241,10 @@ def reset() -> None:
     """Forget every set (shutdown; the other members are told first, :func:`depart`)."""
     depart("left the job (called shutdown())")
     with _lock:
+        for ps in _SETS.values():
+            ps.process_set_id, ps.compression = None, {}
         _SETS.clear()
-        _next_id[0] = 1
+        _RETIRED_OPS.clear()
 
 
 def _agree(what: str, values: list) -> None:
@@ -200,17 +269,25 @@ def _agree(what: str, values: list) -> None:
                               f"order")
 
 
+def check_registered(process_set, what: str) -> None:
+    """ValueError naming ``what`` unless ``process_set`` is a registered set (or the global
+    one); membership is checked when the operation runs (:func:`resolve`)."""
+    if getattr(process_set, "process_set_id", None) == 0:
+        return
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
+    pid = process_set.process_set_id
+    if pid is None or _SETS.get(pid) is not process_set:
+        raise ValueError(f"{what}: {process_set!r} is not registered (or was removed); call "
+                         f"add_process_set() on every rank")
+
+
 def resolve(process_set) -> ProcessSet | None:
     """None for the global set (the servers' path); the registered set otherwise.
     Raises ValueError when this rank is not a member."""
     if process_set is None or getattr(process_set, "process_set_id", None) == 0:
         return None
-    if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"process_set must be a ProcessSet, got {process_set!r}")
-    pid = process_set.process_set_id
-    if pid is None or _SETS.get(pid) is not process_set:
-        raise ValueError(f"{process_set!r} is not registered (or was removed); call "
-                         f"add_process_set() on every rank")
+    check_registered(process_set, "process_set")
     if api.rank() not in process_set.ranks:
         raise ValueError(f"rank {api.rank()} is not a member of {process_set!r}: only its "
                          f"ranks may call its operations")

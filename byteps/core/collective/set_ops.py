@@ -130,19 +130,15 @@ class _SetCompression:
         self.rnd = 0
 
 
-_COMP: dict = {}
-
-
 def _compression(ps, name, a, wire) -> _SetCompression | None:
     st = api._state()
     spec = st.declared.get(name)
     if spec is None or wire != 0 or a.dtype.kind != "f" or not a.size \
             or a.nbytes < st.cfg.min_compress_bytes:
         return None
-    key = (ps.process_set_id, name)
-    s = _COMP.get(key)
+    s = ps.compression.get(name)     # dropped when the set is removed or the job is left
     if s is None or s.n != a.size or s.spec != spec:
-        s = _COMP[key] = _SetCompression(spec, a.size, api.tensor_key(name))
+        s = ps.compression[name] = _SetCompression(spec, a.size, api.tensor_key(name))
     return s
 
 

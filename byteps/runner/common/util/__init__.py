@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner.common.util`` path (byteps/runner/__init__.py)."""
