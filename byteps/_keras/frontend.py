@@ -123,9 +123,11 @@ def populate(ns: dict, keras) -> None:
 
     def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                              compression=compression_none, sparse_as_dense=False,
-                             backward_passes_per_step=1, op=_tf_bps.Average,
-                             average_aggregated_gradients=False, compression_params=None,
-                             algorithm=None, scale_local_gradients=True, process_set=None):
+                             gradient_predivide_factor=1.0, op=_tf_bps.Average,
+                             backward_passes_per_step=1, average_aggregated_gradients=False,
+                             num_groups=0, groups=None, process_set=None,
+                             scale_local_gradients=True, compression_params=None,
+                             algorithm=None):
         """Wrap a Keras optimizer so that gradients are averaged across workers before use
         (among ``process_set``'s ranks only with Horovod's ``process_set=``; a rank outside
         the set applies its own gradients).
@@ -140,8 +142,14 @@ def populate(ns: dict, keras) -> None:
         ``BYTEPS_ENABLE_ASYNC=1``; docs/algorithms.md); call ``opt.finish()`` on every
         rank at the end.  ``opt.register_local_var(v)`` (Horovod's) keeps ``v``'s gradient
         on this worker, divided by the number of workers unless
-        ``scale_local_gradients=False``.
+        ``scale_local_gradients=False``.  Horovod's ``gradient_predivide_factor``,
+        ``num_groups`` and ``groups`` are checked and accepted (the same average; byteps
+        fuses small tensors itself).
         """
+        from byteps.core.api.basics import check_gradient_grouping
+        average = _tf_bps._ops.resolve_op(op, None) == _tf_bps._ops.Average
+        check_gradient_grouping("DistributedOptimizer", gradient_predivide_factor, num_groups,
+                                groups, average)
         return _impl.create_distributed_optimizer(
             _impl.keras_of(optimizer), optimizer, name, device_dense, device_sparse,
             compression, sparse_as_dense, op, backward_passes_per_step,

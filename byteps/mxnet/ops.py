@@ -125,17 +125,13 @@ def gradient_set(process_set):
     return coll._set(process_set), False
 
 
-def predivide(factor, subject: str) -> float:
+def predivide(factor, subject: str, num_groups=0) -> float:
     """Horovod's ``gradient_predivide_factor``: gradients are divided by it before the sum
-    and multiplied by it after (with the average's ``1/size``)."""
-    try:
-        f = float(factor)
-    except (TypeError, ValueError):
-        f = 0.0
-    if not f > 0:
-        raise ValueError(f"{subject}: gradient_predivide_factor must be a number > 0, got "
-                         f"{factor!r}")
-    return f
+    and multiplied by it after (with the average's ``1/size``); checked, with
+    ``num_groups``, by the core's one rule (``check_gradient_grouping``)."""
+    from byteps.core.api.basics import check_gradient_grouping
+    check_gradient_grouping(subject, factor, num_groups)
+    return float(factor)
 
 
 def set_allreduce(arrays: list, names: list, ps, factor: float = 1.0) -> None:

@@ -79,7 +79,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         # a rank outside process_set trains on its own gradients
         self._bps_kwargs = {"gradient_predivide_factor": gradient_predivide_factor,
                             "num_groups": num_groups, "process_set": process_set}  # pickling
-        self._bps_factor = predivide(gradient_predivide_factor, "DistributedOptimizer")
+        self._bps_factor = predivide(gradient_predivide_factor, "DistributedOptimizer",
+                                     num_groups)
         self._bps_groups = int(num_groups)
         self._bps_set, self._bps_outside = gradient_set(process_set)
         self._bps_busy = False

@@ -70,7 +70,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._bps_cparams, optimizer_params = parse_compression(compression_params,
                                                                 optimizer_params)
         # Horovod's arguments (see the class docstring)
-        self._bps_factor = predivide(gradient_predivide_factor, "DistributedTrainer")
+        self._bps_factor = predivide(gradient_predivide_factor, "DistributedTrainer", num_groups)
         self._bps_groups = int(num_groups)
         self._bps_set, self._bps_outside = gradient_set(process_set)
         if prefix is not None and not isinstance(prefix, str):

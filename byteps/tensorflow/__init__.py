@@ -207,9 +207,10 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
                          device_dense: str = "", device_sparse: str = "",
                          compression=Compression.none, sparse_as_dense: bool = False,
                          backward_passes_per_step: int = 1, op=Average,
-                         average_aggregated_gradients: bool = False,
-                         compression_params: dict | None = None, algorithm=None,
-                         process_set=None):
+                         gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups=None, process_set=None, scale_local_gradients: bool = True,
+                         compression_params: dict | None = None, algorithm=None):
     """Wrap an optimizer so that it averages gradients across workers before applying them
     (among ``process_set``'s ranks only with Horovod's ``process_set=``; a rank outside the
     set applies its own gradients).
@@ -220,8 +221,13 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
     ``compression_params`` (the original BytePS keys, docs/compression.md)
     compresses gradients in the core.  ``algorithm`` (Keras optimizers): a
     ``bps.algorithms`` instance; AsyncPS with ``BYTEPS_ENABLE_ASYNC=1`` (docs/algorithms.md).
+    Horovod's ``gradient_predivide_factor``, ``num_groups`` and ``groups`` are checked and
+    accepted (:func:`byteps.core.api.basics.check_gradient_grouping`).
     """
     op = _ops.resolve_op(op, None)
+    from byteps.core.api.basics import check_gradient_grouping
+    check_gradient_grouping("DistributedOptimizer", gradient_predivide_factor, num_groups,
+                            groups, op == _ops.Average)
     from byteps.tensorflow.compression import with_params
     compression = with_params(compression, compression_params)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
@@ -235,7 +241,8 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
     return _keras.create_distributed_optimizer(
         _keras.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
         sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients,
-        algorithm=algorithm, process_set=process_set)
+        algorithm=algorithm, process_set=process_set,
+        scale_local_gradients=scale_local_gradients)
 
 from byteps.core.api import get_pushpull_speed  # noqa: E402  (telemetry, as the original)
 from byteps.core import algorithms  # noqa: E402  (bps.algorithms.AsyncPS, Decentralized, ...)

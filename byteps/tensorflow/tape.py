@@ -229,9 +229,10 @@ class _DistributedGradientTape(tf.GradientTape):
 
 def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
                             compression=Compression.none, sparse_as_dense: bool = False,
-                            op=_ops.Average, compression_params: dict | None = None,
-                            algorithm=None, optimizer=None, scale_local_gradients=True,
-                            process_set=None):
+                            op=_ops.Average, gradient_predivide_factor: float = 1.0,
+                            num_groups: int = 0, groups=None, process_set=None,
+                            scale_local_gradients=True, compression_params: dict | None = None,
+                            algorithm=None, optimizer=None):
     """Wrap a recorded ``tf.GradientTape``: its gradients are averaged over workers.
 
     Each gradient's push_pull starts as soon as backpropagation produces it (first
@@ -247,8 +248,14 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     the result keeps ``v``'s gradient local (Horovod's model parallelism), divided by the
     number of workers unless ``scale_local_gradients=False``.  ``process_set`` (Horovod's):
     gradients are averaged among that set's ranks only; a rank outside it keeps its own.
+    Horovod's ``gradient_predivide_factor``, ``num_groups`` and ``groups`` are checked and
+    accepted (the same average; byteps fuses small tensors itself:
+    :func:`byteps.core.api.basics.check_gradient_grouping`).
     """
     op = _ops.resolve_op(op, None)
+    from byteps.core.api.basics import check_gradient_grouping
+    check_gradient_grouping("DistributedGradientTape", gradient_predivide_factor, num_groups,
+                            groups, op == _ops.Average)
     compression = with_params(compression, compression_params)
     alg = _algorithm(algorithm, compression)
     ps = _ops.gradient_process_set(process_set)
@@ -273,22 +280,15 @@ def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_spar
                                    local_layers=None, scale_local_gradients: bool = True):
     """Horovod's: a :func:`DistributedGradientTape` whose ``local_layers`` (Keras layers)
     keep their gradients local (``register_local_source`` for each of their trainable
-    weights); ``process_set`` as :func:`DistributedGradientTape`'s.
-    ``gradient_predivide_factor``, ``num_groups``/``groups`` take their defaults only
-    (byteps exchanges each gradient on its own)."""
-    if gradient_predivide_factor != 1.0 or num_groups or groups:
-        raise ValueError("PartialDistributedGradientTape: gradient_predivide_factor, "
-                         "num_groups and groups take their defaults only in byteps; leave "
-                         "them out")
+    weights); the other arguments are :func:`DistributedGradientTape`'s."""
     layers = [] if local_layers is None else local_layers
     if not isinstance(layers, (list, tuple)):
         layers = [layers]
     if not all(hasattr(layer, "trainable_weights") for layer in layers):
         raise ValueError("PartialDistributedGradientTape: local_layers must be Keras layers")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
-                                   sparse_as_dense, op,
-                                   scale_local_gradients=scale_local_gradients,
-                                   process_set=process_set)
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
     for layer in layers:
         for v in layer.trainable_weights:
             tape.register_local_source(v)

@@ -412,9 +412,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          f"{backward_passes_per_step!r}")
     from byteps.torch.compat import resolve_average
     average = resolve_average(None, op)
-    if not gradient_predivide_factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be > 0, got "
-                         f"{gradient_predivide_factor!r}")
+    from byteps.core.api.basics import check_gradient_grouping
+    check_gradient_grouping("DistributedOptimizer", gradient_predivide_factor, num_groups,
+                            groups, average)
     if staleness != 0:
         raise ValueError(f"staleness={staleness!r} is not supported; use 0 (synchronous "
                          f"training)")

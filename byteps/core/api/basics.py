@@ -12,6 +12,7 @@ The answers come from :func:`byteps.core.collective.ops.build_info`; the host la
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import os
 
 from byteps.core import api
@@ -20,7 +21,7 @@ from byteps.core import api
 __all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built",
            "export_horovod_env", "global_only", "gloo_built", "gloo_enabled", "init",
            "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
-           "process_set_kw", "refuse_async_wrapper", "shutdown", "start_timeline",
+           "process_set_kw", "refuse_async_wrapper", "check_gradient_grouping", "shutdown", "start_timeline",
            "stop_timeline"]
 
 
@@ -75,6 +76,32 @@ def _get_process_set_ids_and_ranks() -> dict:
     suites call."""
     from byteps.core.collective import process_sets as _ps
     return _ps.ids_and_ranks()
+
+
+def check_gradient_grouping(what: str, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, average: bool = True) -> None:
+    """Horovod's ``gradient_predivide_factor``, ``num_groups`` and ``groups`` of a gradient
+    wrapper, checked once for every plugin.  They are accepted: the predivide factor splits
+    Horovod's averaging around the sum, which gives the same average and changes only its
+    rounding, and the groups bundle Horovod's allreduces, where byteps fuses small tensors
+    by itself.  Values Horovod refuses are refused with its reasons: a factor that is not
+    a positive number, a factor other than 1 when the gradients are summed (no averaging
+    to split), and groups that are neither a count nor a list of lists."""
+    f = gradient_predivide_factor
+    if isinstance(f, bool) or not isinstance(f, numbers.Real) or not f > 0:
+        raise ValueError(f"{what}: gradient_predivide_factor must be a number > 0, got {f!r}")
+    if f != 1.0 and not average:
+        raise ValueError(f"{what}: gradient_predivide_factor={f!r} splits the averaging, but "
+                         f"op is not Average (the gradients are summed); leave it at 1.0")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, numbers.Integral) or \
+            num_groups < 0:
+        raise ValueError(f"{what}: num_groups must be an int >= 0, got {num_groups!r}")
+    ok = groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                            and groups >= 0) or \
+        (isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups))
+    if not ok:
+        raise ValueError(f"{what}: groups must be an int >= 0 or a list of lists of "
+                         f"variables, got {groups!r}")
 
 
 def refuse_async_wrapper(wrapper: str) -> None:
