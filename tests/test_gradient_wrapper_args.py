@@ -1,8 +1,9 @@
-"""Horovod's gradient wrappers take Horovod's arguments in Horovod's order in every plugin
-(a script passing them positionally or by name works with only the import changed), and
-``gradient_predivide_factor``, ``num_groups`` and ``groups`` are checked by one core rule
-(byteps.core.api.basics.check_gradient_grouping): accepted with valid values, refused
-with Horovod's reasons otherwise.  One process, no job."""
+"""Horovod's module paths resolve to byteps' names, and Horovod's gradient wrappers take
+Horovod's arguments in Horovod's order in every plugin (a script passing them positionally
+or by name works with only the import changed); ``gradient_predivide_factor``,
+``num_groups`` and ``groups`` are checked by one core rule
+(byteps.core.api.basics.check_gradient_grouping): accepted with valid values, refused with
+Horovod's reasons otherwise.  One process, no job."""
 from __future__ import annotations
 
 import inspect
@@ -101,3 +102,26 @@ def test_grouping_arguments_are_checked_once(key, local_job):
     for kwargs, msg in bad:
         with pytest.raises(ValueError, match=msg):
             make(**kwargs)
+
+
+def test_horovods_module_paths_import():
+    """Horovod's module paths that scripts import from resolve to byteps' own names:
+    ``horovod.torch.mpi_ops``, ``horovod.tensorflow.mpi_ops`` (with the basic queries),
+    ``horovod.tensorflow.keras.elastic`` and ``horovod.runner.common.util.env``."""
+    pytest.importorskip("tensorflow")
+    import byteps.keras.elastic as kel
+    import byteps.tensorflow as tbps
+    import byteps.tensorflow.keras as tkbps
+    import byteps.torch as pbps
+    from byteps.runner.common.util.env import get_env_rank_and_size  # noqa: F401
+    from byteps.tensorflow.keras.elastic import KerasState, run
+    from byteps.tensorflow.mpi_ops import add_process_set, allreduce, rank, size
+    from byteps.torch.mpi_ops import allreduce_async, synchronize
+    assert (run, KerasState) == (kel.run, kel.KerasState) and tkbps.elastic.run is run
+    assert (rank, size, add_process_set, allreduce) == \
+        (tbps.rank, tbps.size, tbps.add_process_set, tbps.allreduce)
+    assert (synchronize, allreduce_async) == (pbps.synchronize, pbps.allreduce_async)
+    assert pbps.mpi_ops._basics._get_process_set_ids_and_ranks is \
+        tbps.mpi_ops._basics._get_process_set_ids_and_ranks
+    with pytest.raises(AttributeError):
+        tbps.mpi_ops.no_such_name

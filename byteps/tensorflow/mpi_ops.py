@@ -403,3 +403,20 @@ def process_set_included_op(process_set_id: int = 0, name=None):
         from byteps.core.collective.process_sets import get_process_set
         return _const(int(get_process_set(process_set_id).included()), name)
     return _const(1, name)
+
+
+# Horovod's mpi_ops also binds the basic queries (``from horovod.tensorflow.mpi_ops import
+# rank, size``): byteps.tensorflow's own, looked up on use (that package imports this module)
+_BASICS = frozenset({
+    "init", "shutdown", "is_initialized", "rank", "local_rank", "size", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "join", "start_timeline", "stop_timeline",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",
+    "add_process_set", "remove_process_set", "global_process_set"})
+
+
+def __getattr__(name: str):
+    if name in _BASICS:
+        import byteps.tensorflow as plugin
+        return getattr(plugin, name)
+    raise AttributeError(f"module 'byteps.tensorflow.mpi_ops' has no attribute {name!r}")

@@ -18,4 +18,4 @@ from byteps._keras.frontend import populate as _populate
 _populate(globals(), _tf.keras)
 
 from byteps.tensorflow.keras import callbacks  # noqa: E402,F401  after `keras` is defined
-from byteps.keras import elastic  # noqa: E402,F401  (bps.elastic.run, KerasState)
+from byteps.tensorflow.keras import elastic  # noqa: E402,F401  (bps.elastic.run, KerasState)
