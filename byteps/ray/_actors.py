@@ -126,20 +126,14 @@ class WorkerActor:
         """Run ``fn(*args, **kwargs)`` with ``env`` added to os.environ; leave the byteps
         job afterwards.  Returns ("ok", result) or ("error", cause, traceback text): the
         user's exception need not unpickle on the driver."""
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        from byteps.common.util import env as scoped_env
         started = time.monotonic()
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:   # noqa: BLE001 - reported to the driver with the rank
-            return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
-                    time.monotonic() - started)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        with scoped_env(**env):
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:   # noqa: BLE001 - reported to the driver, with rank
+                return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                        time.monotonic() - started)
         try:
             _leave_job()
         except BaseException as exc:   # noqa: BLE001

@@ -48,15 +48,17 @@ elif mode == "broadcast_reinit":
                                      average=False).tolist()
     bps.barrier()
 elif mode == "priority":
-    # submit all seven before the engine looks (it would otherwise be free to send the
-    # first low ones while this loaded machine is still submitting)
+    # submit all seven before the engine takes any (it would otherwise be free to send the
+    # first low ones while this loaded machine is still submitting: its loop also looks
+    # every 100 ms without a wake-up, so holding the wake-up back is not enough)
     eng = api._STATE.engine
-    wake, eng.wake = eng.wake, lambda: None
+    take = eng.take_pending
+    eng.take_pending = lambda: None
     low = [bps.push_pull_async(np.ones(1024, np.float32), name=f"low{i}", priority=0)
            for i in range(6)]
     high = bps.push_pull_async(np.ones(1024, np.float32), name="high", priority=10)
-    eng.wake = wake
-    wake()
+    eng.take_pending = take
+    eng.wake()
     for h in low + [high]:
         bps.synchronize(h)
 elif mode == "garbage":
