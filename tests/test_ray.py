@@ -222,6 +222,66 @@ def test_server_that_dies_is_named(executor):
 
 
 @needs_ray
+def host_sums(executable):
+    """Horovod's execute(fn): fn(executable); byteps passes None."""
+    import byteps.numpy as bps
+    bps.init()
+    got = bps.push_pull(np.full(4, float(bps.rank() + 1)), name="h", average=False)
+    return {"executable": executable, "rank": bps.rank(), "size": bps.size(),
+            "local": (bps.local_rank(), bps.local_size()), "sum": got.tolist(),
+            "horovod": (os.environ["HOROVOD_RANK"], os.environ["HOROVOD_LOCAL_SIZE"]),
+            "timeout": os.environ.get("BYTEPS_STARTUP_TIMEOUT"),
+            "extra": os.environ.get("BPS_TEST_EXTRA")}
+
+
+@needs_ray
+def test_horovods_ray_api_with_a_host_of_two(executor):
+    """Horovod's Ray script, import changed: ``RayExecutor.create_settings(timeout_s=...)``,
+    ``RayExecutor(settings, num_hosts=1, num_workers_per_host=2)``,
+    ``start(extra_env_vars=...)``, ``execute(fn)`` and ``execute_single(fn)``.  The two
+    workers of the host's bundle are local ranks 0 and 1 of one host (they reduce
+    locally first) and sum with the server as one job of 2."""
+    from byteps.ray import RayExecutor
+    settings = RayExecutor.create_settings(timeout_s=40)
+    ex = RayExecutor(settings, num_hosts=1, num_workers_per_host=2, cpus_per_worker=1)
+    ex.start(extra_env_vars={"BPS_TEST_EXTRA": "yes"})
+    try:
+        out = ex.execute(host_sums)
+        assert [o["rank"] for o in out] == [0, 1] and {o["size"] for o in out} == {2}
+        assert [o["local"] for o in out] == [(0, 2), (1, 2)]
+        assert [o["horovod"] for o in out] == [("0", "2"), ("1", "2")]
+        for o in out:
+            assert o["executable"] is None and o["sum"] == [3.0] * 4
+            assert (o["timeout"], o["extra"]) == ("40", "yes")
+        single = ex.execute_single(host_sums)          # worker 0 alone, a job of one
+        assert (single["rank"], single["size"], single["sum"]) == (0, 1, [1.0] * 4)
+    finally:
+        ex.shutdown()
+
+
+@needs_ray
+def test_horovods_ray_arguments_byteps_cannot_honour_are_refused():
+    """Each with the reason and what to use: a number where the settings go, elastic
+    arguments, callbacks (no ray_logger), an executable class, run_remote."""
+    from byteps.ray import RayExecutor, RayExecutorError
+    with pytest.raises(TypeError, match="give num_workers= by name"):
+        RayExecutor(2)
+    with pytest.raises(ValueError, match="bpslaunch --min-workers"):
+        RayExecutor(None, min_workers=1, max_workers=4)
+    with pytest.raises(ValueError, match="not both"):
+        RayExecutor(None, num_workers=2, num_hosts=1)
+    with pytest.raises(ValueError, match="one interface"):
+        RayExecutor.create_settings(nics={"eth0", "eth1"})
+    ex = RayExecutor(RayExecutor.create_settings(nics={"lo"}), num_workers=1)
+    assert ex.env["DMLC_INTERFACE"] == "lo"
+    with pytest.raises(ValueError, match="no ray_logger"):
+        ex.run(sums, callbacks=[print])
+    with pytest.raises(ValueError, match="build the object inside it"):
+        ex.start(executable_cls=dict)
+    with pytest.raises(RayExecutorError, match="use run"):
+        ex.run_remote(sums)
+
+
 def test_placement_that_cannot_fit_fails_fast(ray_cluster):
     from byteps.ray import RayExecutor, RayExecutorError
     ex = RayExecutor(num_workers=8, num_servers=1, placement_timeout_s=2)

@@ -1,5 +1,5 @@
-"""Run a BytePS job on a Ray cluster: ``byteps.ray.RayExecutor`` (the shape of Horovod's
-``horovod.ray.RayExecutor``).
+"""Run a BytePS job on a Ray cluster: ``byteps.ray.RayExecutor`` (Horovod's
+``horovod.ray.RayExecutor``, whose scripts run with the import changed).
 
     import ray
     from byteps.ray import RayExecutor

@@ -4,7 +4,8 @@
 process group, killed with the actor through PR_SET_PDEATHSIG); ``WorkerActor`` runs
 ``train_fn`` in the actor's process with the ``DMLC_*``/``BYTEPS_*`` variables of one
 worker.  Both are single-threaded actors: children are started from the actor's one
-thread, which PR_SET_PDEATHSIG needs (the signal follows the thread that forked), set by byteps.ray._child.
+thread, which PR_SET_PDEATHSIG needs (the signal follows the thread that forked), set by
+byteps.ray._child.
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -27,9 +28,35 @@ _NOT_PROPAGATED = {"DMLC_ROLE", "DMLC_WORKER_ID", "DMLC_NODE_HOST", "DMLC_NUM_WO
 POLL_S = 0.2
 
 
+@dataclass
+class Settings:
+    """What :meth:`RayExecutor.create_settings` returns (Horovod's ``MiniSettings``):
+    ``timeout_s`` bounds the job's start (``BYTEPS_STARTUP_TIMEOUT``),
+    ``placement_group_timeout_s`` the placement of the actors, ``nics`` (one interface
+    name) is ``DMLC_INTERFACE``.  ``ssh_identity_file`` is kept and unused: Ray starts
+    every process, nothing is reached over ssh."""
+
+    timeout_s: float = 30
+    placement_group_timeout_s: float = 100
+    nics: Any = None
+    ssh_identity_file: str | None = None
+
+
 class RayExecutor:
     """A BytePS job on Ray: ``num_workers`` workers (one per actor, local size 1) and
     ``num_servers`` servers, plus the scheduler, in one placement group.
+
+    Horovod's signature comes first, so Horovod's Ray scripts run with the import changed:
+    ``RayExecutor(settings, num_workers=None, num_hosts=None, num_workers_per_host=1,
+    cpus_per_worker=1, use_gpu=False, gpus_per_worker=None, ...)`` with ``settings`` from
+    :meth:`create_settings` (or None).  ``num_hosts=H, num_workers_per_host=L`` places the
+    workers in H bundles of L (each bundle on one node, the bundles spread over the nodes
+    unless ``strategy`` says otherwise) and gives each bundle's workers local ranks 0..L-1
+    of one host, so they reduce locally first (shared memory), as ``bpslaunch
+    --local-size L`` does.  Horovod's elastic arguments (``min_workers``...) are refused:
+    an elastic job is ``bpslaunch --min-workers`` (docs/fault_tolerance.md).
+    ``use_current_placement_group`` is accepted; byteps always reserves its own group
+    (its servers need bundles too).
 
     ``start()`` places the actors; ``run(train_fn, args, kwargs)`` starts a scheduler and
     the servers, runs ``train_fn`` on every worker (it calls ``bps.init()`` as in any
@@ -44,11 +71,49 @@ class RayExecutor:
     an argument (never on a command line).
     """
 
-    def __init__(self, num_workers: int = 1, num_servers: int = 1, cpus_per_worker: float = 1,
-                 use_gpu: bool = False, gpus_per_worker: float | None = None,
-                 cpus_per_server: float = 1, strategy: str = "PACK",
-                 env: Mapping[str, str] | None = None, placement_timeout_s: float = 100.0,
-                 job_id: str | None = None):
+    @classmethod
+    def create_settings(cls, timeout_s=30, ssh_identity_file=None, ssh_str=None,
+                        placement_group_timeout_s=100, nics=None) -> Settings:
+        """Horovod's ``RayExecutor.create_settings``: see :class:`Settings`.  ``ssh_str`` (a
+        private key Horovod would write to ``ssh_identity_file``) is not written: nothing
+        here uses ssh."""
+        if nics is not None and len(set(nics)) > 1:
+            raise ValueError(f"create_settings(nics={nics!r}): byteps uses one interface "
+                             f"(DMLC_INTERFACE); name one")
+        return Settings(timeout_s, placement_group_timeout_s, nics, ssh_identity_file)
+
+    def __init__(self, settings: Settings | None = None, num_workers: int | None = None,
+                 num_hosts: int | None = None, num_workers_per_host: int = 1,
+                 cpus_per_worker: float = 1, use_gpu: bool = False,
+                 gpus_per_worker: float | None = None, use_current_placement_group=True,
+                 min_workers=None, max_workers=None, reset_limit=None, cooldown_range=None,
+                 elastic_timeout=600, override_discovery=True, *, num_servers: int = 1,
+                 cpus_per_server: float = 1, strategy: str | None = None,
+                 env: Mapping[str, str] | None = None,
+                 placement_timeout_s: float | None = None, job_id: str | None = None):
+        if settings is not None and not isinstance(settings, Settings):
+            raise TypeError(f"RayExecutor's first argument is Horovod's settings "
+                            f"(RayExecutor.create_settings(), or None), got {settings!r}; "
+                            f"give num_workers= by name")
+        if min_workers is not None or max_workers is not None:
+            raise ValueError("RayExecutor(min_workers=..., max_workers=...): an elastic job "
+                             "is bpslaunch --min-workers/--max-workers (a scheduler that "
+                             "re-forms the membership, docs/fault_tolerance.md); "
+                             "byteps.ray runs jobs of a fixed size")
+        if num_hosts is not None:
+            if num_workers is not None:
+                raise ValueError("give num_workers, or num_hosts and num_workers_per_host, "
+                                 "not both")
+            if num_hosts < 1 or num_workers_per_host < 1:
+                raise ValueError(f"num_hosts={num_hosts} and num_workers_per_host="
+                                 f"{num_workers_per_host} must be at least 1")
+            num_workers = num_hosts * num_workers_per_host
+        self.per_host = num_workers_per_host if num_hosts is not None else 1
+        num_workers = 1 if num_workers is None else num_workers
+        given, settings = settings is not None, settings or Settings()
+        if placement_timeout_s is None:
+            placement_timeout_s = settings.placement_group_timeout_s
+        strategy = strategy or ("PACK" if num_hosts is None else "SPREAD")
         if num_workers < 1 or num_servers < 1:
             raise ValueError(f"num_workers={num_workers} and num_servers={num_servers} must "
                              f"be at least 1")
@@ -62,7 +127,10 @@ class RayExecutor:
         self.cpus_per_worker, self.cpus_per_server = cpus_per_worker, cpus_per_server
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
         self.strategy, self.placement_timeout_s = strategy, placement_timeout_s
-        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.env = {"BYTEPS_STARTUP_TIMEOUT": str(settings.timeout_s)} if given else {}
+        if settings.nics:
+            self.env["DMLC_INTERFACE"] = str(next(iter(settings.nics)))
+        self.env.update({str(k): str(v) for k, v in (env or {}).items()})
         self.job_id = job_id or f"ray-{secrets.token_hex(4)}"
         self._secret = secrets.token_hex(16)
         self._pg = None
@@ -74,18 +142,28 @@ class RayExecutor:
         self._service_pids: dict[str, int] = {}  # the last run's scheduler and servers
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
+    def start(self, executable_cls: type | None = None, executable_args=None,
+              executable_kwargs=None, extra_env_vars: Mapping[str, str] | None = None) -> None:
         """Reserve the placement group and create the actors (raises RayExecutorError
-        when the cluster cannot hold them within ``placement_timeout_s``)."""
+        when the cluster cannot hold them within ``placement_timeout_s``).
+        ``extra_env_vars`` (Horovod's) are added to every role's variables.  Horovod's
+        ``executable_cls`` (an object built once in every worker, before any job) is
+        refused: each ``run()`` is one byteps job that ends with it, so an object that
+        outlives it would hold a finished job's state; build it inside the function."""
+        if executable_cls is not None or executable_args or executable_kwargs:
+            raise ValueError("RayExecutor.start(executable_cls=...): byteps runs a function "
+                             "per job (run(fn) or execute(fn)); build the object inside it")
+        self.env.update({str(k): str(v) for k, v in (extra_env_vars or {}).items()})
         if self._pg is not None:
             return
         if not ray.is_initialized():
             ray.init()
         bundles = [{"CPU": self.cpus_per_server} for _ in range(self.num_servers)]
-        for _ in range(self.num_workers):
-            b = {"CPU": self.cpus_per_worker} if self.cpus_per_worker else {}
+        k = self.per_host                 # workers per bundle: one node's local ranks
+        for _ in range(self.num_workers // k):
+            b = {"CPU": self.cpus_per_worker * k} if self.cpus_per_worker else {}
             if self.gpus_per_worker:
-                b["GPU"] = self.gpus_per_worker
+                b["GPU"] = self.gpus_per_worker * k
             if not b:
                 raise ValueError("a worker needs cpus_per_worker > 0 or use_gpu=True")
             bundles.append(b)
@@ -114,7 +192,7 @@ class RayExecutor:
                          .remote(f"server {i}") for i in range(self.num_servers)]
         self._workers = [worker.options(num_cpus=self.cpus_per_worker,
                                         num_gpus=self.gpus_per_worker,
-                                        **at(self.num_servers + i)).remote(i)
+                                        **at(self.num_servers + i // k)).remote(i)
                          for i in range(self.num_workers)]
         names = (["scheduler"] + [f"server {i}" for i in range(self.num_servers)]
                  + [f"worker {i}" for i in range(self.num_workers)])
@@ -163,12 +241,41 @@ class RayExecutor:
         """Where each role runs: {"scheduler": "node, 10.0.0.1", "worker 0": ...}."""
         return {n: describe(h) for n, h in self._hosts.items()}
 
+    def execute(self, fn: Callable[[Any], Any], callbacks=None) -> list:
+        """Horovod's ``execute``: ``fn(None)`` on every worker as one job (Horovod passes
+        the ``executable_cls`` object, which byteps does not build: None)."""
+        return self.run(fn, args=(None,), callbacks=callbacks)
+
+    def execute_single(self, fn: Callable[[Any], Any]) -> Any:
+        """Horovod's ``execute_single``: ``fn(None)`` on worker 0 only, outside any job
+        (``init()`` there makes a job of one worker); its return value."""
+        if self._pg is None:
+            raise RayExecutorError("RayExecutor.execute_single() before start(): call "
+                                   "start() first")
+        out = ray.get(self._workers[0].execute.remote({}, ray.put(fn), (None,), {}))
+        if out[0] != "ok":
+            raise WorkerFailedError(0, self._host("worker 0"), out[1], out[2])
+        return out[1]
+
+    def run_remote(self, fn, args=None, kwargs=None):
+        """Horovod's ``run_remote`` (the workers' object references, unsupervised) is
+        refused: a byteps job's scheduler and servers live and end with one supervised
+        ``run()``, which returns the results by rank."""
+        raise RayExecutorError("RayExecutor.run_remote(): use run(fn, args, kwargs), which "
+                               "supervises the job and returns its results by rank")
+
     def run(self, train_fn: Callable[..., Any], args: tuple | list | None = None,
-            kwargs: dict | None = None) -> list:
+            kwargs: dict | None = None, callbacks=None) -> list:
         """Run ``train_fn(*args, **kwargs)`` on every worker as one BytePS job; its return
         values, ordered by rank.  On a failure (``train_fn`` raised on some rank, an actor
         died, a scheduler or server process ended with an error) every actor is ended and
-        ``WorkerFailedError`` (rank, host, cause) or ``RayExecutorError`` is raised."""
+        ``WorkerFailedError`` (rank, host, cause) or ``RayExecutorError`` is raised.
+        Horovod's ``callbacks`` receive what rank 0 logs through ``horovod.ray.ray_logger``,
+        which byteps does not have: they are refused; return the values instead."""
+        if callbacks:
+            raise ValueError("RayExecutor.run(callbacks=...): byteps has no ray_logger to "
+                             "feed them; return what rank 0 would log from the function "
+                             "(run() returns every rank's value)")
         if self._pg is None:
             raise RayExecutorError("RayExecutor.run() before start() (or after a failure "
                                    "or shutdown()): call start() first")
@@ -235,16 +342,17 @@ class RayExecutor:
         base = {k: v for k, v in os.environ.items()
                 if k.startswith(("BYTEPS_", "DMLC_")) and k not in _NOT_PROPAGATED}
         base.update(self.env)
-        base.update(DMLC_NUM_WORKER=str(n), DMLC_NUM_SERVER=str(self.num_servers),
+        base.update(DMLC_NUM_WORKER=str(n // self.per_host),    # hosts of per_host workers
+                    DMLC_NUM_SERVER=str(self.num_servers),
                     DMLC_PS_ROOT_URI=self._hosts["scheduler"]["ip"],
                     DMLC_PS_ROOT_PORT=str(ray.get(self._scheduler.free_port.remote())),
                     BYTEPS_JOB_ID=self.job_id, BYTEPS_JOB_SECRET=self._secret,
                     BYTEPS_FORCE_DISTRIBUTED="1")
-        workers = []
+        workers, k = [], self.per_host      # k workers of one bundle: one host's
         for i in range(n):
-            env = torchrun.apply(base, i, 0, 1, n)
-            env.update(DMLC_ROLE="worker", DMLC_WORKER_ID=str(i), BYTEPS_LOCAL_RANK="0",
-                       BYTEPS_LOCAL_SIZE="1")
+            env = torchrun.apply(base, i // k, i % k, k, n // k)
+            env.update(DMLC_ROLE="worker", DMLC_WORKER_ID=str(i // k),
+                       BYTEPS_LOCAL_RANK=str(i % k), BYTEPS_LOCAL_SIZE=str(k))
             if "DMLC_INTERFACE" not in base:
                 env["DMLC_NODE_HOST"] = self._hosts[f"worker {i}"]["ip"]
             workers.append(env)
