@@ -88,8 +88,8 @@ _PRODUCT = ("the float16 product of three values up to 100 overflows to inf in t
             "ranks; 2 ranks stay below 65504)")
 _GRAPPLER = ("graph mode only: TensorFlow's graph optimizer (arithmetic optimization and constant "
              "folding) rewrites the test's float32 reference (factor * x) * 3 (prescale) or "
-             "factor * (x * 3) (postscale) into x * (factor * 3), which differs in the last place from the sum of three prescaled "
-             "values (Horovod's sum is the same as byteps'; with those two rewrites off the "
+             "factor * (x * 3) (postscale) into x * (factor * 3), which differs in the last "
+             "place from the sum of three prescaled values (Horovod's sum is the same as byteps'; with those two rewrites off the "
              "reference equals it, checked for the allreduce and reducescatter references; "
              "eager mode passes; "
              "with 2 ranks both sides only double, which is exact)")

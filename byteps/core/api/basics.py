@@ -18,11 +18,12 @@ import os
 from byteps.core import api
 
 
+# the names plugins re-export (the core's helpers below them, check_gradient_grouping and
+# refuse_async_wrapper, are imported by name where they are used)
 __all__ = ["barrier", "byteps_built", "ccl_built", "cross_rank", "cross_size", "ddl_built",
            "export_horovod_env", "global_only", "gloo_built", "gloo_enabled", "init",
            "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
-           "process_set_kw", "refuse_async_wrapper", "check_gradient_grouping", "shutdown", "start_timeline",
-           "stop_timeline"]
+           "process_set_kw", "shutdown", "start_timeline", "stop_timeline"]
 
 
 def _info() -> dict:

@@ -34,9 +34,9 @@ from byteps.core.collective import handles as _handles
 from byteps.core.node import BytePSError
 from byteps.transport.wire import DTYPES, dtype_code
 
-__all__ = ["ProcessSet", "add_initial", "add_process_set", "global_process_set",
-           "check_registered", "get_process_set", "ids_and_ranks", "initial_sets", "remove_process_set", "resolve",
-           "run"]
+__all__ = ["ProcessSet", "add_initial", "add_process_set", "check_registered",
+           "get_process_set", "global_process_set", "ids_and_ranks", "initial_sets",
+           "remove_process_set", "resolve", "run"]
 
 KIND = 8                       # peer message kind of process-set traffic
 _MAX_DIMS = 32
