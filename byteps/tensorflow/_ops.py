@@ -111,10 +111,7 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
         raise ValueError(f"{prefix}: {len(grads)} gradients for {len(sources)} variables")
     names = unique_names(prefix, sources)
     average = op == Average
-    cparams = getattr(compression, "core_params", None)
-    if cparams:              # the core compresses (byteps.compression); nothing to do here
-        from byteps.tensorflow.compression import NoneCompressor
-        compression = NoneCompressor
+    compression, cparams = _split_compression(compression)
     plan, tickets, specs = {}, [], []
     for i in reversed(range(len(grads))):       # last layers' gradients exist first
         g = grads[i]
@@ -152,14 +149,21 @@ def push_pull_grads(grads: list, sources: list, prefix: str, compression, sparse
     return out
 
 
+def _split_compression(compression):
+    """``(compression the plugin applies, compression_params the core applies)``: with core
+    parameters (byteps.compression) the plugin applies none."""
+    cparams = getattr(compression, "core_params", None)
+    if cparams:
+        from byteps.tensorflow.compression import NoneCompressor
+        return NoneCompressor, cparams
+    return compression, None
+
+
 def gradient_process_set(process_set):
     """``process_set=`` of a gradient wrapper: None for None or the global set (every
     worker: the servers' path), else the set, which must be registered (ValueError)."""
-    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
-        return None
     from byteps.core.api.basics import process_set_kw
-    process_set_kw(process_set, "process_set")
-    return process_set
+    return process_set_kw(process_set, "process_set").get("process_set")
 
 
 def reducing_size(process_set) -> int:
@@ -183,10 +187,7 @@ def _set_grads(grads, sources, prefix, compression, sparse_as_dense, op, device_
     if len(grads) != len(sources):
         raise ValueError(f"{prefix}: {len(grads)} gradients for {len(sources)} variables")
     names = unique_names(prefix, sources)
-    cparams = getattr(compression, "core_params", None)
-    if cparams:              # the core compresses (byteps.compression); nothing to do here
-        from byteps.tensorflow.compression import NoneCompressor
-        compression = NoneCompressor
+    compression, cparams = _split_compression(compression)
     out = list(dense)
     for i, g in enumerate(dense):
         if g is None:
