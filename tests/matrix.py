@@ -30,19 +30,15 @@ LAYOUTS = {"flat": (("--hosts", "2", "--local-size", "1"), 2),
 SERVERS = {"replicas": (2, {"BYTEPS_SERVER_REPLICAS": "1"})}
 BASELINE = "sync/none/off"
 TOLERANCE = 0.02
-#: cells that must learn (above LEARNS, ranks identical) but are known to miss the 2-point
-#: criterion in these short runs, with the measured reason (docs/compatibility.md, "Known
-#: gaps"): not refusals, and not hidden
-_AMA = ("AsyncModelAverage resets each local model to the compressed average of the "
-        "differences every round; in 300 steps on 4 ranks onebit reached 0.87-0.91 and int8 "
-        "0.89-0.91 against SyncPS's 0.92 (before the matrix ran 600 steps)")
-GAPS = {"average/onebit": _AMA, "average/int8": _AMA}
-#: under local reduction (4 ranks on CI's 2 cores) uncompressed averaging sits on the bar
-GAPS_BY_LAYOUT = {"local": {"average/none": (
-    "AsyncModelAverage without compression on 4 ranks (2 hosts x 2) reached 0.899-0.908 "
-    "against SyncPS's 0.921 in 600 steps, on this code and on the previous release's alike")}}
+#: algorithms known to miss the 2-point criterion in these short runs in a layout, with
+#: the measured reason (docs/compatibility.md, "Known gaps"): not refusals, and not hidden;
+#: their cells, compressed or not, are held to GAP_TOLERANCE below SyncPS instead
+GAPS_BY_LAYOUT = {"local": {"average": (
+    "AsyncModelAverage on 4 ranks (2 hosts x 2) reached 0.899-0.908 uncompressed against "
+    "SyncPS's 0.921 in 600 steps, on this code and on the previous release's alike, and "
+    "0.88-0.91 with onebit or int8")}}
 GAPS_BY_LAYOUT["replicas"] = GAPS_BY_LAYOUT["local"]       # the same 4 ranks
-LEARNS = 0.6
+GAP_TOLERANCE = 0.05
 
 
 def cells() -> list[str]:
@@ -72,6 +68,15 @@ def stuck(out) -> str:
                 or "/byteps/" in t or "/tests/" in t]
         lines += [f"== {f.stem}"] + [t.replace(str(ROOT), ".") for t in keep]
     return "stacks of a stuck cell:\n" + "\n".join(lines) if lines else "(no stacks)"
+
+
+def bar(cell: str, layout: str, sync_acc: float) -> tuple[float, str]:
+    """The accuracy ``cell`` must reach, and why: SyncPS's less TOLERANCE, or less
+    GAP_TOLERANCE for an algorithm that is a known gap in ``layout``."""
+    gap = GAPS_BY_LAYOUT.get(layout, {}).get(cell.split("/")[0])
+    if gap is not None:
+        return sync_acc - GAP_TOLERANCE, f"SyncPS {sync_acc:.3f} - {GAP_TOLERANCE}: {gap}"
+    return sync_acc - TOLERANCE, f"SyncPS {sync_acc:.3f} - {TOLERANCE}"
 
 
 def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.executable,
@@ -105,14 +110,9 @@ def check(plugin: str, layout: str, tmp_path, which: list[str], python=sys.execu
             digests = {g["digest"] for g in got}
             if len(digests) != 1:
                 bad.append(f"{cell}: ranks end with {len(digests)} different models")
-            gap = GAPS.get(cell.rsplit("/", 1)[0]) or \
-                GAPS_BY_LAYOUT.get(layout, {}).get(cell.rsplit("/", 1)[0])
-            if gap is not None:
-                if got[0]["acc"] < LEARNS:
-                    bad.append(f"{cell}: accuracy {got[0]['acc']:.3f} < {LEARNS} ({gap})")
-            elif got[0]["acc"] < base["acc"] - TOLERANCE:
-                bad.append(f"{cell}: accuracy {got[0]['acc']:.3f} < SyncPS "
-                           f"{base['acc']:.3f} - {TOLERANCE}")
+            low, why = bar(cell, layout, base["acc"])
+            if got[0]["acc"] < low:
+                bad.append(f"{cell}: accuracy {got[0]['acc']:.3f} < {low:.3f} ({why})")
         else:
             why = next((g.get("error") or g.get("message") for g in got if "acc" not in g))
             bad.append(f"{cell}: {['acc' if 'acc' in g else 'refused' if 'refused' in g else 'error' for g in got]}\n{why}")

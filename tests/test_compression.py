@@ -9,6 +9,7 @@ with the job's secret are dropped while results stay exact.
 """
 import json
 
+import numpy as np
 import pytest
 
 from conftest import assert_ok, read_results, run_script
@@ -221,3 +222,40 @@ def test_keras_loss_scaling_skips_an_overflow_on_every_rank(tmp_path, comp):
     assert ranks[0]["scale"] == 2.0 ** 13 and ranks[0]["steps"] == 6, ranks[0]
     assert ranks[0]["finite"], ranks[0]
     assert ("holds inf or NaN" in res.stderr) == (comp == "onebit"), res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("layout", ["flat", "root", "slice"])
+def test_take_residual_moves_what_compression_left_unsent(tmp_path, layout):
+    """``api.take_residual`` (AsyncModelAverage keeps in each model what its push left
+    unsent): the ranks that push for a host get the host's whole error-feedback residual,
+    and what their pushes then carried, input minus residual, is onebit's one magnitude
+    per partition; the residual is emptied, and ranks or names without one get False."""
+    local = ("--hosts", "2", "--local-size", "2") if layout != "flat" else ()
+    res = run_script("take_residual.py", tmp_path, workers=4 if local else 2, servers=2,
+                     timeout=120, launcher_args=local, BYTEPS_PARTITION_BYTES=16384,
+                     **({"BYTEPS_LOCAL_REDUCE": layout} if local else {}))
+    assert_ok(res)
+    out = read_results(tmp_path)
+    hosts: dict = {}
+    for r, o in out.items():
+        assert not o["unknown"] and not o["plain"], r
+        assert o["zero_after"] and (o["again"] or not o["got"]), r
+        hosts.setdefault(o["host"], []).append(o)
+    assert len(hosts) == 2
+    for host, ranks in hosts.items():
+        pushers = [o for o in ranks if o["got"]]
+        # flat: each rank pushes for itself; root mode: local rank 0; slice: both
+        assert len(pushers) == {"flat": 1, "root": 1, "slice": 2}[layout], (host, layout)
+        assert all(o["held"] for o in pushers)
+        x = np.sum([np.array(o["x"], np.float32) for o in ranks], axis=0, dtype=np.float32)
+        kept = np.sum([np.array(o["out"], np.float32) for o in ranks], axis=0)
+        assert np.abs(kept).max() > 0.1
+        sent = np.abs(x.astype(np.float64) - kept)
+        # onebit sends sign x mean magnitude per pipeline (one per partition a rank
+        # pushes for the host): that many magnitudes, each in one run, where the input
+        # has 20000 distinct ones (a misplaced or partial residual breaks both); 1e-4
+        # separates them beyond float32 rounding
+        n = sum(o["held"] for o in pushers)
+        mags = 1 + np.count_nonzero(np.diff(np.sort(sent)) > 1e-4)
+        runs = 1 + np.count_nonzero(np.abs(np.diff(sent)) > 1e-4)
+        assert mags <= n and runs <= n, (host, mags, runs, n)

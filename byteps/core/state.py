@@ -50,6 +50,12 @@ class Tensor:
         self.wire_flags = 0       # wire.ASYNC: an asynchronous key (docs/algorithms.md)
         self.outer = None         # [lr, momentum, nesterov]: DiLoCo's key (wire.outer_field)
 
+    def held(self, parts: list | None = None) -> list:
+        """``(first element, pipeline)`` of each compressed partition of the current cut
+        (or of the cut ``parts``, autotune's previous one)."""
+        return [(start, self.pipes[part]) for part, start, _, _ in
+                (self.parts if parts is None else parts) if part in self.pipes]
+
     def cut(self, partition_bytes: int, nservers: int, key: int | None = None) -> list:
         """(part, start, length, server) of each partition; part i on server (key+i) mod S."""
         key = self.key if key is None else key

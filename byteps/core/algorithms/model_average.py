@@ -13,8 +13,13 @@ With ``compression_params`` (e.g. onebit with error feedback) a round exchanges
 (``init`` averages the model exactly), pushes ``snapshot - a`` compressed (the core's
 per-partition pipeline, error feedback on the worker and on the servers), and every rank
 pulls the same compressed average of the differences ``m``; the new average is
-``a + m``, identical on every rank, and the correction ``a + m - snapshot``.  What a
-round's compression dropped stays in the residuals and goes out with the next round.
+``a + m``, identical on every rank.  What this rank's push left unsent (its
+error-feedback residual ``e``) stays in its own model: the correction is
+``a + m - snapshot + e`` and the residual is emptied (``api.take_residual``), so ``e`` goes
+out in the next round's difference, as error feedback would send it, while the model keeps
+its own progress meanwhile instead of lagging by it.  Under local reduction the ranks that
+push for the host keep the host's residual.  (Measured on the digits MLP, 4 ranks on 2 hosts,
+onebit: 0.68-0.78 accuracy with the residual left to error feedback, 0.90 with it kept.)
 """
 from __future__ import annotations
 
@@ -124,6 +129,9 @@ class AsyncModelAverage(Algorithm):
                 avg = self._average(snap)
                 corr = {k: (avg[k] - snap[k]).astype(snap[k].dtype, copy=False)
                         for k in snap}
+                if self.compression_params:
+                    for k, c in corr.items():   # this rank's unsent part stays in its model
+                        api.take_residual(f"{self.prefix}delta.{k}", c)
                 with self.lock:
                     if self.pending is None:
                         self.pending = corr

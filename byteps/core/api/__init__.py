@@ -45,7 +45,7 @@ from byteps.core.collective.ops import (  # noqa: F401
     grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_async,
     grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async)
 from byteps.core.api.telemetry import (get_pushpull_speed, set_compression_lr,  # noqa: F401
-                                       start_timeline, stop_timeline)
+                                       start_timeline, stop_timeline, take_residual)
 
 log = logging.getLogger("byteps.worker")
 

@@ -27,6 +27,30 @@ def set_compression_lr(lr: float) -> None:
                     p.set_lr(lr)
 
 
+def take_residual(name: str, out) -> bool:
+    """Move the error-feedback residual this rank holds for tensor ``name`` (what
+    compression left unsent, per element) into ``out`` (float32 or wider, the tensor's
+    size): ``out += r``, then ``r = 0``, so the next push of ``name`` sends only what it is
+    given.  Under local reduction the residual is of the host's sum, held by the ranks
+    that push for the host (root mode: local rank 0; slice mode: each its own slice), and
+    they take all of it.  For an algorithm that keeps in its model what compression did
+    not carry (AsyncModelAverage).  Call it with no push_pull of ``name`` in flight.
+    Returns whether this rank held any residual of it."""
+    st = _api._state()
+    t = st.tensors.get(name)
+    if t is None:
+        return False
+    held = t.held() if st.local is None else st.local.cuts.held(name)
+    flat = out.reshape(-1)
+    got = False
+    for start, p in held:
+        if p.residual is not None:
+            flat[start:start + p.n] += p.residual
+            p.residual.fill(0.0)
+            got = True
+    return got
+
+
 def get_pushpull_speed(per_tensor: bool = False):
     """Recent push-pull speed of this worker: ``(ms since epoch, MB/s)``.
 

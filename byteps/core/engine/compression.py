@@ -123,8 +123,7 @@ def recut_pipelines(tensor, old_parts: list) -> None:
     if getattr(tensor, "spec", None) is None:
         return
     from byteps.compression import carry_state
-    old = [(start, tensor.pipes[part]) for part, start, _, _ in old_parts
-           if part in tensor.pipes]
+    old = tensor.held(old_parts)
     tensor.pipes = {}
     new = [(start, comp_pipeline(tensor, part, length))
            for part, start, length, _ in tensor.parts]

@@ -44,6 +44,14 @@ class Cuts:
         if prev is not None:
             self._recut(tensor, prev, lkey, seg, nbytes, cut)
 
+    def held(self, name: str) -> list:
+        """``(first element, pipeline)`` of each compressed slice chunk of tensor
+        ``name``'s current cut that this local rank pushes for its host (root mode: local
+        rank 0 pushes them all; slice mode: its own slice)."""
+        lkey = self.layouts.get(name)
+        seg = self.segs.get(lkey)
+        return [] if seg is None else _held(seg, self.slice_cache.get(lkey) or [])
+
     def old_slice_keys(self) -> list:
         """After autotune's final choice (user thread, at a step boundary): the slice keys
         of every cut a tensor left for good -- for each tensor whose last push already
@@ -96,8 +104,7 @@ class Cuts:
         if getattr(tensor, "spec", None) is not None and old_sl and old_seg is not None \
                 and self.network:
             from byteps.compression import carry_state
-            old = [(old_seg.slice(j, k)[0], p) for k, st in enumerate(old_sl)
-                   for j, p in st.pipes.items()]
+            old = _held(old_seg, old_sl)
             new_sl = self.slices(tensor, seg, lkey, nbytes, cut)
             mine = range(self.L) if self.mode == "root" and self.me == 0 else \
                 (self.me,) if self.mode == "slice" else ()
@@ -108,3 +115,8 @@ class Cuts:
             if old_seg.created:
                 old_seg.unlink()
             old_seg.close()
+
+
+def _held(seg: Segment, sl: list) -> list:
+    """``(first element, pipeline)`` of the slices ``sl`` of segment ``seg``."""
+    return [(seg.slice(j, k)[0], p) for k, st in enumerate(sl) for j, p in st.pipes.items()]
