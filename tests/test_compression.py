@@ -208,12 +208,8 @@ def test_inf_or_nan_in_a_decentralized_model_reaches_its_peers_not_a_hang(tmp_pa
         assert ranks[r]["nans"][:3] == [0] * 3 and ranks[r]["nans"][3:] == [3000] * 7, ranks
 
 
-@pytest.mark.parametrize("comp", ["none", "onebit"])
-def test_keras_loss_scaling_skips_an_overflow_on_every_rank(tmp_path, comp):
-    """Keras 3's LossScaleOptimizer inside byteps's DistributedOptimizer, model.fit on 2
-    hosts, rank 1's batch 2 of each epoch overflowing: every rank skips those two steps
-    (6 of 8 applied), halves its scale twice and ends with the same finite weights,
-    uncompressed and with onebit + error feedback (rank 1's partitions go out NONFINITE)."""
+def _keras_loss_scaling(tmp_path, comp) -> dict:
+    tmp_path.mkdir(exist_ok=True)
     res = run_script("keras_loss_scaling.py", tmp_path, comp, workers=2, timeout=150,
                      BYTEPS_MIN_COMPRESS_BYTES=0)
     assert_ok(res)
@@ -222,6 +218,46 @@ def test_keras_loss_scaling_skips_an_overflow_on_every_rank(tmp_path, comp):
     assert ranks[0]["scale"] == 2.0 ** 13 and ranks[0]["steps"] == 6, ranks[0]
     assert ranks[0]["finite"], ranks[0]
     assert ("holds inf or NaN" in res.stderr) == (comp == "onebit"), res.stderr[-3000:]
+    return ranks[0]
+
+
+@pytest.mark.parametrize("comp", ["none", "onebit", "policy", "policy_qadam"])
+def test_keras_loss_scaling_skips_an_overflow_on_every_rank(tmp_path, comp):
+    """Keras 3's LossScaleOptimizer and byteps's DistributedOptimizer, model.fit on 2
+    hosts, rank 1's batch 2 of each epoch overflowing: every rank skips those two steps
+    (6 of 8 applied), halves its scale twice and ends with the same finite weights.  The
+    scaler inside (Horovod's order), uncompressed and with onebit + error feedback (rank 1's
+    partitions go out NONFINITE); and outside, as model.compile wraps it under the
+    mixed_float16 policy, of Adam and of QAdam past its warm-up (before, rank 1 skipped its
+    exchange alone and the job failed at the end, its ranks' rounds parted)."""
+    _keras_loss_scaling(tmp_path, comp)
+
+
+def test_keras_loss_scaler_outside_takes_horovods_steps(tmp_path):
+    """LossScaleOptimizer(DistributedOptimizer(Adam)) in float32 ends bit-identical to
+    Horovod's order, DistributedOptimizer(LossScaleOptimizer(Adam)): the scale is a power
+    of 2, so unscaling before or after the average gives the same sums."""
+    assert _keras_loss_scaling(tmp_path / "outer", "outer")["digest"] == \
+        _keras_loss_scaling(tmp_path / "none", "none")["digest"]
+
+
+def test_qadam_under_a_loss_scaler_after_the_exchange_is_refused():
+    """torch's GradScaler.step(QAdam) and Keras's DistributedOptimizer(LossScaleOptimizer(
+    QAdam)) raise the core's rule qadam-loss-scale (the momentum would carry the scale)."""
+    torch = pytest.importorskip("torch")
+    import byteps.torch as bpt
+    m = torch.nn.Linear(4, 1)
+    opt = bpt.QAdamOptimizer(m.parameters(), lr=1e-3, warmup_steps=2)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(m(torch.ones(8, 4)).pow(2).mean()).backward()
+    with pytest.raises(Exception, match="rule 'qadam-loss-scale'"):
+        scaler.step(opt)
+    opt.step()                                 # without the scaler: QAdam as before
+    keras = pytest.importorskip("keras")
+    import byteps.keras as bpk
+    inner = keras.mixed_precision.LossScaleOptimizer(bpk.QAdamOptimizer(learning_rate=0.01))
+    with pytest.raises(Exception, match="rule 'qadam-loss-scale'"):
+        bpk.DistributedOptimizer(inner)
 
 
 @pytest.mark.parametrize("layout", ["flat", "root", "slice"])

@@ -195,6 +195,14 @@ class _Distributed:
 
 
 class _Keras3(_Distributed):
+    def build(self, variables):
+        """Keras 3's build; inside a LossScaleOptimizer (``model.compile`` under
+        ``mixed_float16``) it also makes the scaler's overflow check the job's
+        (:mod:`byteps._keras.loss_scale`)."""
+        super().build(variables)
+        from byteps._keras.loss_scale import adopt
+        adopt(self)
+
     def apply(self, grads, trainable_variables=None):
         """Average ``grads`` across workers, then apply them (Keras 3)."""
         if trainable_variables is None:
@@ -299,6 +307,10 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
     if not hasattr(optimizer, "apply_gradients"):
         raise TypeError(f"DistributedOptimizer needs a Keras optimizer or a "
                         f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
+    if hasattr(getattr(optimizer, "inner_optimizer", None), "_bps_exchange"):
+        from byteps.core import compat
+        compat.refuse("qadam-loss-scale", f"DistributedOptimizer({type(optimizer).__name__}("
+                                          f"{type(optimizer.inner_optimizer).__name__}))")
     from byteps.tensorflow.compression import with_params
     compression = with_params(compression, _momentum_params(optimizer, compression_params))
     base = type(optimizer)

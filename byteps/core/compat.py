@@ -103,6 +103,20 @@ _RULES = (
          "use Adam with the algorithm and the algorithm's compression_params (AsyncPS "
          "compresses its parameter differences with error feedback), or QAdam with SyncPS "
          "(no algorithm, BYTEPS_ENABLE_ASYNC unset)"),
+    Rule("qadam-loss-scale",
+         "QAdamOptimizer under a loss scaler that acts after the exchange: torch's GradScaler, "
+         "or Keras's LossScaleOptimizer inside the DistributedOptimizer "
+         "(DistributedOptimizer(LossScaleOptimizer(QAdam)))",
+         "after its warm-up QAdam forms each worker's momentum from the gradient the backward "
+         "pass hands the exchange and averages that momentum; there the gradient is still "
+         "multiplied by the loss scale, which changes during training, and an overflowed "
+         "step is in the momentum before the scaler, which divides the scale out and skips "
+         "overflowed steps only afterwards, sees it",
+         "Keras: let the LossScaleOptimizer wrap the DistributedOptimizer "
+         "(LossScaleOptimizer(DistributedOptimizer(QAdam)), which model.compile builds under "
+         "the mixed_float16 policy): it unscales first and skips a step on every rank when "
+         "any rank overflowed; torch: Adam or SGD with GradScaler, or QAdam under bfloat16 "
+         "autocast, which needs no loss scaling"),
 )
 
 #: every rule by id, in the order docs/compatibility.md lists them

@@ -14,6 +14,8 @@ variance frozen after warm-up.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 __all__ = ["QAdamOptimizer"]
@@ -74,6 +76,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One QAdam step (see the module docstring)."""
+        _refuse_grad_scaler(self)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -103,3 +106,16 @@ class QAdamOptimizer(torch.optim.Optimizer):
                 denom = (st["exp_avg_sq"] / bc2).sqrt_().add_(group["eps"])
                 p.addcdiv_(st["exp_avg"], denom, value=-group["lr"] / bc1)
         return loss
+
+
+def _refuse_grad_scaler(opt) -> None:
+    """``scaler.step(opt)`` of a ``torch.amp.GradScaler`` (found among the callers, through
+    DistributedOptimizer's step): refused by the core's rule, before any step."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return
+        if isinstance(frame.f_locals.get("self"), torch.amp.GradScaler):
+            from byteps.core import compat
+            compat.refuse("qadam-loss-scale", f"GradScaler.step({type(opt).__name__})")
+        frame = frame.f_back
