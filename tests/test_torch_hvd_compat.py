@@ -131,3 +131,19 @@ def test_a_set_member_that_leaves_is_named_at_once(tmp_path):
         assert all(sec[c] < 1 for c in ("member left", "late member", "leader left")
                    if c in sec), out                  # at once, not a timeout or a grace
         assert sec["reinit"] < 5, out
+
+
+@pytest.mark.timeout(150)
+def test_optimizers_of_process_sets_take_uneven_steps(tmp_path):
+    """DistributedOptimizer(process_set=...) on some ranks only, each set its own number
+    of steps, onebit, 2 hosts x 2, autotune on: every set's members end identical and
+    nothing waits.  Before, each step also counted for autotune, whose step-end exchanges
+    are the whole job's: rank 0's hung for the ranks that took fewer steps."""
+    res = run_script("torch_set_steps.py", tmp_path, workers=4, timeout=100,
+                     launcher_args=("--hosts", "2", "--local-size", "2"))
+    assert_ok(res)
+    out = read_results(tmp_path)
+    assert sorted(out) == [0, 1, 2, 3]
+    assert out[0]["cross-host"] == out[2]["cross-host"] and \
+        out[0]["same-host"] == out[1]["same-host"], out
+    assert out[3] == {} and "same-host" not in out[2] and "cross-host" not in out[1]

@@ -163,11 +163,20 @@ def byteps_declare_tensor(name: str, **kwargs) -> None:
     core.declare(name, **kwargs)
 
 
-def broadcast_arrays(items: list, root_rank: int) -> None:
+def broadcast_arrays(items: list, root_rank: int, process_set=None) -> None:
     """Broadcast ``[(name, [ndarray, ...]), ...]`` from ``root_rank``: the first array
-    of each entry is sent, every array of the entry receives the result."""
+    of each entry is sent, every array of the entry receives the result.  With a
+    (registered, non-global) ``process_set``: among its ranks only, from ``root_rank``
+    when it is one of them, else from the set's first rank (a trainer of the set)."""
     root = coll.check_root(root_rank, "broadcast_parameters")
     if core.size() == 1:
+        return
+    if process_set is not None:
+        ranks = list(process_set.ranks)
+        root = root if root in ranks else ranks[0]
+        for name, arrays in items:
+            view, shared = host_array(arrays[0])
+            writer(arrays)(coll.broadcast(view, root, name, process_set=process_set))
         return
     pending = []
     try:
@@ -224,9 +233,10 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: str | None = None) 
             a.wait_to_read()
 
 
-def broadcast_when_initialised(param, name: str, root_rank: int) -> None:
+def broadcast_when_initialised(param, name: str, root_rank: int, process_set=None) -> None:
     """Broadcast ``param`` from ``root_rank`` under ``name`` right after its deferred
-    initialisation (the first forward pass, on every rank in the same order)."""
+    initialisation (the first forward pass, on every rank in the same order; among
+    ``process_set``'s ranks, as :func:`broadcast_arrays`)."""
     root = coll.check_root(root_rank, "broadcast_parameters")
     finish = param._finish_deferred_init
 
@@ -235,7 +245,7 @@ def broadcast_when_initialised(param, name: str, root_rank: int) -> None:
         finish(*args, **kwargs)
         if pending:
             with mx.autograd.pause():
-                broadcast_arrays([(name, param.list_data())], root)
+                broadcast_arrays([(name, param.list_data())], root, process_set)
 
     param._finish_deferred_init = finish_and_broadcast
 

@@ -115,9 +115,10 @@ class DistributedTrainer(mx.gluon.Trainer):
         # step broadcasts all of them once more, like the original (a script may load a
         # checkpoint on the root rank after making the trainer).
         for param in self._params:
-            if param._deferred_init:
+            if param._deferred_init and not self._bps_outside:
                 broadcast_when_initialised(
-                    param, self._bps_param_names[self._bps_index[id(param)]], self.root_rank)
+                    param, self._bps_param_names[self._bps_index[id(param)]], self.root_rank,
+                    self._bps_set)
         self._bps_broadcast([p for p in self._params if not p._deferred_init])
 
     def step(self, batch_size, ignore_stale_grad=False):
@@ -126,7 +127,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().step(batch_size, ignore_stale_grad)
         if self._bps_alg is not None:
             self._bps_async_exchange()
-        core.step_done()                     # the timeline's steps
+        core.step_done(in_set=self._bps_set is not None or self._bps_outside)   # timeline
 
     def _bps_async_exchange(self) -> None:
         """AsyncPS after the local update: push the parameter change, pull the servers'
@@ -167,9 +168,11 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._bps_broadcast(ready)
 
     def _bps_broadcast(self, params: list) -> None:
-        if params:
+        """From ``root_rank``; a trainer of a process set among the set's ranks (a rank
+        outside it trains alone: nothing)."""
+        if params and not self._bps_outside:
             broadcast_arrays([(self._bps_param_names[self._bps_index[id(p)]], p.list_data())
-                              for p in params], self.root_rank)
+                              for p in params], self.root_rank, self._bps_set)
 
     def _allreduce_grads(self):
         if self._bps_alg is not None or (self._bps_size == 1 and len(self._contexts) == 1):

@@ -265,7 +265,7 @@ class _DistributedOptimizer:
             else:
                 self.synchronize()
         self._bps_synchronized = False
-        _core.step_done()                    # the timeline's steps
+        _core.step_done(in_set=getattr(self, "_bps_in_set", False))   # timeline steps
         return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
@@ -438,7 +438,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     outside = process_set is not None and callable(getattr(process_set, "included", None)) \
         and getattr(process_set, "process_set_id", 0) != 0 and not process_set.included()
     dist._bps_process_set = None if outside else _coll._set(process_set)
-    dist._bps_outside = outside
+    dist._bps_outside, dist._bps_in_set = outside, outside or dist._bps_process_set is not None
     algorithm = _algorithms.resolve(algorithm)   # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
     if dist._bps_process_set is not None and not algorithm.plugin_gradients:
         from byteps.core import compat

@@ -69,7 +69,9 @@ def mode(name, opt, opt_params, kind, deferred=False, ctx=None, compression=None
         dopt = bps.DistributedOptimizer(mx.optimizer.create(opt, **opt_params), **hvd)
         trainer = gluon.Trainer(net.collect_params(), dopt, kvstore=None)
     run(net, trainer, local(DATA), B, ctx)
-    ref = make_net(100 + ROOT, deferred)     # own=True: this rank's own batches only
+    # own=True: this rank's own batches only; a trainer of a process set broadcasts among
+    # the set only (from its first rank here, the set being this rank alone or none)
+    ref = make_net(100 + (r if own and kind == "trainer" else ROOT), deferred)
     run(ref, gluon.Trainer(ref.collect_params(), opt, dict(opt_params), kvstore=None),
         local(DATA) if own else DATA, B if own else W * B, (mx.cpu(),))
     res[name] = {"dist": params_of(net), "ref": params_of(ref),

@@ -211,16 +211,21 @@ def _wait(st, h, end) -> None:
         _coll.check_deadline(None, f"push_pull of {getattr(h.tensor, 'name', '')!r}", st)
 
 
-def step_done(implicit: bool = False) -> None:
+def step_done(implicit: bool = False, in_set: bool = False) -> None:
     """This worker's current training step ended (plugins call it from their optimizer's
     step; numpy users may too).  The timeline's trace window counts these steps; see
     :class:`byteps.core.timeline.StepCounter`.  ``implicit`` (numpy ``synchronize``)
     counts only when none of the loop's own push_pulls is left to synchronize (another
-    thread's may be: ``StepCounter.busy``) and no explicit step was marked."""
+    thread's may be: ``StepCounter.busy``) and no explicit step was marked.  ``in_set``:
+    the step of an optimizer over a process set other than the global one (members and
+    the ranks outside it alike), which the timeline counts but autotune does not: its
+    exchanges at a step end are the whole job's, and only the set's ranks take such
+    steps, or each set its own number of them (its gradients go over the set's
+    worker-to-worker links, which autotune does not tune anyway)."""
     st = _st.current()
     if st is None or (implicit and st.steps.busy(st.handles)):
         return
-    if st.steps.mark(implicit) and st.tuner is not None and not implicit:
+    if st.steps.mark(implicit) and st.tuner is not None and not implicit and not in_set:
         _autotune.boundary(st)       # autotune counts explicit steps only (same on every rank)
 
 
