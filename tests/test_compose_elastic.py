@@ -72,6 +72,22 @@ def test_decentralized_keeps_training_after_a_worker_is_lost(tmp_path):
         assert ranks[r]["resets"] == [[10, r, 2]], ranks[r]["resets"]
 
 
+def test_async_model_average_keeps_training_after_a_worker_is_lost(tmp_path):
+    """AsyncModelAverage with onebit + error feedback: the last of 3 ranks dies at step
+    12; the survivors' background round fails, the next step raises the membership change
+    to bps.elastic.run, which restores a commit and re-forms; the averaging starts again in
+    the group of 2 (its thread, its exact first average) and finish() leaves both equal.
+    Before, the round's error came back wrapped as a plain failure and ended the job."""
+    res, ranks = _job(tmp_path, "average", 12, -1)
+    assert_ok(res)
+    assert sorted(ranks) == [0, 1], res.stderr[-3000:]
+    assert ranks[0]["w"] == ranks[1]["w"]
+    for r in (0, 1):
+        (step, rank, size), = ranks[r]["resets"]
+        assert step % 5 == 0 and step >= 10 and (rank, size) == (r, 2), ranks[r]["resets"]
+        assert ranks[r]["loss"] < 0.2 * ranks[r]["loss0"], ranks[r]
+
+
 # ---------------------------------------------------------------------- over ssh (-H)
 FAKE_SSH = """#!/bin/sh
 # ssh [options] -- HOST COMMAND: run COMMAND here, as sshd would through the login shell

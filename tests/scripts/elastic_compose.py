@@ -10,7 +10,10 @@ steps.  MODE:
 * ``decentralized`` / ``shift_one``: ``bps.DistributedOptimizer`` with
   ``Decentralized(peer_selection="all" / "shift_one")``: each rank takes a local step on
   ``size x`` its share of the gradient and the models are averaged with the peers (with
-  "all" the mean of the local steps is the full-batch step); ``finish()`` at the end.
+  "all" the mean of the local steps is the full-batch step); ``finish()`` at the end;
+* ``average``: ``AsyncModelAverage(sync_interval_ms=5)`` with onebit + error feedback,
+  each rank stepping on ``size x`` its share (10 ms of work per step), averaged in the
+  background; ``finish()`` at the end.
 
 At WORKER_KILL the last rank SIGKILLs itself (once; a step's exchange in flight).  At
 SERVER_KILL (>= 0) rank 0 SIGKILLs the last server bpslaunch started (once; a round in
@@ -52,9 +55,14 @@ opt = None
 if mode != "sync":
     def sgd(params, grads):
         params["w"] -= LR * grads["w"]
-    sel = "all" if mode == "decentralized" else "shift_one"
-    opt = bps.DistributedOptimizer(sgd, {"w": w},
-                                   algorithm=bps.algorithms.Decentralized(peer_selection=sel))
+    if mode == "average":
+        opt = bps.DistributedOptimizer(
+            sgd, {"w": w}, algorithm=bps.algorithms.AsyncModelAverage(sync_interval_ms=5),
+            compression_params={"compressor": "onebit", "ef": "vanilla"})
+    else:
+        sel = "all" if mode == "decentralized" else "shift_one"
+        opt = bps.DistributedOptimizer(
+            sgd, {"w": w}, algorithm=bps.algorithms.Decentralized(peer_selection=sel))
 
 
 def grad() -> np.ndarray:
@@ -81,6 +89,8 @@ def train(state):
         else:
             maybe_kill_worker()
             opt.step({"w": grad() * np.float32(bps.size())})
+            if mode == "average":
+                time.sleep(0.01)
         state.step += 1
         if state.step % 5 == 0:
             state.commit()
@@ -89,7 +99,8 @@ def train(state):
 train(state)
 if opt is not None:
     opt.finish()
-doc.update({"w": w.tolist(), "rank": bps.rank(), "size": bps.size(), "resets": log})
+doc.update({"w": w.tolist(), "rank": bps.rank(), "size": bps.size(), "resets": log,
+            "loss": float(np.mean((X @ w - y) ** 2)), "loss0": float(np.mean(y ** 2))})
 with open(os.path.join(out, f"rank{bps.rank()}.json"), "w") as f:
     json.dump(doc, f)
 bps.shutdown()

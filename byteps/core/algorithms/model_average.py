@@ -31,6 +31,7 @@ import numpy as np
 
 from byteps.core import api
 from byteps.core.algorithms.base import Algorithm, average_now, contributors
+from byteps.core.elastic import WorkersChanged, membership_changed
 
 log = logging.getLogger("byteps.algorithms")
 
@@ -84,6 +85,7 @@ class AsyncModelAverage(Algorithm):
 
     def init(self, params: dict[str, np.ndarray]) -> None:
         self.names = list(params)
+        self.group = api._state()           # bps.elastic.run's re-form: a new one
         if self.compression_params:
             # the reference every rank's differences are taken from: one exact average
             self.last = {k: np.array(v, np.float32, copy=True) for k, v in params.items()}
@@ -107,10 +109,12 @@ class AsyncModelAverage(Algorithm):
         self.run_ok.set()
 
     def _run(self) -> None:
-        n = 0
+        n, me = 0, threading.current_thread()
         try:
             while True:
                 time.sleep(self.interval)
+                if self.thread is not me:     # its group was re-formed (_drop)
+                    return
                 if not self.run_ok.is_set():
                     self.idle.set()
                     self.run_ok.wait()
@@ -126,6 +130,8 @@ class AsyncModelAverage(Algorithm):
                 self.want.set()
                 self.have.wait()          # the main thread's next step (or finish())
                 snap = self.snapshot
+                if snap is None or self.thread is not me:
+                    return
                 avg = self._average(snap)
                 corr = {k: (avg[k] - snap[k]).astype(snap[k].dtype, copy=False)
                         for k in snap}
@@ -140,7 +146,8 @@ class AsyncModelAverage(Algorithm):
                             self.pending[k] += corr[k]
                 self.rounds += 1
         except BaseException as exc:      # reported at the next step
-            self.error = exc
+            if self.thread is me:
+                self.error = exc
 
     def _average(self, snap: dict) -> dict:
         """This round's average of the snapshots (every rank gets the same one)."""
@@ -172,10 +179,26 @@ class AsyncModelAverage(Algorithm):
             self.have.set()
 
     def after_step(self, params: dict[str, np.ndarray]) -> None:
+        if self.group is not api._state():          # a re-formed elastic group
+            self._drop()
+            self.error = None           # the old group's thread's, if any
+            self.init(params)           # state.sync() made the parameters identical
+            return
         if self.error is not None:
-            raise api.BytePSError(f"{self.describe()}: background averaging failed: "
-                                  f"{self.error}")
+            err, self.error = self.error, None
+            if isinstance(err, WorkersChanged) or membership_changed():
+                self._drop()            # bps.elastic.run restores the commit and re-forms
+                raise err
+            raise api.BytePSError(f"{self.describe()}: background averaging failed: {err}")
         self._serve(params)
+
+    def _drop(self) -> None:
+        """Forget this group's rounds: its thread ended with the membership change (or
+        ends at its next exchange, which fails), its corrections are of the old group."""
+        api.remove_join_hook(self._before_join, self._after_join)
+        self.want.clear()
+        self.have.set()                 # a thread still waiting for a snapshot goes on
+        self.snapshot, self.pending, self.thread = None, None, None
 
     def finish(self, params: dict[str, np.ndarray]) -> None:
         """Stop the background thread (same round on every rank), then average the model
