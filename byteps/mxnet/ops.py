@@ -174,9 +174,9 @@ def broadcast_arrays(items: list, root_rank: int, process_set=None) -> None:
     if process_set is not None:
         ranks = list(process_set.ranks)
         root = root if root in ranks else ranks[0]
-        for name, arrays in items:
-            view, shared = host_array(arrays[0])
-            writer(arrays)(coll.broadcast(view, root, name, process_set=process_set))
+        for name, arrays in items:      # once, at a trainer's start: one at a time
+            writer(arrays)(coll.broadcast(host_array(arrays[0])[0], root, name,
+                                          process_set=process_set))
         return
     pending = []
     try:

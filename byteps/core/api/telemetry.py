@@ -40,6 +40,8 @@ def take_residual(name: str, out) -> bool:
     t = st.tensors.get(name)
     if t is None:
         return False
+    if not out.flags.c_contiguous:      # reshape would copy, and the residual be lost
+        raise ValueError(f"take_residual({name!r}): out must be C-contiguous")
     held = t.held() if st.local is None else st.local.cuts.held(name)
     flat = out.reshape(-1)
     got = False
