@@ -21,28 +21,30 @@ def test_honoured_variables_set_the_config():
                            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120",
                            "HOROVOD_AUTOTUNE": "0", "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",
                            "HOROVOD_START_TIMEOUT": "15"})
-    assert (cfg.trace_on, cfg.trace_dir, cfg.fusion_bytes) == (True, "/tmp/tl", 0)
+    assert (cfg.timeline, cfg.trace_on, cfg.fusion_bytes) == ("/tmp/tl.json", False, 0)
     assert cfg.log_level == logging.DEBUG and cfg.stall_warning_s == 30.0
     assert cfg.stall_shutdown_s == 120.0 and cfg.autotune is False
     assert cfg.local_reduce == "off" and cfg.startup_timeout == 15.0
     # Horovod's "off" values set nothing: the defaults stay
     cfg = Config.from_env({"HOROVOD_TIMELINE": "DYNAMIC",
                            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0"})
-    assert cfg.trace_on is False and cfg.stall_shutdown_s is None
+    assert cfg.timeline is None and cfg.stall_shutdown_s is None
+    cfg = Config.from_env({"HOROVOD_TIMELINE": "/tmp/t.json", "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    assert cfg.timeline_mark_cycles is True
 
 
 def test_explicit_byteps_variable_wins():
     env = {"HOROVOD_FUSION_THRESHOLD": "0", "BYTEPS_FUSION_BYTES": "1024",
-           "HOROVOD_TIMELINE": "/tmp/a.json", "BYTEPS_TRACE_DIR": "/tmp/mine",
+           "HOROVOD_TIMELINE": "/tmp/a.json", "BYTEPS_TIMELINE": "/tmp/mine.json",
            "HOROVOD_LOG_LEVEL": "debug", "BYTEPS_LOG_LEVEL": "ERROR"}
     cfg = Config.from_env(env)
     assert cfg.fusion_bytes == 1024 and cfg.log_level == logging.ERROR
-    assert cfg.trace_on and cfg.trace_dir == "/tmp/mine"
+    assert cfg.timeline == "/tmp/mine.json"
     lines = horovod_env.notes(env)
     assert "HOROVOD_FUSION_THRESHOLD=0 is ignored: BYTEPS_FUSION_BYTES=1024 is set and wins" \
         in lines
-    assert any(x.startswith("HOROVOD_TIMELINE=/tmp/a.json -> BYTEPS_TRACE_ON=1, "
-                            "BYTEPS_TRACE_DIR=/tmp/mine") for x in lines)
+    assert "HOROVOD_TIMELINE=/tmp/a.json is ignored: BYTEPS_TIMELINE=/tmp/mine.json is set " \
+        "and wins" in lines
 
 
 def test_malformed_value_names_the_horovod_variable():

@@ -136,3 +136,11 @@ def test_horovod_keras_process_set_suite(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
     _check(tmp_path, "3workers", suite="test_tensorflow2_keras_process_sets.py",
            job_timeout=300)
+
+
+@pytest.mark.parametrize("layout", ["2hosts", "local2"])
+def test_horovod_timeline_suite(tmp_path, layout):
+    """Horovod's test_timeline.py: ``HOROVOD_TIMELINE`` set before ``init()`` gives rank 0
+    a file with ``allreduce.test_allreduce``, ``NEGOTIATE_ALLREDUCE``, ``ALLREDUCE`` and,
+    with ``HOROVOD_TIMELINE_MARK_CYCLES=1``, ``CYCLE_START``, 0.1 s after the allreduce."""
+    _check(tmp_path, layout, suite="test_timeline.py", job_timeout=180)

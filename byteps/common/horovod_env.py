@@ -33,13 +33,9 @@ def _same(raw: str) -> str:
 
 
 def _timeline(raw: str) -> str | None:
-    """BYTEPS_TRACE_ON's value; the folder is :func:`_trace_dir`'s."""
-    return None if raw.strip().upper() in ("", "DYNAMIC") else "1"
-
-
-def _trace_dir(raw: str) -> str:
-    path = raw.strip()
-    return path[:-5] if path.endswith(".json") else path
+    """BYTEPS_TIMELINE's value: the file; DYNAMIC (Horovod: start_timeline() later) sets
+    nothing, as start_timeline() works here without it."""
+    return None if raw.strip().upper() in ("", "DYNAMIC") else raw.strip()
 
 
 def _positive(raw: str) -> str | None:
@@ -47,9 +43,11 @@ def _positive(raw: str) -> str | None:
 
 
 HONOURED: dict[str, Map] = {
-    "HOROVOD_TIMELINE": Map("BYTEPS_TRACE_ON", _timeline, "BYTEPS_TRACE_DIR, unless set: "
-                            "the path without .json, a folder with one trace per rank "
-                            "(docs/timeline.md); DYNAMIC: call start_timeline()"),
+    "HOROVOD_TIMELINE": Map("BYTEPS_TIMELINE", _timeline, "rank 0 writes Horovod's "
+                            "timeline there (docs/timeline.md); DYNAMIC: call "
+                            "start_timeline()"),
+    "HOROVOD_TIMELINE_MARK_CYCLES": Map("BYTEPS_TIMELINE_MARK_CYCLES", _same,
+                                        "a marker each time the engine takes new work"),
     "HOROVOD_FUSION_THRESHOLD": Map("BYTEPS_FUSION_BYTES", _same, "partitions up to this "
                                     "size are fused into one message; 0: no fusion"),
     "HOROVOD_STALL_CHECK_TIME_SECONDS": Map("BYTEPS_STALL_WARNING_S", _same),
@@ -72,7 +70,6 @@ _ONE_TRANSPORT = ("none: tensors always go to CPU summation servers over ZeroMQ 
 _LAUNCHER = "set by horovodrun; bpslaunch sets DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"
 NAMED: dict[str, str] = {
     "HOROVOD_CYCLE_TIME": _NO_CYCLE,
-    "HOROVOD_TIMELINE_MARK_CYCLES": "none: there are no cycles to mark (" + _NO_CYCLE[6:] + ")",
     "HOROVOD_CACHE_CAPACITY": "none: there is no response cache, as no coordinator "
                               "negotiates tensors: keys come from tensor names",
     "HOROVOD_STALL_CHECK_DISABLE": "none: stalled rounds are always reported; raise "
@@ -133,8 +130,6 @@ def apply(env: Mapping[str, str]) -> dict:
         value = _converted(name, raw)
         if value is not None:
             out[HONOURED[name].target] = value
-            if name == "HOROVOD_TIMELINE" and not env.get("BYTEPS_TRACE_DIR"):
-                out["BYTEPS_TRACE_DIR"] = _trace_dir(raw)
     return out
 
 
@@ -154,8 +149,6 @@ def notes(env: Mapping[str, str]) -> list[str]:
                 continue
             value = _converted(name, raw)
             what = f"{m.target}={value}" if value is not None else "nothing to set"
-            if name == "HOROVOD_TIMELINE" and value is not None:
-                what += f", BYTEPS_TRACE_DIR={env.get('BYTEPS_TRACE_DIR') or _trace_dir(raw)}"
             lines.append(f"{name}={raw} -> {what}" + (f" ({m.remark})" if m.remark else ""))
         elif name in NAMED:
             eq = NAMED[name]

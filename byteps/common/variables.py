@@ -151,6 +151,10 @@ VARIABLES: tuple[Var, ...] = (
       field="trace_start_step", example="10"),
     V("BYTEPS_TRACE_END_STEP", "1073741824", int, "last step recorded", lo=0,
       field="trace_end_step", example="20"),
+    V("BYTEPS_TIMELINE", None, str, "rank 0 writes Horovod's timeline to this file as the "
+      "job runs (HOROVOD_TIMELINE)", field="timeline", example="/tmp/timeline.json"),
+    V("BYTEPS_TIMELINE_MARK_CYCLES", "0", bool, "CYCLE_START markers in that timeline",
+      field="timeline_mark_cycles"),
     V("BYTEPS_TRACE_SAMPLE", "1", int, "trace one step in N (a bounded timeline for long "
       "jobs)", lo=1, example="100"),
     V("BYTEPS_DASHBOARD_PORT", None, int, "scheduler: serve the live dashboard on this port "

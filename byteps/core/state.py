@@ -84,7 +84,7 @@ class State:
         self.local = None        # byteps.core.local.reducer.LocalReducer (local reduction)
         self.steps = StepCounter()   # training steps: step_done(), the trace window
         self.declared: dict = {}  # name -> compression Spec given to declare()
-        self.user_timeline = None     # start_timeline() (Horovod's name)
+        self.hvd_timeline = None      # Horovod's timeline on rank 0 (hvd_timeline.py)
         self.tuner = None        # byteps.core.autotune.Tuner (BYTEPS_AUTOTUNE)
         self.peers = None        # byteps.core.algorithms.peers.PeerNet (decentralized algorithms)
         self.join_hooks: list = []    # (before, after) of stages that quiesce around join()

@@ -253,13 +253,13 @@ def byteps_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Horovod's timeline: record this worker's trace and write it to ``file_path`` at
-    :func:`stop_timeline` (Chrome trace JSON, docs/timeline.md)."""
+    """Horovod's timeline: rank 0 writes it to ``file_path`` as the job runs, until
+    :func:`stop_timeline` (byteps/core/hvd_timeline.py, docs/timeline.md)."""
     from byteps.core import api
     api.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    """Stop the timeline started by :func:`start_timeline` and write it."""
+    """Stop the timeline started by :func:`start_timeline` and close its file."""
     from byteps.core import api
     api.stop_timeline()

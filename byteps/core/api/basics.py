@@ -189,12 +189,13 @@ def is_homogeneous() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Horovod's timeline: trace this worker into ``file_path`` (docs/timeline.md)."""
+    """Horovod's timeline: rank 0 writes it to ``file_path`` as the job runs
+    (docs/timeline.md)."""
     api.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    """Stop the timeline started by :func:`start_timeline` and write it."""
+    """Stop the timeline started by :func:`start_timeline` and close its file."""
     api.stop_timeline()
 
 

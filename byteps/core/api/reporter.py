@@ -121,9 +121,10 @@ class Reporter:
                 rep["waits"] = {"names": [w[0][:MAX_NAME] for w in waits[:MAX_WAITS]],
                                 "s": round(waits[0][1] if waits else 0.0, 3),
                                 "started": started, "sets": _sets()}
-        tl = self.eng.timeline
-        if tl is not None:       # BYTEPS_TRACE_ON / start_timeline(): the page names the file
-            rep["trace"], rep["trace_written"] = str(tl.path)[-300:], bool(tl.written)
+        tl = self.eng.timeline or self.eng.hvd_timeline     # BYTEPS_TRACE_ON / Horovod's
+        if tl is not None:        # timeline (written as it goes): the page names the file
+            rep["trace"] = str(tl.path)[-300:]
+            rep["trace_written"] = bool(getattr(tl, "written", True))
         tuner = getattr(self.st, "tuner", None)
         if tuner is not None:
             rep["tune"] = _tuning(tuner, self.st.cfg)

@@ -8,7 +8,7 @@ import os
 import time
 
 from byteps.core import state as _api
-from byteps.core.timeline import Timeline
+from byteps.core.hvd_timeline import HorovodTimeline
 
 
 def set_compression_lr(lr: float) -> None:
@@ -76,31 +76,37 @@ def get_pushpull_speed(per_tensor: bool = False):
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Horovod's ``start_timeline``: trace this worker's operations from now on (the
-    ``BYTEPS_TRACE_ON`` spans, docs/timeline.md) into ``file_path`` (Chrome trace JSON),
-    written by :func:`stop_timeline`.  ``mark_cycles`` is accepted and ignored."""
+    """Horovod's ``start_timeline``: from now on rank 0 writes Horovod's timeline into
+    ``file_path`` as operations finish (byteps/core/hvd_timeline.py; the other ranks record
+    nothing, as in Horovod).  ``mark_cycles``: ``CYCLE_START`` markers.  Called again with
+    the same path it goes on (``mark_cycles`` as given); with another, the first file is
+    closed and the new one begun."""
     st = _api._state()
     if not isinstance(file_path, str) or not file_path:
         raise ValueError(f"start_timeline needs a file path, got {file_path!r}")
-    tl = Timeline(os.path.dirname(os.path.abspath(file_path)), st.rank, st.size,
-                  st.steps.n, 1 << 62, steps=st.steps)
-    tl.path = os.path.abspath(file_path)
+    if st.rank != 0:
+        return
+    path = os.path.abspath(file_path)
+    cur = st.hvd_timeline
+    if cur is not None and cur.path == path:
+        cur.mark_cycles = bool(mark_cycles)
+        return
+    end_timeline(st)
+    st.hvd_timeline = HorovodTimeline(path, st.rank, mark_cycles)
     if st.engine is not None:
-        if st.engine.timeline is not None and st.engine.timeline.path != tl.path:
-            st.engine.timeline.write()
-        st.engine.timeline = tl
-    st.user_timeline = tl
+        st.engine.hvd_timeline = st.hvd_timeline
 
 
 def stop_timeline() -> None:
-    """Stop the timeline started by :func:`start_timeline` and write its file."""
-    st = _api._state()
-    tl = getattr(st, "user_timeline", None)
-    if tl is None:
-        return
-    st.user_timeline = None
-    if tl.on_step in st.steps.listeners:
-        st.steps.listeners.remove(tl.on_step)
-    if st.engine is not None and st.engine.timeline is tl:
-        st.engine.timeline = None
-    tl.write()
+    """Stop the timeline started by :func:`start_timeline` (or ``HOROVOD_TIMELINE``): what
+    finished until now is in its file, which is closed."""
+    end_timeline(_api._state())
+
+
+def end_timeline(st) -> None:
+    """Close ``st``'s Horovod timeline, if any (stop_timeline, shutdown)."""
+    tl, st.hvd_timeline = st.hvd_timeline, None
+    if st.engine is not None:
+        st.engine.hvd_timeline = None
+    if tl is not None:
+        tl.stop()

@@ -8,11 +8,13 @@ rank raises at the same call).
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
 
 from byteps.common.errors import BytePSError
+from byteps.core import hvd_timeline as _hvd_timeline
 from byteps.core import state as _st
 
 log = logging.getLogger("byteps.worker")
@@ -87,7 +89,8 @@ def reserved(kind: str, name: str, begin) -> int:
     is synchronized."""
     key = _claim(kind, name)
     try:
-        return _bind(key, begin())
+        with _hvd_timeline.collective(kind, name):   # its push_pulls' row in the timeline
+            return _bind(key, begin())
     except BaseException:
         _unclaim(key)
         raise
@@ -108,8 +111,9 @@ def start(kind: str, fn) -> int:
     OPS[op.id] = op
     if st.engine is None:                 # a local job: nothing to wait for
         run()
-    else:
-        threading.Thread(target=run, name=f"bps-{kind}-{op.id}", daemon=True).start()
+    else:                                 # in the caller's context (hvd_timeline.collective)
+        threading.Thread(target=contextvars.copy_context().run, args=(run,),
+                         name=f"bps-{kind}-{op.id}", daemon=True).start()
     return op.id
 
 

@@ -92,6 +92,7 @@ class Engine:
         self.running = True
         self.tseq = itertools.count()
         self.timeline = None          # a byteps.core.timeline.Timeline when tracing
+        self.hvd_timeline = None      # Horovod's timeline on rank 0 (hvd_timeline.py)
         self.speed = PushPullSpeed()
         self.rounds = RoundLatency(len(self.server_info))   # per-server histogram (metrics)
         self.probe = None     # autotune.Probe while the first steps are measured
@@ -207,6 +208,8 @@ class Engine:
             self.fail_all(BytePSError(f"worker rank {self.rank}: engine thread crashed: {exc!r}"))
 
     def take_pending(self) -> None:
+        if self.pending and self.hvd_timeline is not None:
+            self.hvd_timeline.cycle()          # Horovod's CYCLE_START (hvd_timeline.py)
         with self.lock:
             while self.pending:
                 heapq.heappush(self.heap, self.pending.popleft())
@@ -334,6 +337,8 @@ class Engine:
                         self.probe.acked(server, t.nbytes, t.sent_at, time.monotonic())
                     if self.timeline is not None:
                         self.timeline.acked(t, time.monotonic())
+                    if t.handle.hvd is not None:
+                        t.handle.hvd.acks[t.part] = time.monotonic()
                 continue
             frame = None if e.flags & SHM else next(it)
             t = self.inflight.get((e.key, e.part))
@@ -372,6 +377,8 @@ class Engine:
         self.rounds.observe(t.server, t_result - t.sent_at)
         if self.timeline is not None:
             self.timeline.part_done(t, t_result, now)
+        if h.hvd is not None:
+            h.hvd.part(t, t_result)
         h.remaining -= 1
         if h.remaining == 0:
             self.speed.op_done(now - h.t0)
@@ -430,7 +437,7 @@ class Engine:
             from byteps.core.elastic import on_message
             on_message(self, hdr.body)
         elif hdr.op == Op.FAILOVER:
-            self.fail_over(hdr.body)
+            self.failover.take_over(self, hdr.body)
         elif hdr.op == Op.TERMINATE and hdr.body.get("ok") is not True:
             raise BytePSError(f"worker rank {self.rank}: the job was ended: "
                               f"{hdr.body.get('reason')}")
@@ -438,20 +445,6 @@ class Engine:
     def resend_overdue(self, now: float) -> None:
         """Resend partitions whose answer is late (:meth:`ServerLinks.resend`)."""
         self.links.resend(self.inflight.values(), now, self.send_tasks)
-
-    def fail_over(self, body: dict) -> None:
-        """The scheduler's FAILOVER (byteps/core/engine/failover.py): every partition in flight to
-        the dead server is resent in full to its new owner; later ones are routed there."""
-        moved = self.failover.on_failover(body)
-        if moved is None:
-            return
-        i, new, reason = moved
-        tasks, delta = self.failover.take_over(self.inflight.values(), i, new,
-                                               self.links.charge, reason)
-        self.inflight_bytes += delta
-        self.links.held[new].update(self.links.held[i])
-        for s in range(0, len(tasks), 256):
-            self.send_tasks(new, tasks[s:s + 256])
 
     def retire_keys(self, keys: list, again) -> None:
         """Forget this worker's state of ``keys`` (autotune/retire.py: declarations sent, shm

@@ -73,21 +73,26 @@ class WorkerFailover:
             return None
         return i, self._mark(i), reason
 
-    def take_over(self, tasks, i: int, new: int, charge, reason: str) -> tuple[list, int]:
-        """Move the partitions among ``tasks`` (those in flight) bound for dead server ``i``
-        to server ``new``, to be resent there in full; ``charge(t, server)``: the credit a
-        partition takes.  Returns (the moved tasks, the change of the bytes in flight)."""
+    def take_over(self, eng, body: dict) -> None:
+        """The scheduler's FAILOVER on engine ``eng``: every partition in flight to the
+        dead server is resent in full to its new owner (later ones are routed there by
+        :attr:`route`)."""
+        found = self.on_failover(body)
+        if found is None:
+            return
+        i, new, reason = found
         moved: list = []
-        delta = 0
-        for t in tasks:
+        for t in eng.inflight.values():
             if t.server == i:
                 t.server = new
-                c = charge(t, new)     # an acked one's credit was returned: taken again
-                delta += c - (0 if t.acked else t.credit)
+                c = eng.links.charge(t, new)   # an acked one's credit was returned: taken again
+                eng.inflight_bytes += c - (0 if t.acked else t.credit)
                 t.credit = c
                 t.acked, t.tries = False, 0
                 moved.append(t)
         log.warning("worker rank %d: %s died (%s); its partitions go to %s: %d in flight "
                     "resent", self.rank, describe(dict(self.info[i], role="server")),
                     reason, self.info[new]["address"], len(moved))
-        return moved, delta
+        eng.links.held[new].update(eng.links.held[i])
+        for s in range(0, len(moved), 256):
+            eng.send_tasks(new, moved[s:s + 256])

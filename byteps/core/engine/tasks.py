@@ -14,9 +14,10 @@ from byteps.common.errors import BytePSError
 class Handle:
     """An asynchronous push_pull; done when every partition has come back.  ``on_done``
     (optional) is called with the handle, on the engine thread, once it completed or
-    failed (``error`` set)."""
+    failed (``error`` set).  ``hvd``: its record in Horovod's timeline (hvd_timeline.py),
+    written before the waiters wake."""
     __slots__ = ("id", "tensor", "out", "remaining", "average", "error", "event", "t0",
-                 "flat_out", "on_done")
+                 "flat_out", "on_done", "hvd")
 
     def __init__(self, hid: int, tensor, out: np.ndarray, nparts: int, average: bool,
                  on_done: Callable[[Handle], None] | None = None):
@@ -27,9 +28,12 @@ class Handle:
         self.event = threading.Event()
         self.t0 = time.monotonic()
         self.on_done = on_done
+        self.hvd = None
 
     def done(self) -> None:
         """Completed (or failed, with ``error`` set): wake its waiters, then ``on_done``."""
+        if self.hvd is not None:
+            self.hvd.finish(self)
         self.event.set()
         if self.on_done is not None:
             self.on_done(self)

@@ -179,7 +179,7 @@ class LocalReducer:
             self.engine.timeline.begin(hid, tensor.name, h.t0)
         if n == 0:
             tensor.busy = None
-            h.event.set()
+            h.done()
             return h
         op = Op()
         op.handle, op.tensor, op.seg = h, tensor, seg
@@ -308,6 +308,8 @@ class LocalReducer:
                 with self.lock:
                     new = list(self.incoming)
                     self.incoming.clear()
+                if new and self.engine.hvd_timeline is not None:
+                    self.engine.hvd_timeline.cycle()     # Horovod's CYCLE_START
                 for op in new:
                     active.append(op)
                     self.by_key[op.tensor.key] = op

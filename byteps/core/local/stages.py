@@ -137,7 +137,7 @@ class Stages:
                 op.seg.done[self.me, :] = -1
             except (TypeError, ValueError):
                 pass
-            h.event.set()
+            h.done()
             self.notify(op)
 
     def _copy(self, op: Op) -> None:
@@ -278,4 +278,4 @@ class Stages:
                         tensor=op.tensor.name, host=self.host_id)
                 tl.handle_done(h, now)
             op.tensor.busy = None
-            h.event.set()
+            h.done()

@@ -62,6 +62,7 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     elif out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
         raise ValueError(f"tensor {name!r}: out must be a C-contiguous {src.dtype} array of "
                          f"shape {src.shape}")
+    rec = None if st.hvd_timeline is None else st.hvd_timeline.begin(name, time.monotonic())
     if not asynchronous:                # a name used again with another layout: its own key
         name = _redeclare.current(st, name, src, op)
     new = name not in st.tensors
@@ -79,12 +80,13 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
     st.steps.track(hid, st.handles)       # the loop's own push_pulls (timeline.StepCounter)
     if st.engine is None or (src.size == 0 and not asynchronous):   # nothing to exchange
         h = Handle(hid, t, out, 0, average)
+        h.hvd = rec
         if asynchronous:        # one process: the "servers' value" is kept here
             from byteps.core.algorithms.async_ps import local_add
             src = local_add(st, name, src)
         if out is not src:
             np.copyto(out, src)
-        h.event.set()
+        h.done()
         st.handles[hid] = h
         return hid
     err = st.engine.key_errors.get(t.key)
@@ -98,14 +100,19 @@ def push_pull_async(array: np.ndarray, name: str, average: bool = True, priority
         t.busy = hid
     if st.local is not None:            # local reduction: shared memory, then the network
         try:
-            st.handles[hid] = st.local.submit(hid, t, src, out, average, priority,
-                                              raw=uncompressed)
+            st.handles[hid] = h = st.local.submit(hid, t, src, out, average, priority,
+                                                  raw=uncompressed)
         except BaseException:
             t.busy = None
             raise
+        if rec is not None:             # it may have completed already: written once
+            h.hvd = rec
+            if h.event.is_set():
+                rec.finish(h)
         _redeclare.check(st, t, hid, push_pull_async)   # ranks agree on a re-used name
         return hid
     h = Handle(hid, t, out, len(t.parts), average)
+    h.hvd = rec
     if st.engine.timeline is not None:
         st.engine.timeline.begin(hid, name, h.t0)
     flat = src.reshape(-1)
