@@ -5,9 +5,14 @@ tests/test_horovod_suites.py)."""
 from __future__ import annotations
 
 import json
+import time
+import types
 
+import numpy as np
 import pytest
 from conftest import assert_ok, read_results, run_script
+
+from byteps.core import hvd_timeline
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -50,6 +55,46 @@ def _check(doc: list, cycles: bool, flat: bool = True) -> dict[str, list]:
     assert sum(e["args"]["bytes"] for e in parts if e["name"] == "push") == 4_000_000
     assert any(e["ph"] == "i" and e["name"] == "CYCLE_START" for e in doc) == cycles
     return rows
+
+
+def test_rows_phases_and_a_file_valid_after_every_write(tmp_path):
+    path = tmp_path / "t.json"
+    tl = hvd_timeline.HorovodTimeline(str(path), rank=0, mark_cycles=True)
+    assert json.loads(path.read_text())[0]["args"]["start_time_since_epoch_in_micros"] > 0
+    assert tl.begin("byteps.autotune.plan", time.monotonic()) is None     # byteps's own
+    done = types.SimpleNamespace(out=np.zeros((2, 3), np.float16), error=None)
+    plain = tl.begin("w", time.monotonic())
+    with hvd_timeline.collective("allgather", "g"):
+        meta = tl.begin("g.meta.2x34", time.monotonic())
+        data = tl.begin("g.data", time.monotonic())
+    assert [(r.label, r.kind, r.phase) for r in (plain, meta, data)] == [
+        ("allreduce.w", "ALLREDUCE", "op"), ("allgather.g", "ALLGATHER", "negotiate"),
+        ("allgather.g", "ALLGATHER", "data")]
+    t = time.monotonic()
+    for part in (0, 1):
+        plain.part(types.SimpleNamespace(part=part, server=part, nbytes=6, sent_at=t), t + 1e-3)
+    plain.acks[0] = t + 5e-4
+    for rec in (plain, plain, meta, data):         # a record is written once
+        rec.finish(done)
+    tl.cycle()
+    tl.stop()
+    doc = json.loads(path.read_text())
+    rows = _rows(doc)
+    assert set(rows) == {"allreduce.w", "allgather.g"}
+    assert [e["name"] for e in rows["allreduce.w"] if e["tid"] == 0] == \
+        ["NEGOTIATE_ALLREDUCE", "0", "ALLREDUCE"]
+    op = next(e for e in rows["allreduce.w"] if e["name"] == "ALLREDUCE")
+    assert op["args"] == {"dtype": "float16", "shape": "(2, 3)", "bytes": 12}
+    assert sorted(e["name"] for e in rows["allreduce.w"] if e["tid"] >= 1) == \
+        ["push", "push", "server+pull", "server+pull"]
+    assert [e["name"] for e in rows["allgather.g"]] == ["NEGOTIATE_ALLGATHER", "0", "ALLGATHER"]
+    assert sum(e["name"] == "CYCLE_START" for e in doc) == 1
+    # the file stays a JSON array while it grows (Horovod's trailing "]")
+    tl2 = hvd_timeline.HorovodTimeline(str(tmp_path / "u.json"), rank=0)
+    for i in range(3):
+        tl2._write([{"ph": "i", "name": str(i), "ts": i, "s": "g"}])
+        assert len(json.loads((tmp_path / "u.json").read_text())) == 3 + i
+    tl2.stop()
 
 
 @pytest.mark.parametrize("mode", ["env", "api", "local"])

@@ -69,8 +69,12 @@ class Record:
         self.parts.append((t.part, t.server, int(t.nbytes), t.sent_at or self.t0, t_result))
 
     def finish(self, h) -> None:
-        """Handle ``h`` completed or failed: write this record (once)."""
-        self.tl.emit(self, h)
+        """Handle ``h`` completed or failed: write this record (once).  Never raises: it
+        runs before the handle's waiters wake."""
+        try:
+            self.tl.emit(self, h)
+        except Exception as exc:        # a timeline must not fail the operation
+            log.warning("timeline: %s not recorded: %r", self.label, exc)
 
 
 class HorovodTimeline:
