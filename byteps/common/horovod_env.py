@@ -56,6 +56,11 @@ HONOURED: dict[str, Map] = {
     "HOROVOD_LOG_LEVEL": Map("BYTEPS_LOG_LEVEL", lambda r: r.strip().upper()),
     "HOROVOD_AUTOTUNE": Map("BYTEPS_AUTOTUNE", _same, "tunes partition size and credit"),
     "HOROVOD_AUTOTUNE_LOG": Map("BYTEPS_AUTOTUNE_LOG", _same),
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": Map("BYTEPS_AUTOTUNE_STEPS", _same,
+                                             "steps measured per setting tried"),
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": Map("BYTEPS_COLLECTIVE_TIMEOUT_S", _same,
+                                        "a rank waiting this long in one collective fails "
+                                        "it on every rank"),
     "HOROVOD_HIERARCHICAL_ALLREDUCE": Map("BYTEPS_LOCAL_REDUCE", _same,
                                           "local reduction within a host first"),
     "HOROVOD_START_TIMEOUT": Map("BYTEPS_STARTUP_TIMEOUT", _same),
@@ -67,6 +72,8 @@ _NO_CYCLE = ("none: there is no background cycle; a tensor is sent as soon as it
 _ONE_TRANSPORT = ("none: tensors always go to CPU summation servers over ZeroMQ (tcp, "
                   "shared memory on one machine); there is no MPI, Gloo or NCCL backend to "
                   "choose")
+_BAYES = ("none: autotune here measures up to 3 settings for BYTEPS_AUTOTUNE_STEPS steps "
+          "each and keeps the fastest; there is no Bayesian optimisation to tune")
 _LAUNCHER = "set by horovodrun; bpslaunch sets DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT"
 NAMED: dict[str, str] = {
     "HOROVOD_CYCLE_TIME": _NO_CYCLE,
@@ -97,6 +104,10 @@ NAMED: dict[str, str] = {
     "HOROVOD_DISABLE_GROUP_FUSION": "none: grouped operations are fused like any other "
                                     "(BYTEPS_FUSION_BYTES)",
     "HOROVOD_ENABLE_XLA_OPS": "none: the TensorFlow plugin's ops are not XLA ops",
+    "HOROVOD_TORUS_ALLREDUCE": "none: tensors are summed on servers, not in rings or tori",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _BAYES,
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _BAYES,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _BAYES,
 }
 # Outputs, not inputs: init() sets them for the worker's children, as horovodrun does.
 _SET_BY_INIT = {"HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",

@@ -353,6 +353,17 @@ def _version() -> str:
         return __version__
 
 
+def _hosts_or_list(args, ap) -> None:
+    """--hosts N (emulated hosts), or horovodrun's --hosts H1:N,H2:N (= -H)."""
+    raw = str(args.hosts).strip()
+    if raw.lstrip("-").isdigit():
+        args.hosts = int(raw)
+    elif args.host_list:
+        ap.error(f"--hosts {raw} and -H {args.host_list}: give the host list once")
+    else:
+        args.host_list, args.hosts = raw, 0
+
+
 def parser() -> argparse.ArgumentParser:
     from byteps.launcher.envhelp import env_help
     ap = argparse.ArgumentParser(prog="bpslaunch", description=__doc__, epilog=env_help(),
@@ -361,16 +372,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--standalone", action="store_true",
                     help="start scheduler, servers and workers on this machine (implied by "
                          "-n/-s/--hosts when DMLC_ROLE is not set)")
-    ap.add_argument("--num-workers", "-n", "-np", type=int, default=0,
+    ap.add_argument("--num-workers", "-n", "-np", "--num-proc", type=int, default=0,
                     help="worker processes in total, as Horovod's -np: on this machine they "
                          "are one host (local ranks 0..N-1, local reduction) unless --hosts "
                          "or --local-size split them (standalone); with -H it must match "
                          "the slots")
     ap.add_argument("--num-servers", "-s", type=int, default=None,
                     help="servers (standalone; default 1)")
-    ap.add_argument("--hosts", type=int, default=0,
+    ap.add_argument("--hosts", default="0",
                     help="emulated worker hosts on this machine (standalone): -np N --hosts "
-                         "H runs H hosts of N/H workers each")
+                         "H runs H hosts of N/H workers each; a host list (horovodrun's "
+                         "--hosts H1:N,H2:N) is -H's")
     ap.add_argument("--local-size", type=int, default=0,
                     help="worker processes per host (standalone: -np N --local-size L "
                          "emulates N/L hosts; cluster: the workers of this machine)")
@@ -397,10 +409,11 @@ def parser() -> argparse.ArgumentParser:
                     help="cluster role mode, given to every role's bpslaunch: a scheduler "
                          "killed by a signal is started again on its address and the others "
                          "wait for it (standalone and -H always do this)")
-    from byteps.launcher import elastic, ssh
+    from byteps.launcher import elastic, horovodrun, ssh
     ssh.add_arguments(ap)
     dashboard.add_argument(ap)              # --dashboard [PORT] (launcher/dashboard.py)
     elastic.add_arguments(ap)
+    horovodrun.add_arguments(ap)            # horovodrun's names (launcher/horovodrun.py)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return ap
 
@@ -415,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     dashboard.check(args, ap)
     if args.stacks:                         # a running job's stacks, from its dashboard
         return dashboard.print_stacks(args.stacks)
+    from byteps.launcher import horovodrun
+    if args.check_build:
+        return horovodrun.check_build()
+    _hosts_or_list(args, ap)
+    horovodrun.apply(args, ap)              # HOROVOD_* of horovodrun's options, for workers
     cmd = args.command
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

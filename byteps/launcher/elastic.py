@@ -23,10 +23,12 @@ DISCOVERY_TIMEOUT_S = 10.0
 
 def add_arguments(ap) -> None:
     g = ap.add_argument_group("elastic training (standalone; docs/fault_tolerance.md)")
-    g.add_argument("--min-workers", type=int, default=0, metavar="N",
+    g.add_argument("--min-workers", "--min-np", "--min-num-proc", type=int, default=0,
+                   metavar="N",
                    help="elastic: the job goes on while at least N workers are alive "
                         "(workers may die and new ones join at a state.commit())")
-    g.add_argument("--max-workers", type=int, default=0, metavar="M",
+    g.add_argument("--max-workers", "--max-np", "--max-num-proc", type=int, default=0,
+                   metavar="M",
                    help="elastic: at most M workers (default: --num-workers, or the "
                         "discovery script's slots)")
     g.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",

@@ -467,7 +467,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("-H", "--host-list", metavar="H1:N,H2:N",
                    help="worker hosts and workers per host; starts the whole job over ssh "
                         "(this machine's names, e.g. localhost:4, without ssh)")
-    g.add_argument("--hostfile", metavar="FILE", help="worker hosts as 'HOST slots=N' lines")
+    g.add_argument("--hostfile", "-hostfile", metavar="FILE",
+                   help="worker hosts as 'HOST slots=N' lines")
     g.add_argument("--server-hosts", metavar="H3,H4",
                    help="hosts of the servers, one each (or -s S round robin); default: "
                         "one server on each worker host")
@@ -480,11 +481,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--log-dir", metavar="DIR",
                    help="also write each process's output to DIR/worker-RANK.log, "
                         "server-I.log, scheduler.log")
-    g.add_argument("--network-interface", metavar="IF",
+    g.add_argument("--network-interface", "--network-interfaces", metavar="IF",
                    help="every process listens on the address of interface IF of its host "
                         "(DMLC_INTERFACE); default: the address that routes to the scheduler")
-    g.add_argument("--ssh-port", type=int, metavar="PORT", help="sshd's port on every host")
-    g.add_argument("--ssh-identity-file", metavar="FILE", help="ssh -i FILE")
+    g.add_argument("--ssh-port", "-p", type=int, metavar="PORT",
+                   help="sshd's port on every host")
+    g.add_argument("--ssh-identity-file", "-i", metavar="FILE", help="ssh -i FILE")
     g.add_argument("--ssh-config", metavar="FILE",
                    help="ssh -F FILE (default: ~/.ssh/config)")
     g.add_argument("--ssh-connect-timeout", type=int, default=10, metavar="S",
