@@ -72,3 +72,20 @@ def test_check_build_and_aliases():
                              "true"])
     assert (a.num_workers, a.min_workers, a.max_workers, a.ssh_port) == (4, 2, 6, 2222)
     assert (a.ssh_identity_file, a.hostfile, a.network_interface) == ("/k", "hf", "eth1")
+
+
+def test_slots_per_host_fills_hosts_listed_without_slots(tmp_path):
+    """horovodrun's --slots-per-host: a discovered ``host`` line without ``:slots`` has that
+    many slots (the discovery script really runs)."""
+    from byteps.launcher import parser
+    from byteps.launcher.elastic import Discovery
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho gpu1\necho gpu2:2\n")
+    script.chmod(0o755)
+    a = parser().parse_args(["--min-np", "2", "--host-discovery-script", str(script),
+                             "--slots-per-host", "4", "true"])
+    disco = Discovery(a.host_discovery_script, 1.0, a.slots_per_host)
+    assert disco.poll(0.0) == 6 and disco.hosts == {"gpu1": 4, "gpu2": 2}
+    assert Discovery(str(script), 1.0).poll(0.0) == 3           # horovodrun's default: 1
+    res = launch("-np", 1, "--min-np", 1, "--slots-per-host", 0, "true", timeout=30)
+    assert res.returncode == 2 and "--slots-per-host must be >= 1" in res.stderr, res.stderr

@@ -34,6 +34,9 @@ def add_arguments(ap) -> None:
     g.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
                    help="elastic: prints the current hosts as host:slots lines (horovodrun's "
                         "format); standalone runs that many local worker processes")
+    g.add_argument("--slots-per-host", type=int, default=1, metavar="N",
+                   help="elastic: the slots of a discovered host listed without :slots "
+                        "(horovodrun's option; default 1)")
     g.add_argument("--discovery-interval", type=float, default=1.0, metavar="S",
                    help="elastic: run the discovery script every S seconds (default 1)")
     g.add_argument("--elastic-timeout", type=float, default=None, metavar="S",
@@ -64,6 +67,8 @@ def check(args, ap) -> None:
     if args.max_restarts:
         ap.error("--min-workers and --max-restarts do not combine: an elastic job survives "
                  "lost workers without restarting")
+    if args.slots_per_host < 1:
+        ap.error("--slots-per-host must be >= 1")
     if over_ssh:
         if args.discovery_interval <= 0 or (args.elastic_timeout is not None
                                             and args.elastic_timeout <= 0):
@@ -112,14 +117,15 @@ def ssh_env(args, base: dict, total: int) -> dict:
     return dict(base, DMLC_NUM_WORKER=str(total), **env(args))
 
 
-def parse_host_slots(text: str) -> dict[str, int]:
-    """``host:slots`` lines (``host`` alone: one slot) -> {host: slots}; ValueError if bad."""
+def parse_host_slots(text: str, default: int = 1) -> dict[str, int]:
+    """``host:slots`` lines (``host`` alone: ``default`` slots) -> {host: slots}; ValueError
+    if bad."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        host, _, slots = line.rpartition(":") if ":" in line else (line, "", "1")
+        host, _, slots = line.rpartition(":") if ":" in line else (line, "", str(default))
         if not host or not slots.strip().isdigit():
             raise ValueError(f"bad line {line!r} (want host:slots)")
         out[host] = out.get(host, 0) + int(slots)
@@ -142,9 +148,9 @@ def place(hosts: dict[str, int], alive_on: list[str]) -> str | None:
 class Discovery:
     """Runs the host discovery script; remembers its last good answer."""
 
-    def __init__(self, script: str, interval: float):
+    def __init__(self, script: str, interval: float, default_slots: int = 1):
         self.argv = shlex.split(script)
-        self.interval = interval
+        self.interval, self.default_slots = interval, default_slots
         self.next = 0.0
         self.slots: int | None = None
         self.hosts: dict[str, int] = {}     # the last good answer, host -> slots
@@ -164,7 +170,7 @@ class Discovery:
                                timeout=DISCOVERY_TIMEOUT_S, check=False)
             if r.returncode != 0:
                 raise ValueError(f"exit code {r.returncode}: {r.stderr.strip()[:200]}")
-            self.hosts = parse_host_slots(r.stdout)
+            self.hosts = parse_host_slots(r.stdout, self.default_slots)
             self.slots = sum(self.hosts.values())
             self.warned = ""
         except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
@@ -180,8 +186,8 @@ def supervise(job, args, workers: list, services: list, start_worker) -> int:
     """Supervise an elastic standalone job: a worker's death is reported, not fatal; new
     workers are started from the discovery script; the scheduler decides the end."""
     job.workers = workers           # SIGINT reaches new workers too (same list)
-    disco = Discovery(args.host_discovery_script, args.discovery_interval) \
-        if args.host_discovery_script else None
+    disco = Discovery(args.host_discovery_script, args.discovery_interval,
+                      args.slots_per_host) if args.host_discovery_script else None
     order: list = []
     gone: set = set()
     lost: list = []             # workers that died for their own reason, in order

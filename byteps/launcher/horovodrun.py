@@ -3,7 +3,8 @@
 
 * Its names for bpslaunch's own options are aliases there: ``--num-proc`` (``-np``),
   ``-hostfile``, ``-p``/``-i`` (``--ssh-port``/``--ssh-identity-file``),
-  ``--network-interfaces``, ``--min-np``/``--max-np`` (``--min-workers``/``--max-workers``).
+  ``--network-interfaces``, ``--min-np``/``--max-np`` (``--min-workers``/``--max-workers``);
+  ``--slots-per-host`` is elastic.py's.
 * Its tuning options set the ``HOROVOD_*`` variable horovodrun sets for every worker
   (:data:`VALUES`, :data:`SWITCHES`); the workers' one config reads them
   (byteps/common/horovod_env.py) and rank 0 logs what each became.
@@ -73,7 +74,6 @@ REFUSED = {
                      "--min-workers are alive; BYTEPS_ELASTIC_TIMEOUT bounds the wait",
     "--blacklist-cooldown-range": "a lost host is not blacklisted: the discovery script's "
                                   "next answer is taken as it is",
-    "--slots-per-host": "give each discovered host its slots (host:slots lines)",
 }
 
 
