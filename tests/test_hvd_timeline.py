@@ -118,6 +118,9 @@ def test_horovods_timeline_file_on_rank_0(tmp_path, mode):
     assert len(final) >= len(got[0]["live"])
     _check(final, cycles=True, flat=mode != "local")
     assert all(got[r]["live"] is None for r in range(1, n))
+    headers = [e for e in final if e.get("pid") == 0 and e["name"] == "process_name"]
+    assert len(headers) == 1, headers         # one file, one time base
+    assert ("allreduce.again" in _rows(final)) == (mode != "api"), set(_rows(final))
     if mode == "api":                 # stop_timeline, then another file: only what followed
         second = _rows(got[0]["second"])
         assert set(second) == {"allreduce.after"}, set(second)

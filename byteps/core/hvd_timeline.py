@@ -82,6 +82,7 @@ class HorovodTimeline:
 
     def __init__(self, path: str, rank: int, mark_cycles: bool = False):
         self.path, self.rank, self.mark_cycles = path, rank, bool(mark_cycles)
+        self.from_env = False       # HOROVOD_TIMELINE's: kept across shutdown()/init()
         self.start = time.monotonic()
         self.lock = threading.Lock()
         self.pids: dict[str, int] = {}

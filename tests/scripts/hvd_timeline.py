@@ -3,7 +3,8 @@ rank 0 reading the file while the job runs and after shutdown.
 
 argv: out_dir path mode.  mode "env": HOROVOD_TIMELINE=path is set by the test; "api":
 start_timeline(path, mark_cycles=True) after init, then stop_timeline() and a second
-file path + ".2" for one more allreduce.  Writes out_dir/rank<r>.json.
+file path + ".2" for one more allreduce.  "env" ends with shutdown(), init() (as an
+elastic re-form does) and one more allreduce.  Writes out_dir/rank<r>.json.
 """
 import json
 import os
@@ -38,6 +39,10 @@ if mode == "api":
         with open(path + ".2") as f:
             second = json.load(f)
 bps.shutdown()
+if mode == "env":          # an elastic re-form's shutdown()/init(): the same file goes on
+    bps.init()
+    bps.allreduce(np.ones(2, np.float32), name="again")
+    bps.shutdown()
 with open(os.path.join(out_dir, f"rank{r}.json"), "w") as f:
     json.dump({"live": live, "second": second, "big": float(big[0]),
                "gathered": gathered.shape[0], "bc": bc.tolist(),

@@ -45,7 +45,8 @@ from byteps.core.collective.ops import (  # noqa: F401
     grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_async,
     grouped_reducescatter, grouped_reducescatter_async, reducescatter, reducescatter_async)
 from byteps.core.api.telemetry import (get_pushpull_speed, set_compression_lr,  # noqa: F401
-                                       start_timeline, stop_timeline, take_residual, end_timeline)
+                                       start_timeline, stop_timeline, take_residual, end_timeline,
+                                       resume_timeline)
 
 log = logging.getLogger("byteps.worker")
 
@@ -133,8 +134,7 @@ def init(lazy: bool = False) -> None:
         _st.set_current(st)
         if st.rank == 0:       # once per job: what became of Horovod's variables
             horovod_env.log_notes_once(os.environ, log)
-            if cfg.timeline:   # HOROVOD_TIMELINE: Horovod's file, written by rank 0
-                start_timeline(cfg.timeline, cfg.timeline_mark_cycles)
+        resume_timeline(st)    # HOROVOD_TIMELINE: Horovod's file, written by rank 0
         if st.engine is not None:
             # BYTEPS_METRICS_PORT, bpslaunch's live view: they read the current state
             worker_metrics.start(cfg, st.rank, _st.current)
@@ -163,7 +163,7 @@ def shutdown() -> None:
         st = _st.current()
         _st.set_current(None)
     if st is not None:
-        end_timeline(st)
+        end_timeline(st, keep=True)     # HOROVOD_TIMELINE's file: on at the next init()
     if st is None or st.engine is None:
         return
     if st.tuner is not None:

@@ -4,6 +4,7 @@ start_timeline/stop_timeline, and the learning rate for lr-aware error feedback.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import time
 
@@ -103,10 +104,43 @@ def stop_timeline() -> None:
     end_timeline(_api._state())
 
 
-def end_timeline(st) -> None:
-    """Close ``st``'s Horovod timeline, if any (stop_timeline, shutdown)."""
+_KEPT: list = []     # HOROVOD_TIMELINE's file between shutdown() and the next init()
+
+
+@atexit.register
+def _close_kept() -> None:
+    """The end of the process: what the kept timeline has queued is written."""
+    while _KEPT:
+        _KEPT.pop().stop()
+
+
+def end_timeline(st, keep: bool = False) -> None:
+    """Close ``st``'s Horovod timeline, if any (stop_timeline, shutdown).  ``keep``
+    (shutdown): one that ``HOROVOD_TIMELINE`` began stays open for the next ``init()``
+    of this process (an elastic re-form), which goes on writing it."""
     tl, st.hvd_timeline = st.hvd_timeline, None
     if st.engine is not None:
         st.engine.hvd_timeline = None
-    if tl is not None:
+    if tl is not None and keep and tl.from_env:
+        _KEPT[:] = [tl]
+    elif tl is not None:
         tl.stop()
+
+
+def resume_timeline(st) -> None:
+    """At ``init()``: rank 0 writes ``HOROVOD_TIMELINE``'s file (``st.cfg.timeline``), going
+    on with the one the last shutdown() kept when it is the same file; any other kept one
+    is closed."""
+    kept = _KEPT.pop() if _KEPT else None
+    path = os.path.abspath(st.cfg.timeline) if st.cfg.timeline and st.rank == 0 else None
+    if kept is not None and kept.path == path:
+        kept.mark_cycles = bool(st.cfg.timeline_mark_cycles)
+        st.hvd_timeline = kept
+        if st.engine is not None:
+            st.engine.hvd_timeline = kept
+        return
+    if kept is not None:
+        kept.stop()
+    if path is not None:
+        start_timeline(path, st.cfg.timeline_mark_cycles)
+        st.hvd_timeline.from_env = True
