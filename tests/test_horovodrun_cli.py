@@ -63,6 +63,7 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(args, why):
 
 
 def test_check_build_and_aliases():
+    assert launch("-v", timeout=30).stdout.startswith("bpslaunch ")    # horovodrun's -v
     res = launch("--check-build", timeout=30)
     assert res.returncode == 0 and "Available Frameworks:" in res.stdout, res
     assert "    [X] PyTorch" in res.stdout and "    [X] byteps scheduler" in res.stdout

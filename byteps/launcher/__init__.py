@@ -368,7 +368,7 @@ def parser() -> argparse.ArgumentParser:
     from byteps.launcher.envhelp import env_help
     ap = argparse.ArgumentParser(prog="bpslaunch", description=__doc__, epilog=env_help(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--version", action="version", version=f"bpslaunch {_version()} ({DIST})")
+    ap.add_argument("--version", "-v", action="version", version=f"bpslaunch {_version()} ({DIST})")
     ap.add_argument("--standalone", action="store_true",
                     help="start scheduler, servers and workers on this machine (implied by "
                          "-n/-s/--hosts when DMLC_ROLE is not set)")
