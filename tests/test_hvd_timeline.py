@@ -62,6 +62,9 @@ def test_rows_phases_and_a_file_valid_after_every_write(tmp_path):
     tl = hvd_timeline.HorovodTimeline(str(path), rank=0, mark_cycles=True)
     assert json.loads(path.read_text())[0]["args"]["start_time_since_epoch_in_micros"] > 0
     assert tl.begin("byteps.autotune.plan", time.monotonic()) is None     # byteps's own
+    with hvd_timeline.collective("broadcast", "broadcast.w"):          # the core's broadcast
+        with hvd_timeline.collective("broadcast", "broadcast.w.1", inner=True):
+            assert tl.begin("broadcast.w", time.monotonic()).label == "broadcast.w"
     done = types.SimpleNamespace(out=np.zeros((2, 3), np.float16), error=None)
     plain = tl.begin("w", time.monotonic())
     with hvd_timeline.collective("allgather", "g"):

@@ -45,8 +45,12 @@ OWN = "byteps."               # the prefix of byteps's own exchanges (autotune's
 
 
 @contextlib.contextmanager
-def collective(kind: str, name: str):
-    """The push_pulls started inside belong to the ``kind`` operation ``name``."""
+def collective(kind: str, name: str, inner: bool = False):
+    """The push_pulls started inside belong to the ``kind`` operation ``name``; ``inner``:
+    unless they already belong to one (a checked broadcast's exchange)."""
+    if inner and _COLLECTIVE.get() is not None:
+        yield
+        return
     token = _COLLECTIVE.set((kind, name))
     try:
         yield
@@ -111,7 +115,8 @@ class HorovodTimeline:
         kind, op = ctx if ctx is not None else ("allreduce", name)
         phase = "op" if name == op else "negotiate" if name.startswith(op + ".meta") \
             else "data"
-        return Record(self, f"{kind}.{op}", kind.upper(), phase, t0)
+        label = op if op.startswith(kind + ".") else f"{kind}.{op}"
+        return Record(self, label, kind.upper(), phase, t0)
 
     def cycle(self) -> None:
         """The engine thread took newly submitted work."""

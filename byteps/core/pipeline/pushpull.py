@@ -10,6 +10,7 @@ import numpy as np
 
 from byteps.common.errors import BytePSError, again
 from byteps.core import autotune as _autotune
+from byteps.core import hvd_timeline as _hvd_timeline
 from byteps.core.autotune import initial as _initial
 from byteps.core.collective import handles as _coll
 from byteps.core.pipeline import redeclare as _redeclare
@@ -263,7 +264,8 @@ def broadcast_async(array: np.ndarray, root_rank: int, name: str, out: np.ndarra
     root = check_root(root_rank, f"broadcast of {name!r}", st.size)
     array = _contiguous(array)
     src = array if st.rank == root else np.zeros_like(array)
-    return push_pull_async(src, name, average=False, priority=priority, out=out)
+    with _hvd_timeline.collective("broadcast", name, inner=True):   # its timeline row
+        return push_pull_async(src, name, average=False, priority=priority, out=out)
 
 
 def broadcast(array: np.ndarray, root_rank: int, name: str | None = None,
