@@ -92,6 +92,9 @@ def test_rows_phases_and_a_file_valid_after_every_write(tmp_path):
         ["push", "push", "server+pull", "server+pull"]
     assert [e["name"] for e in rows["allgather.g"]] == ["NEGOTIATE_ALLGATHER", "0", "ALLGATHER"]
     assert sum(e["name"] == "CYCLE_START" for e in doc) == 1
+    with pytest.raises(ValueError, match=r"timeline file '/nonexistent/t.json' cannot be "
+                                         r"written on rank 0: .*give a path in a writable"):
+        hvd_timeline.HorovodTimeline("/nonexistent/t.json", rank=0)
     # the file stays a JSON array while it grows (Horovod's trailing "]")
     tl2 = hvd_timeline.HorovodTimeline(str(tmp_path / "u.json"), rank=0)
     for i in range(3):
