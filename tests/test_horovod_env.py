@@ -150,3 +150,26 @@ def test_common_util_env_sets_and_restores(monkeypatch):
             assert "BPS_TEST_SKIP" not in os.environ
             raise KeyError("inside")
     assert os.environ["BPS_TEST_KEEP"] == "old" and "BPS_TEST_NEW" not in os.environ
+
+
+def test_every_variable_horovod_reads_is_named():
+    """Every HOROVOD_* variable of Horovod's horovod/common/common.h (as of the vendored
+    suites' commit), and those its runner sets (log level, gloo timeout), is honoured or
+    named with its equivalent."""
+    horovods = {
+        "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_AUTOTUNE", "HOROVOD_AUTOTUNE_LOG",
+        "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+        "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+        "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_CACHE_CAPACITY", "HOROVOD_CCL_CACHE",
+        "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_CYCLE_TIME",
+        "HOROVOD_DISABLE_GROUP_FUSION", "HOROVOD_DISABLE_NVTX_RANGES",
+        "HOROVOD_DYNAMIC_PROCESS_SETS", "HOROVOD_ELASTIC", "HOROVOD_ENABLE_ASYNC_COMPLETION",
+        "HOROVOD_ENABLE_XLA_OPS", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_GLOO_IFACE",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+        "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_HIERARCHICAL_ALLREDUCE",
+        "HOROVOD_LOG_LEVEL", "HOROVOD_MPI_THREADS_DISABLE", "HOROVOD_NUM_NCCL_STREAMS",
+        "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_THREAD_AFFINITY", "HOROVOD_TIMELINE",
+        "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_TORUS_ALLREDUCE"}
+    lines = horovod_env.notes({v: "1" for v in horovods})
+    assert not [x for x in lines if "byteps does not know it" in x], lines

@@ -105,6 +105,17 @@ NAMED: dict[str, str] = {
                                     "(BYTEPS_FUSION_BYTES)",
     "HOROVOD_ENABLE_XLA_OPS": "none: the TensorFlow plugin's ops are not XLA ops",
     "HOROVOD_TORUS_ALLREDUCE": "none: tensors are summed on servers, not in rings or tori",
+    "HOROVOD_DYNAMIC_PROCESS_SETS": "none: add_process_set() and remove_process_set() work "
+                                    "after init() without it",
+    "HOROVOD_ELASTIC": "set by horovodrun --min-np; bpslaunch --min-workers sets "
+                       "BYTEPS_MIN_WORKERS",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "none: op=Adasum is refused here (docs/compatibility.md)",
+    "HOROVOD_CCL_CACHE": _ONE_TRANSPORT,
+    "HOROVOD_DISABLE_NVTX_RANGES": "none: byteps emits no NVTX ranges; its timelines are "
+                                   "docs/timeline.md's",
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": "none: every operation completes on the engine "
+                                       "thread, apart from the caller; there is no GPU "
+                                       "stream to wait on",
     "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": _BAYES,
     "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": _BAYES,
     "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": _BAYES,
