@@ -150,3 +150,28 @@ def test_no_default_is_written_outside_the_table():
              for path in sorted((ROOT / "byteps").rglob("*.py"))
              for m in pattern.finditer(path.read_text())]
     assert not found, "\n".join(found)
+
+
+def test_every_variable_the_original_reads_is_known():
+    """Every BYTEPS_*/DMLC_* name the original BytePS reads (github.com/bytedance/byteps at
+    f5df52fe, its byteps/ and launcher/) is read here or known to have no effect: setting
+    one is never "unknown ... did you mean"."""
+    original = {
+        "BYTEPS_BUILT_IN_HASH_COEF", "BYTEPS_CPU_BLACKLIST", "BYTEPS_DEBUG_SAMPLE_TENSOR",
+        "BYTEPS_ENABLE_ASYNC", "BYTEPS_ENABLE_GDB", "BYTEPS_ENABLE_MIXED_MODE",
+        "BYTEPS_FORCE_DISTRIBUTED", "BYTEPS_GLOBAL_RANK", "BYTEPS_KEY_HASH_FN",
+        "BYTEPS_LOCAL_RANK", "BYTEPS_LOCAL_SIZE", "BYTEPS_LOG_HIDE_TIME",
+        "BYTEPS_LOG_LEVEL", "BYTEPS_MIN_COMPRESS_BYTES", "BYTEPS_MIXED_MODE_BOUND",
+        "BYTEPS_MULTITHREADED_CPU", "BYTEPS_NCCL_GROUP_SIZE", "BYTEPS_NCCL_NUM_RINGS",
+        "BYTEPS_NUMA_DEFAULT_QUOTA", "BYTEPS_NUMA_ON", "BYTEPS_NUMA_ROOT_QUOTA",
+        "BYTEPS_OMP_THREAD_PER_GPU", "BYTEPS_PARTITION_BYTES", "BYTEPS_PCIE_SWITCH_SIZE",
+        "BYTEPS_REDUCE_ROOTS", "BYTEPS_SCHEDULING_CREDIT", "BYTEPS_SERVER_DEBUG",
+        "BYTEPS_SERVER_DEBUG_KEY", "BYTEPS_SERVER_ENABLE_SCHEDULE", "BYTEPS_SERVER_ENGINE_BLOCKING",
+        "BYTEPS_SERVER_ENGINE_THREAD", "BYTEPS_SOCKET_PATH", "BYTEPS_TELEMETRY_ON",
+        "BYTEPS_THREADPOOL_SIZE", "BYTEPS_TRACE_DIR", "BYTEPS_TRACE_END_STEP",
+        "BYTEPS_TRACE_ON", "BYTEPS_TRACE_START_STEP", "BYTEPS_VISIBLE_CPU_CORES",
+        "DMLC_NUM_SERVER", "DMLC_NUM_WORKER", "DMLC_PS_ROOT_PORT",
+        "DMLC_PS_ROOT_URI", "DMLC_ROLE", "DMLC_WORKER_ID",
+    }
+    unknown, _ = config_mod.name_report({n: "1" for n in original})
+    assert not unknown, unknown
