@@ -144,3 +144,9 @@ def test_horovod_timeline_suite(tmp_path, layout):
     a file with ``allreduce.test_allreduce``, ``NEGOTIATE_ALLREDUCE``, ``ALLREDUCE`` and,
     with ``HOROVOD_TIMELINE_MARK_CYCLES=1``, ``CYCLE_START``, 0.1 s after the allreduce."""
     _check(tmp_path, layout, suite="test_timeline.py", job_timeout=180)
+
+
+def test_horovod_common_suite(tmp_path):
+    """Horovod's test_common.py (``horovod.common.util``'s ``_cache``, ``extension_available``,
+    ``mpi_built``, ``gloo_built``): 5 of 6 pass; test_gloo_built is run.py's KNOWN."""
+    _check(tmp_path, "2hosts", suite="test_common.py", job_timeout=120, passed=5)

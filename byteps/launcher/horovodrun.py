@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 
 # horovodrun option -> (the variable it sets, its type); --fusion-threshold-mb: MiB -> bytes
@@ -136,17 +135,19 @@ def apply(args: argparse.Namespace, ap: argparse.ArgumentParser, environ=os.envi
 def check_build(say=print) -> int:
     """horovodrun --check-build: what this installation has (nothing is imported)."""
     from byteps import __version__
+    from byteps.common.util import BUILD, extension_available
 
     def mark(ok: bool) -> str:
         return "[X]" if ok else "[ ]"
-    have = {name: importlib.util.find_spec(mod) is not None for name, mod in
-            (("TensorFlow", "tensorflow"), ("PyTorch", "torch"), ("MXNet", "mxnet"),
-             ("numpy / JAX", "numpy"))}
     lines = [f"byteps v{__version__}:", "", "Available Frameworks:"]
-    lines += [f"    {mark(ok)} {name}" for name, ok in have.items()]
-    lines += ["", "Available Controllers:", "    [X] byteps scheduler", "    [ ] MPI",
-              "    [ ] Gloo", "", "Available Tensor Operations:",
+    lines += [f"    {mark(extension_available(ext))} {name}" for name, ext in
+              (("TensorFlow", "tensorflow"), ("PyTorch", "torch"), ("MXNet", "mxnet"),
+               ("numpy / JAX", "numpy"))]
+    lines += ["", "Available Controllers:", "    [X] byteps scheduler",
+              f"    {mark(BUILD['mpi_built'])} MPI", f"    {mark(BUILD['gloo_built'])} Gloo",
+              "", "Available Tensor Operations:",
               "    [X] CPU summation servers (ZeroMQ over TCP; shared memory on one host)",
-              "    [ ] NCCL", "    [ ] MPI", "    [ ] Gloo"]
+              f"    {mark(BUILD['nccl_built'])} NCCL", f"    {mark(BUILD['mpi_built'])} MPI",
+              f"    {mark(BUILD['gloo_built'])} Gloo"]
     say("\n".join(lines))
     return 0

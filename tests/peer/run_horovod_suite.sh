@@ -7,8 +7,8 @@
 #   tests/peer/run_horovod_suite.sh --prepare-only HOROVOD_DIR OUT_DIR   # copies only
 #
 # SUITE: torch, tensorflow, keras, tf2keras, mxnet (default: these five), process_sets,
-# process_sets_static, process_sets_dynamic, keras_process_sets, timeline.  Each runs in a byteps job
-# of 2 workers on 2 hosts and of 2 local ranks (--local-size 2) through
+# process_sets_static, process_sets_dynamic, keras_process_sets, timeline, common.  Each
+# runs in a byteps job of 2 workers on 2 hosts and of 2 local ranks (--local-size 2) through
 # tests/horovod/run.py (HVD_LAYOUTS="2hosts local2 3workers" to change; HVD_SELECT: a
 # pytest -k expression; HVD_REVERSE=1: the tests in reverse order; HVD_JUNIT_DIR: where
 # the per-rank junit files and job logs go, default /tmp/byteps-horovod-suites).
@@ -41,8 +41,9 @@ files_of() {
     process_sets_dynamic) echo "test_tensorflow_process_sets_dynamic.py base_test_tensorflow.py" ;;
     keras_process_sets) echo "test_tensorflow2_keras_process_sets.py" ;;
     timeline) echo "test_timeline.py" ;;
+    common) echo "test_common.py" ;;
     *) echo "unknown suite '$1' (torch, tensorflow, keras, tf2keras, mxnet, process_sets," \
-            "process_sets_static, process_sets_dynamic, keras_process_sets, timeline)" >&2
+            "process_sets_static, process_sets_dynamic, keras_process_sets, timeline, common)" >&2
        return 2 ;;
   esac
 }

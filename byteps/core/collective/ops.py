@@ -67,11 +67,10 @@ def scale(array: np.ndarray, factor: float) -> np.ndarray:
 
 def build_info() -> dict:
     """What this byteps is built with, answered truthfully for Horovod's queries (the
-    framework plugins add what depends on the framework, e.g. CUDA)."""
-    return {"mpi_built": False, "mpi_enabled": False, "mpi_threads_supported": False,
-            "gloo_built": False, "gloo_enabled": False, "nccl_built": False,
-            "ddl_built": False, "ccl_built": False, "cuda_built": False,
-            "rocm_built": False, "byteps_built": True}
+    framework plugins add what depends on the framework, e.g. CUDA): byteps.common.util's
+    table."""
+    from byteps.common.util import BUILD
+    return dict(BUILD)
 
 
 # ------------------------------------------------------------------ agreement
