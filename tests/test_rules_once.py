@@ -82,7 +82,12 @@ def _behaviour(front: str) -> dict:
         "bad root": _error(lambda: p["broadcast"](t([1.0, 2.0]), 5)),
         "bool root": _error(lambda: p["broadcast"](t([1.0]), True)),
         "reducescatter max": _error(lambda: p["reducescatter"](t([[1.0], [2.0]]), op=bps.Max)),
-        "adasum": _error(lambda: p["allreduce"](t([1.0]), op=bps.Adasum)),
+        "adasum int": _error(lambda: p["allreduce"](t(np.array([1, 2], np.int32)),
+                                                    op=bps.Adasum)),
+        "reducescatter adasum": _error(lambda: p["reducescatter"](t([[1.0], [2.0]]),
+                                                                  op=bps.Adasum)),
+        "adasum value": out(p["allreduce"](t(np.array([1.0, 2.0], np.float32)),
+                                           op=bps.Adasum)).tolist(),
         "average and op": _error(lambda: p["allreduce"](t([1.0]), average=True, op=bps.Sum)),
     }
     if front != "mxnet":          # mxnet's NDArrays hold no complex dtype
@@ -122,7 +127,10 @@ def test_the_rules_are_the_expected_ones(job):
     assert got["bool root"][0] == "ValueError"
     assert got["reducescatter max"] == ("ValueError", "reducescatter: op=hvd.Max is not "
                                         "supported; use Average or Sum (as Horovod)")
-    assert "Adasum is not supported" in got["adasum"][1]
+    assert got["adasum int"][0] == "ValueError" and "op=Adasum takes float16, float32 or " \
+        "float64 tensors (as Horovod), got int32" in got["adasum int"][1]
+    assert "op=Adasum is not supported for reducescatter" in got["reducescatter adasum"][1]
+    assert got["adasum value"] == [1.0, 2.0]        # one rank: its own tensor
     assert "either average= or op=" in got["average and op"][1]
     assert got["complex allreduce"][0] == "TypeError"
     assert "'c'" in got["complex allreduce"][1] and "complex64" in got["complex allreduce"][1]

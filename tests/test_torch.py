@@ -77,9 +77,11 @@ def test_original_byteps_script_runs_unchanged(tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_horovod_script_runs_with_only_the_import_changed(tmp_path):
-    res = run_script("torch_horovod_style.py", "--epochs", 2, "--out", tmp_path, workers=2,
-                     servers=1, timeout=80)
+@pytest.mark.parametrize("flags", [(), ("--use-adasum",)], ids=["average", "adasum"])
+def test_horovod_script_runs_with_only_the_import_changed(tmp_path, flags):
+    """Horovod's pytorch_mnist.py style, also with its --use-adasum (op=hvd.Adasum)."""
+    res = run_script("torch_horovod_style.py", "--epochs", 2, "--out", tmp_path, *flags,
+                     workers=2, servers=1, timeout=80)
     assert_ok(res)
     out = read_results(tmp_path)
     _same_on_all_ranks(out, 2, "params")

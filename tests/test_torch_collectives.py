@@ -20,8 +20,9 @@ def test_resolve_op():
     assert coll.resolve_op(op=coll.AVERAGE) == (0, True)
     assert [coll.resolve_op(op=o)[0] for o in (coll.MIN, coll.MAX, coll.PRODUCT)] == [1, 2, 3]
     assert coll.resolve_op(op="max") == (2, False)
-    with pytest.raises(ValueError, match="Adasum"):
-        coll.resolve_op(op=coll.ADASUM)
+    assert coll.resolve_op(op=coll.ADASUM) == (-1, False)      # adasum.py combines it
+    with pytest.raises(ValueError, match="Adasum is not supported for reducescatter"):
+        coll.resolve_op(op=coll.ADASUM, kind="reducescatter")
     with pytest.raises(ValueError, match="either"):
         coll.resolve_op(average=True, op=coll.SUM)
     with pytest.raises(ValueError, match="unknown"):

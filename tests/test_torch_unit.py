@@ -260,15 +260,15 @@ def test_horovod_names_local():
     assert torch.equal(bps.broadcast(t, 0, name="h.b"), t)
     assert torch.equal(bps.allgather(torch.ones(2, 3), name="h.g"), torch.ones(2, 3))
     assert bps.allgather_object((1, "a")) == [(1, "a")]
-    with pytest.raises(ValueError, match="not supported"):
-        bps.allreduce(t, op=bps.Adasum)
+    assert torch.equal(bps.allreduce(t, op=bps.Adasum, name="h.ada"), t)    # one rank
     for op in (bps.Min, bps.Max, bps.Product):        # element-wise on the servers
         assert torch.equal(bps.allreduce(t, op=op), t)
     with pytest.raises(ValueError, match="either"):
         bps.allreduce(t, average=True, op=bps.Sum)
     m = _model()
-    with pytest.raises(ValueError, match="Adasum"):
-        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), op=bps.Adasum)
+    with pytest.raises(ValueError, match="adasum-compression"):
+        bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), op=bps.Adasum,
+                                 compression=bps.Compression.fp16)
     with pytest.raises(ValueError, match="process_set"):
         bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), process_set=object())
     assert bps.cross_size() == 1 and bps.nccl_built() is False

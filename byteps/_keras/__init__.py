@@ -337,7 +337,7 @@ def create_distributed_optimizer(keras, optimizer, name=None, device_dense="", d
     settings.scale_local = bool(scale_local_gradients)
     settings.process_set = _ops.gradient_process_set(process_set)
     from byteps._keras.algorithm import resolve
-    settings.alg = resolve(algorithm, settings)    # AsyncPS with BYTEPS_ENABLE_ASYNC=1, ...
+    settings.alg = resolve(algorithm, settings, op)   # Adasum, BYTEPS_ENABLE_ASYNC=1: AsyncPS
     if settings.alg is not None and settings.process_set is not None:
         from byteps.core import compat
         compat.refuse("process-set-algorithm", f"DistributedOptimizer(process_set="

@@ -18,16 +18,18 @@ import tensorflow as tf
 
 from byteps.core import algorithms as _algorithms
 from byteps.core import api as core
+from byteps.core.collective import rules as _rules
 from byteps.tensorflow import _ops
 
 
-def resolve(algorithm, settings):
+def resolve(algorithm, settings, op=None):
     """A :class:`KerasAlgorithm` for a non-SyncPS algorithm (or the default one with
-    ``BYTEPS_ENABLE_ASYNC=1``); None when the plugin's gradient exchange applies."""
-    if algorithm is None:
+    ``BYTEPS_ENABLE_ASYNC=1``; ``op=Adasum``: Adasum); None when the plugin's gradient
+    exchange applies."""
+    if algorithm is None and not _rules.is_adasum(op):
         if not (core.is_initialized() and core.get_config().enable_async):
             return None
-    algorithm = _algorithms.resolve(algorithm, "DistributedOptimizer")
+    algorithm = _algorithms.resolve(algorithm, "DistributedOptimizer", op)
     if algorithm.plugin_gradients:
         return None
     what = f"{algorithm.describe()} with a Keras optimizer"
@@ -59,6 +61,8 @@ class KerasAlgorithm:
             v.assign(arrs[n])
 
     def _init(self, variables) -> int:
+        """``init`` on the first call; on every call, ``before_step`` where the algorithm
+        has one (Adasum: the values this step starts from)."""
         if self.names is None:
             self.names = [n[len(self.prefix):] for n in _ops.unique_names(self.prefix,
                                                                            variables)]
@@ -66,6 +70,8 @@ class KerasAlgorithm:
             arrs = self._arrays(variables)
             self.algorithm.init(arrs)
             self._write(variables, arrs)
+        if _algorithms.wants(self.algorithm, "before_step"):
+            self.algorithm.before_step(self._arrays(variables))
         return 0
 
     def _after(self, variables, values=None) -> int:

@@ -93,6 +93,27 @@ _RULES = (
          "to push and would silently train synchronously",
          "wrap the optimizer instead (DistributedOptimizer, or DistributedGradientTape), "
          "which trains asynchronously with the variable set, or unset BYTEPS_ENABLE_ASYNC"),
+    Rule("adasum-compression",
+         "Adasum (op=Adasum, bps.algorithms.Adasum) with gradient compression "
+         "(compression_params, Compression.fp16)",
+         "Adasum combines every rank's whole parameter change by dot products of the exact "
+         "vectors (one allgather); the compressors approximate a sum through the servers and "
+         "carry their error into the next round's sum, which Adasum never forms",
+         "drop compression_params (or use op=Average with compression)", ValueError),
+    Rule("adasum-v1-optimizer",
+         "op=Adasum with a TensorFlow 1 optimizer (tf.compat.v1.train.Optimizer)",
+         "byteps wraps a TF1 optimizer by exchanging its gradients inside compute_gradients; "
+         "Adasum combines the parameter change of the optimizer's own apply step, which "
+         "happens after that exchange, in a separate graph op the wrapper does not run",
+         "use a Keras optimizer (tf.keras.optimizers.*: op=Adasum runs bps.algorithms.Adasum "
+         "on it) or DistributedGradientTape(op=Adasum)", ValueError),
+    Rule("adasum-tape",
+         "DistributedGradientTape(algorithm=bps.algorithms.Adasum())",
+         "the tape returns gradients that the caller applies after gradient() returns, so a "
+         "step's parameter change could only be combined at the next tape, after the next "
+         "forward pass already used the uncombined parameters",
+         "DistributedGradientTape(op=hvd.Adasum): the gradients are combined with Adasum "
+         "before they are returned, as Horovod's tape does", ValueError),
     Rule("qadam-algorithm",
          "QAdamOptimizer (1-bit Adam) with an algorithm other than SyncPS (AsyncPS, "
          "BYTEPS_ENABLE_ASYNC=1, AsyncModelAverage, DiLoCo, Decentralized)",

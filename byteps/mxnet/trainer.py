@@ -124,21 +124,32 @@ class DistributedTrainer(mx.gluon.Trainer):
     def step(self, batch_size, ignore_stale_grad=False):
         """Average the gradients across workers, then update the parameters;
         gradients are normalised by ``1/batch_size`` (this worker's batch)."""
+        before = self._bps_alg is not None and _algorithms.wants(self._bps_alg, "before_step")
+        if before:         # Adasum: the values this step starts from (first step: broadcast)
+            self._init_params()
+            self._bps_alg.before_step(self._bps_arrays()[2])
         super().step(batch_size, ignore_stale_grad)
         if self._bps_alg is not None:
-            self._bps_async_exchange()
+            self._bps_async_exchange(before)
         core.step_done(in_set=self._bps_set is not None or self._bps_outside)   # timeline
 
-    def _bps_async_exchange(self) -> None:
-        """AsyncPS after the local update: push the parameter change, pull the servers'
-        parameters (seeded with root_rank's values at the first step)."""
+    def _bps_arrays(self) -> tuple[list, list, dict]:
+        """(parameters, their names, {name: numpy copy of the first context's data})."""
         params = [p for p in self._params if p.grad_req != "null" and not p._deferred_init]
         names = [self._bps_param_names[self._bps_index[id(p)]] for p in params]
-        arrs = {n: np.ascontiguousarray(p.list_data()[0].asnumpy()) for n, p in
-                zip(names, params)}
+        return params, names, {n: np.ascontiguousarray(p.list_data()[0].asnumpy())
+                               for n, p in zip(names, params)}
+
+    def _bps_async_exchange(self, before: bool = False) -> None:
+        """A core algorithm after the local update (AsyncPS: push the parameter change,
+        pull the servers' parameters, seeded with root_rank's values at the first step;
+        ``before``: the step began with ``before_step``, so its first step exchanges too)."""
+        params, names, arrs = self._bps_arrays()
         if not self._bps_alg_ready:
             self._bps_alg_ready = True
             self._bps_alg.init(arrs)
+            if before:
+                self._bps_alg.after_step(arrs)
         else:
             self._bps_alg.after_step(arrs)
         for n, p in zip(names, params):
@@ -151,10 +162,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         that joined last)."""
         if self._bps_alg is not None and not self._bps_alg_ready:
             return
-        params = [p for p in self._params if p.grad_req != "null" and not p._deferred_init]
-        names = [self._bps_param_names[self._bps_index[id(p)]] for p in params]
-        arrs = {n: np.ascontiguousarray(p.list_data()[0].asnumpy()) for n, p in
-                zip(names, params)}
+        params, names, arrs = self._bps_arrays()
         self._bps_final.finish(arrs)
         for n, p in zip(names, params):
             for d in p.list_data():

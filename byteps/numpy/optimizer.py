@@ -58,6 +58,7 @@ class DistributedOptimizer:
                 return
             grads, self._acc, self._passes = self._acc, None, 0
         self.algorithm.reduce_gradients(grads)
+        self.algorithm.before_step(self.params)
         self.step_fn(self.params, grads)
         self.algorithm.after_step(self.params)
         _api.step_done()

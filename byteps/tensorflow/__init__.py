@@ -54,6 +54,7 @@ from byteps.core.api.basics import (
 from byteps.core.api.basics import __all__ as _basics_names
 from byteps.core.api.basics import *  # noqa: F401,F403  (process sets, where the core has them)
 from byteps.tensorflow import _ops, util  # noqa: F401  (hvd.util._executing_eagerly)
+from byteps.core.collective.rules import is_adasum
 from byteps.tensorflow.compression import Compression
 from byteps.tensorflow.functions import allgather_object, broadcast_object, broadcast_object_fn
 from byteps.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape, finish
@@ -224,7 +225,7 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
     Horovod's ``gradient_predivide_factor``, ``num_groups`` and ``groups`` are checked and
     accepted (:func:`byteps.core.api.basics.check_gradient_grouping`).
     """
-    op = _ops.resolve_op(op, None)
+    given, op = op, _ops.resolve_op(op, None)    # op=Adasum: the Adasum algorithm (Keras)
     from byteps.core.api.basics import check_gradient_grouping
     check_gradient_grouping("DistributedOptimizer", gradient_predivide_factor, num_groups,
                             groups, op == _ops.Average)
@@ -233,6 +234,10 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         from byteps._keras.algorithm import refuse_v1
         refuse_v1(algorithm, optimizer)
+        if is_adasum(given):
+            from byteps.core import compat
+            compat.refuse("adasum-v1-optimizer", f"DistributedOptimizer("
+                                                 f"{type(optimizer).__name__}, op=Adasum)")
         from byteps.tensorflow._v1 import wrap_v1_optimizer
         return wrap_v1_optimizer(optimizer, name, use_locking, device_dense, device_sparse,
                                  compression, sparse_as_dense, backward_passes_per_step, op,
@@ -240,7 +245,7 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
     from byteps import _keras
     return _keras.create_distributed_optimizer(
         _keras.keras_of(optimizer), optimizer, name, device_dense, device_sparse, compression,
-        sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients,
+        sparse_as_dense, given, backward_passes_per_step, average_aggregated_gradients,
         algorithm=algorithm, process_set=process_set,
         scale_local_gradients=scale_local_gradients)
 

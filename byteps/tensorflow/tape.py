@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from byteps.core import algorithms as _algorithms
 from byteps.core import api as core
+from byteps.core.collective.rules import is_adasum
 from byteps.tensorflow import _ops
 from byteps.tensorflow.compression import Compression, report_lr, with_params
 
@@ -84,6 +85,23 @@ def finish() -> None:
     for run in list(_RUNS.values()):
         run.finish()
     _RUNS.clear()
+
+
+def _adasum_grads(grads: list, sources: list, process_set) -> list:
+    """Horovod's tape with op=Adasum: every gradient combined with Adasum (sparse ones as
+    dense), one grouped allreduce; ``None`` stays ``None``."""
+    from byteps.tensorflow import mpi_ops
+    idx = [i for i, g in enumerate(grads) if g is not None]
+    if not idx:
+        return list(grads)
+    names = _ops.unique_names(PREFIX, sources)
+    outs = mpi_ops.grouped_allreduce([tf.convert_to_tensor(grads[i]) for i in idx],
+                                     op=mpi_ops.Adasum, process_set=process_set,
+                                     name=f"{names[idx[0]]}.adasum{len(idx)}")
+    out = list(grads)
+    for i, o in zip(idx, outs):
+        out[i] = o
+    return out
 
 
 def _algorithm(algorithm, compression):
@@ -171,7 +189,9 @@ class _DistributedGradientTape(tf.GradientTape):
 
     def _reduce(self, flat: list, srcs: list) -> list:
         dd, ds, comp, sad, op = self._bps
-        if self._bps_alg is not None:
+        if op == "Adasum":                        # Horovod's tape: the gradients' Adasum
+            reduced = _adasum_grads(flat, srcs, self._bps_process_set)
+        elif self._bps_alg is not None:
             reduced = self._algorithm_step(flat, srcs)
         else:
             exchange = getattr(self._bps_opt, "_bps_exchange", None)
@@ -252,12 +272,20 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     accepted (the same average; byteps fuses small tensors itself:
     :func:`byteps.core.api.basics.check_gradient_grouping`).
     """
-    op = _ops.resolve_op(op, None)
+    adasum, op = is_adasum(op), _ops.resolve_op(op, None)
     from byteps.core.api.basics import check_gradient_grouping
     check_gradient_grouping("DistributedGradientTape", gradient_predivide_factor, num_groups,
                             groups, op == _ops.Average)
     compression = with_params(compression, compression_params)
     alg = _algorithm(algorithm, compression)
+    if isinstance(alg, _algorithms.Adasum):
+        from byteps.core import compat
+        compat.refuse("adasum-tape", "DistributedGradientTape")
+    if adasum:
+        if alg is not None or getattr(compression, "core_params", None):
+            raise ValueError("DistributedGradientTape(op=Adasum) combines the gradients "
+                             "itself: give no algorithm and no compression with it")
+        op = "Adasum"
     ps = _ops.gradient_process_set(process_set)
     if alg is not None and ps is not None:
         from byteps.core import compat

@@ -18,11 +18,7 @@ import torch
 from byteps.core import algorithms as _algorithms
 from byteps.core import api as _core
 from byteps.torch.compression import Compression
-from byteps.torch.ops import (
-    declare,
-    push_pull_async_inplace,
-    synchronize,
-)
+from byteps.torch.ops import declare, push_pull_async_inplace, synchronize
 
 __all__ = ["DistributedOptimizer"]
 
@@ -114,14 +110,15 @@ class _DistributedOptimizer:
             _write_back(named, arrs)
 
     def _bps_alg_step(self, closure):
-        """Gradients (algorithm), local step, parameters (algorithm)."""
+        """Gradients (algorithm), parameters before, local step, parameters (algorithm)."""
         with torch.no_grad():
             grads = {n: p.grad for p, n in self._bps_names.items() if p.grad is not None}
-            if grads and type(self.algorithm).reduce_gradients is not \
-                    _algorithms.Algorithm.reduce_gradients:
+            if grads and _algorithms.wants(self.algorithm, "reduce_gradients"):
                 arrs = _as_arrays(grads)
                 self.algorithm.reduce_gradients(arrs)
                 _write_back(grads, arrs)
+            if _algorithms.wants(self.algorithm, "before_step"):    # Adasum: where it starts
+                self.algorithm.before_step(_as_arrays({n: p for p, n in self._bps_names.items()}))
         loss = super().step(closure)
         with torch.no_grad():
             named = {n: p for p, n in self._bps_names.items()}
@@ -357,13 +354,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          compression_params: dict | None = None, algorithm=None):
     """Wrap ``optimizer`` so that gradients are averaged over all workers.
 
-    Returns an instance of a subclass of ``type(optimizer)`` sharing its
-    parameter groups and state, so ``isinstance`` and the optimizer's own
-    methods keep working.  ``named_parameters`` (e.g.
-    ``model.named_parameters()``) names the gradients ``"Gradient." + name``;
-    without it they are named by position.  ``backward_passes_per_step=N``
-    accumulates N backward passes locally before communicating.
-    ``staleness`` is accepted for compatibility and must be 0.
+    Returns an instance of a subclass of ``type(optimizer)`` sharing its parameter groups
+    and state, so ``isinstance`` and the optimizer's own methods keep working.
+    ``named_parameters`` (e.g. ``model.named_parameters()``) names the gradients
+    ``"Gradient." + name``; without it they are named by position.
+    ``backward_passes_per_step=N`` accumulates N backward passes locally before
+    communicating.  ``staleness`` is accepted for compatibility and must be 0.
+    ``op=hvd.Adasum`` runs ``bps.algorithms.Adasum()`` (docs/algorithms.md).
 
     Horovod's arguments are accepted too: ``op`` (``hvd.Average``, the
     default, or ``hvd.Sum``); ``gradient_predivide_factor`` (any positive
@@ -411,7 +408,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
                          f"{backward_passes_per_step!r}")
     from byteps.torch.compat import resolve_average
-    average = resolve_average(None, op)
+    average = resolve_average(None, op, "DistributedOptimizer")    # op=Adasum: an algorithm
     from byteps.core.api.basics import check_gradient_grouping
     check_gradient_grouping("DistributedOptimizer", gradient_predivide_factor, num_groups,
                             groups, average)
@@ -439,7 +436,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         and getattr(process_set, "process_set_id", 0) != 0 and not process_set.included()
     dist._bps_process_set = None if outside else _coll._set(process_set)
     dist._bps_outside, dist._bps_in_set = outside, outside or dist._bps_process_set is not None
-    algorithm = _algorithms.resolve(algorithm)   # BYTEPS_ENABLE_ASYNC=1: AsyncPS (bound below)
+    algorithm = _algorithms.resolve(algorithm, op=op)  # Adasum, ENABLE_ASYNC: AsyncPS, bound below
     if dist._bps_process_set is not None and not algorithm.plugin_gradients:
         from byteps.core import compat
         compat.refuse("process-set-algorithm", f"DistributedOptimizer(process_set="

@@ -168,7 +168,8 @@ raises(lambda: bps.alltoall(np.ones(n), splits=[n - 1] + [0] * (n - 1) if r == 1
        ["rank 1", "splits"], "alltoall splits error")
 raises(lambda: bps.alltoall(np.ones(n + 1)), ["divide"], "alltoall equal split error")
 raises(lambda: bps.reducescatter(np.ones((2, 2 + r))), ["rank 1"], "reducescatter shape error")
-raises(lambda: bps.allreduce(np.ones(2), op=bps.Adasum), ["Adasum"], "adasum refused")
+raises(lambda: bps.allreduce(np.ones(2, np.int32), op=bps.Adasum), ["Adasum", "int32"],
+       "adasum of integers refused")
 raises(lambda: bps.allreduce(np.ones(2), process_set=object()), ["process_set"],
        "process set refused")
 raises(lambda: bps.allreduce(np.ones(3 + r), name="mismatch"), ["mismatch"],

@@ -244,8 +244,8 @@ raises(lambda: hvd.allreduce(tf.ones([3 + r]), name="mismatch"), FP, ["mismatch"
        "allreduce shape error")
 raises(lambda: tf.function(lambda t: hvd.allgather(t))(tf.ones([2, r + 1])),
        tf.errors.OpError, ["rank 1", "trailing dimensions"], "function allgather shape error")
-raises(lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum), ValueError, ["Adasum"],
-       "adasum refused")
+raises(lambda: hvd.allreduce(tf.ones(2, tf.int32), op=hvd.Adasum), ValueError,
+       ["Adasum", "int32"], "adasum of integers refused")
 raises(lambda: hvd.reducescatter(tf.ones(2), op=hvd.Max), ValueError, ["Average or Sum"],
        "reducescatter max refused")
 raises(lambda: hvd.allgather(tf.ones(2), process_set=object()), ValueError, ["process_set"],

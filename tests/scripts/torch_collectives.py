@@ -184,7 +184,8 @@ raises(lambda: hvd.allreduce(data(r, (2,)), name="opmix",
        "allreduce op mismatch error")
 raises(lambda: hvd.allreduce(data(r, (2 + (r == last),))), ["rank", "shape"],
        "allreduce shape error")
-raises(lambda: hvd.allreduce(data(r, (2,)), op=hvd.Adasum), ["Adasum"], "adasum refused")
+raises(lambda: hvd.allreduce(data(r, (2,), torch.int32), op=hvd.Adasum), ["Adasum", "int32"],
+       "adasum of integers refused")
 if r == 0:                          # as Horovod's test: the others push only later
     h = hvd.allreduce_async(data(r, (2,)), name="dup")
     try:

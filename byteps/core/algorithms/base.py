@@ -8,6 +8,8 @@ to the framework's tensors (views where the framework allows, e.g. CPU torch ten
 * :meth:`Algorithm.init` once, after the initial broadcast of the parameters;
 * :meth:`Algorithm.reduce_gradients` after backward, before the local optimizer step
   (in place);
+* :meth:`Algorithm.before_step` with the parameters just before the local optimizer step
+  (plugins call it only where an algorithm overrides it: Adasum);
 * :meth:`Algorithm.after_step` after the local optimizer step (parameters in place);
 * :meth:`Algorithm.finish` at the end of training (all ranks).
 
@@ -84,6 +86,10 @@ class Algorithm:
     def reduce_gradients(self, grads: dict[str, np.ndarray]) -> None:
         """Combine this step's gradients across workers, in place (default: no-op)."""
 
+    def before_step(self, params: dict[str, np.ndarray]) -> None:
+        """The parameters just before the local optimizer step (read only; default: no-op;
+        plugins skip the call unless a subclass overrides it, see :func:`wants`)."""
+
     def after_step(self, params: dict[str, np.ndarray]) -> None:
         """After the local optimizer step: combine parameters, in place (default: no-op)."""
 
@@ -96,6 +102,12 @@ class Algorithm:
     def _compressed(self) -> str:
         return "" if not self.compression_params else \
             f", compression={_spec(self.compression_params).describe()}"
+
+
+def wants(algorithm: Algorithm, hook: str) -> bool:
+    """Whether ``algorithm`` overrides ``hook`` (``"before_step"``, ``"reduce_gradients"``):
+    plugins skip building the arrays of a hook nobody overrides."""
+    return getattr(type(algorithm), hook) is not getattr(Algorithm, hook)
 
 
 def _spec(params):

@@ -39,7 +39,8 @@ import numpy as np
 from byteps.common.errors import BytePSError
 from byteps.core.collective import carry as _carry
 from byteps.core.collective.rules import (  # noqa: F401
-    ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, ReduceOp, auto_name, check_name, resolve_op)
+    ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM, ReduceOp, auto_name, check_name, is_adasum,
+    resolve_op)
 from byteps.core.collective.rules import check_root as _check_root
 from byteps.transport.wire import DTYPES, REDUCE_OPS, dtype_code
 
@@ -193,7 +194,11 @@ def allreduce_async(array: np.ndarray, name: str | None = None, average=None, op
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     priority: int = 0, process_set=None) -> int:
     """Reduce ``array`` over every rank of ``process_set`` (default: all; op default:
-    average); returns a handle."""
+    average; ``Adasum``: byteps/core/collective/adasum.py); returns a handle."""
+    if is_adasum(op):
+        from byteps.core.collective import adasum
+        return adasum.allreduce_async(array, name, average, prescale_factor,
+                                      postscale_factor, process_set)
     wire, avg = resolve_op(average, op)
     ps = _set(process_set)
     name = check_name(name, "allreduce", process_set)

@@ -6,7 +6,8 @@ graphs; the argument rules of a collective are the ones here, with one wording:
 * **ops**: Horovod's ``average=``/``op=`` -> the servers' element-wise reduction and an
   average flag (:func:`resolve_op`); which ops each kind of operation accepts
   (:data:`SUM_OR_AVERAGE`: reducescatter and the gradient exchanges sum or average only,
-  as Horovod); ``Adasum`` is refused;
+  as Horovod); ``Adasum`` only where Horovod takes it (:data:`ADASUM_KINDS`:
+  byteps/core/collective/adasum.py, and the optimizers' algorithm ``bps.algorithms.Adasum``);
 * **root rank**: :func:`check_root` (a ValueError, as Horovod's suites expect);
 * **names**: :func:`auto_name` for unnamed calls, :func:`position_name` for an
   optimizer's unnamed parameters, :func:`check_name` for given ones.
@@ -24,7 +25,8 @@ import threading
 from byteps.common.generation import given as _given
 from byteps.common.generation import tag as _generation_tag
 
-__all__ = ["ADASUM", "AVERAGE", "MAX", "MIN", "PRODUCT", "SUM", "SUM_OR_AVERAGE", "ReduceOp",
+__all__ = ["ADASUM", "ADASUM_KINDS", "AVERAGE", "is_adasum", "MAX", "MIN", "PRODUCT", "SUM",
+           "SUM_OR_AVERAGE", "ReduceOp",
            "auto_name", "check_name", "check_root", "check_unscaled", "position_name",
            "reset_names", "resolve_op", "sum_or_average"]
 
@@ -55,6 +57,19 @@ SUM_OR_AVERAGE = frozenset({"reducescatter", "grouped_reducescatter", "push_pull
                             "DistributedGradientTape", "allreduce of tf.IndexedSlices"})
 
 
+# kinds of operation that take op=Adasum (allreduce: adasum.py; the optimizers: their
+# algorithm is bps.algorithms.Adasum, byteps.core.algorithms.resolve)
+ADASUM_KINDS = frozenset({"allreduce", "grouped_allreduce", "DistributedOptimizer",
+                          "DistributedGradientTape", "DistributedTrainer"})
+ADASUM_WIRE = -1        # resolve_op's "server reduction" for Adasum: no server reduces it
+
+
+def is_adasum(op) -> bool:
+    """Whether ``op`` is Horovod's Adasum (the ReduceOp or its name)."""
+    name = getattr(op, "name", op)
+    return isinstance(name, str) and name.lower() == "adasum"
+
+
 class UnsupportedOpError(ValueError, NotImplementedError):
     """An op byteps cannot apply (Adasum), or one a kind of operation does not take (Min on
     tf.IndexedSlices): a ValueError, and the RuntimeError Horovod raises for Adasum in
@@ -70,8 +85,9 @@ def resolve_op(average=None, op=None, kind: str = "allreduce") -> tuple[int, boo
     reduction, average).
 
     ``op`` may be a :class:`ReduceOp` or its name; without either argument the result is
-    an average (Horovod's default).  ``Adasum`` is refused, and so is any op but Average
-    and Sum for the kinds in :data:`SUM_OR_AVERAGE`."""
+    an average (Horovod's default).  ``Adasum`` gives (:data:`ADASUM_WIRE`, False) for the
+    kinds in :data:`ADASUM_KINDS` and is refused elsewhere; any op but Average and Sum is
+    refused for the kinds in :data:`SUM_OR_AVERAGE`."""
     if op is None:
         return 0, True if average is None else bool(average)
     if average is not None:
@@ -81,8 +97,11 @@ def resolve_op(average=None, op=None, kind: str = "allreduce") -> tuple[int, boo
         raise ValueError(f"{kind}: op={op!r} is unknown; use Average, Sum, Min, Max or Product")
     key = name.lower()
     if key == "adasum":
-        raise UnsupportedOpError(f"{kind}: op=Adasum is not supported by byteps (a parameter server "
-                         f"reduces element-wise); use Average, Sum, Min, Max or Product")
+        if kind in ADASUM_KINDS:
+            return ADASUM_WIRE, False
+        raise UnsupportedOpError(f"{kind}: op=Adasum is not supported for {kind} (as Horovod: "
+                                 f"it applies to allreduce and the distributed optimizers); "
+                                 f"use Average or Sum")
     if kind in SUM_OR_AVERAGE and key not in ("sum", "average"):
         raise UnsupportedOpError(f"{kind}: op={_OPS_BY_NAME[key]!r} is not supported; use Average "
                                  f"or Sum (as Horovod)")
