@@ -109,7 +109,9 @@ NAMED: dict[str, str] = {
                                     "after init() without it",
     "HOROVOD_ELASTIC": "set by horovodrun --min-np; bpslaunch --min-workers sets "
                        "BYTEPS_MIN_WORKERS",
-    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "none: op=Adasum is refused here (docs/compatibility.md)",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "none: op=Adasum here is one allgather and the same "
+                                     "tree on every rank; there are no MPI chunks "
+                                     "(docs/algorithms.md)",
     "HOROVOD_CCL_CACHE": _ONE_TRANSPORT,
     "HOROVOD_DISABLE_NVTX_RANGES": "none: byteps emits no NVTX ranges; its timelines are "
                                    "docs/timeline.md's",
