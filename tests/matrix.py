@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ROOT, SCRIPTS, read_results, run_job
 
-ALGORITHMS = ("sync", "async", "average", "decentralized", "diloco")
+ALGORITHMS = ("sync", "async", "average", "decentralized", "diloco", "adasum")
 COMPRESSIONS = ("none", "onebit", "int8")
 JOINS = ("off", "uneven")
 #: (launcher arguments, number of workers): flat = 2 hosts of 1 worker; local = 2 x 2;
@@ -54,7 +54,7 @@ def sampled() -> list[str]:
     26: every plugin within 2 points of SyncPS with H = 20)."""
     return [BASELINE, "async/onebit/uneven", "average/int8/off",
             "decentralized/onebit/uneven", "sync/int8/uneven", "diloco/int8/uneven",
-            "diloco20/none/off"]
+            "diloco20/none/off", "adasum/none/uneven"]
 
 
 def stuck(out) -> str:

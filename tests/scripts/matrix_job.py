@@ -5,7 +5,7 @@ feature matrix, in one job, through a plugin's public API.
 
 PLUGIN is numpy, torch, tensorflow (a Keras model, byteps.tensorflow's optimizer) or mxnet;
 a CELL is ``algorithm/compression/join`` with algorithm in sync, async, average,
-decentralized, diloco (10 inner steps; ``dilocoH``: H inner steps); compression in none,
+decentralized, diloco (10 inner steps; ``dilocoH``: H inner steps), adasum; compression in none,
 onebit (onebit + error feedback), int8; join in off, uneven (rank r stops 6*r steps early
 and calls join()).  Each cell has its own
 tensor names (a name keeps its settings) and starts from the same seed.
@@ -45,7 +45,8 @@ def algorithm(bps, name: str):
     return {"sync": lambda: a.SyncPS(), "async": lambda: a.AsyncPS(),
             "average": lambda: a.AsyncModelAverage(sync_interval_ms=0),
             "decentralized": lambda: a.Decentralized(peer_selection="shift_one"),
-            "diloco": lambda: a.DiLoCo(inner_steps=int(h or 10))}[name]()
+            "diloco": lambda: a.DiLoCo(inner_steps=int(h or 10)),
+            "adasum": lambda: a.Adasum()}[name]()
 
 
 def steps_of(rank: int, nbatches: int, join: str) -> int:

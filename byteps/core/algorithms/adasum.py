@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from byteps.core import compat
-from byteps.core.algorithms.base import Algorithm
+from byteps.core.algorithms.base import Algorithm, adopt_last_joiner
 
 
 class Adasum(Algorithm):
@@ -54,4 +54,7 @@ class Adasum(Algorithm):
         self.start = None
 
     def finish(self, params: dict[str, np.ndarray]) -> None:
-        """Nothing to do: every step already left the ranks identical."""
+        """Every step left the ranks identical; after a ``join()`` (uneven data) the ranks
+        that joined early stopped stepping, so every rank takes the model of the rank
+        that joined last, as SyncPS does."""
+        adopt_last_joiner(params, f"{self.prefix}final.")

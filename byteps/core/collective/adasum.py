@@ -11,10 +11,11 @@ norm is below sqrt(DBL_MIN); each level's result is stored in the tensor's dtype
 next, as Horovod's (horovod/common/ops/adasum/adasum.h).
 
 A parameter server sums element-wise, and Adasum's coefficients need whole vectors, so the
-ranks exchange their tensors with one allgather and every rank computes the same tree
-(the same arithmetic on the same rows, so the results are identical on every rank).  Each
-worker thus receives (ranks - 1) times the tensor's size: Adasum costs the bandwidth of an
-allgather, not of a push_pull.
+ranks exchange their tensors as an allgather does (:func:`_rows`) and every rank computes
+the same tree (the same arithmetic on the same rows, so the results are identical on every
+rank).  Each worker thus moves (ranks) times the tensor's size: Adasum costs the bandwidth
+of an allgather, not of a push_pull.  A rank inside ``join()`` counts as a zero vector,
+which Adasum leaves out.
 """
 from __future__ import annotations
 
@@ -62,6 +63,25 @@ def check(what: str, dtype, ranks: int) -> None:
             f"or a process set of 2, 4, 8, ... ranks")
 
 
+def _rows(name: str, row: np.ndarray, process_set) -> np.ndarray:
+    """Every rank's ``row`` (1 x n), in rank order: the ranks agree on dtype and shape,
+    then one push_pull of a ranks x n buffer in which each rank fills its own row.  A rank
+    inside ``join()`` adds zeros there, and a zero vector is neutral in Adasum (its
+    coefficient is 1, the other's dot product with it 0), so the ranks still training
+    combine their own tensors, as Horovod's joined ranks submit zeros.  A process set's
+    rows come from its allgather."""
+    from byteps.core.collective import ops
+    if process_set is not None:
+        return ops.allgather(row, name=f"{name}.adasum", process_set=process_set)
+    meta = ops._sync(ops._meta_start(name, ops._row("allreduce", row)))
+    live = [r for r in range(meta.shape[0]) if meta[r, 0]]        # 0: the rank has joined
+    ops._check("allreduce", name, meta[live], ranks=live)
+    buf = np.zeros((meta.shape[0], row.size), row.dtype)
+    buf[api.rank()] = row.ravel()
+    return ops._sync(ops.api.push_pull_async(buf, ops._shape_name(f"{name}.adasum",
+                                                                  buf.shape), average=False))
+
+
 def allreduce_async(array, name=None, average=None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, process_set=None) -> int:
     """``allreduce(array, op=Adasum)``: the handle of the tree over every rank's
@@ -78,8 +98,7 @@ def allreduce_async(array, name=None, average=None, prescale_factor: float = 1.0
         row = (row.astype(np.float64) * prescale_factor).astype(given.dtype)
 
     def run() -> np.ndarray:
-        rows = ops.allgather(row, name=f"{name}.adasum", process_set=process_set)
-        out = tree(rows)
+        out = tree(_rows(name, row, process_set))
         if postscale_factor != 1.0:
             out = (out.astype(np.float64) * postscale_factor).astype(given.dtype)
         return out.reshape(given.shape)
