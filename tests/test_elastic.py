@@ -175,8 +175,9 @@ def test_numpy_worker_killed_and_one_added_ends_like_one_process(tmp_path):
     assert sorted(out) == [0, 1, 2, 3], res.stderr[-3000:]
     # the survivors went back to the commit of step 20 with 3 ranks, and let the new
     # worker in at the commit of step 45 (ranks stay dense: it is rank 3 of 4)
-    for r in (0, 1, 2):
-        assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], out[r]["resets"]
+    for r in (0, 1, 2):     # the job's output names any other loss (a CI run saw [5, 0, 3])
+        assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], (out[r]["resets"],
+                                                              res.stderr[-6000:])
     assert out[3]["resets"] == [] and out[3]["size"] == 4
     w = reference(60)
     got = [np.array(out[r]["w"], np.float32) for r in range(4)]
@@ -233,8 +234,9 @@ def test_torch_digits_worker_killed_at_20_and_added_at_40(tmp_path, optimizer):
     out = read_results(tmp_path)
     assert sorted(out) == [0, 1, 2, 3], res.stderr[-3000:]
     assert len({o["digest"] for o in out.values()}) == 1, out      # identical parameters
-    for r in (0, 1, 2):
-        assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], out[r]["resets"]
+    for r in (0, 1, 2):     # the job's output names any other loss (a CI run saw [5, 0, 3])
+        assert out[r]["resets"] == [[20, r, 3], [45, r, 4]], (out[r]["resets"],
+                                                              res.stderr[-6000:])
     assert abs(out[0]["acc"] - want) <= 0.02, (out[0]["acc"], want)
     assert out[0]["acc"] > 0.9
 
