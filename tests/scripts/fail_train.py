@@ -53,6 +53,8 @@ digest = hashlib.sha256()
 idle = mode.split(":") if mode.startswith("idle:") else None
 try:
     if mode == "dup":
+        if r != 0:          # rank 0's push stays in flight until this one comes (a loaded
+            time.sleep(0.5)  # CI run once had it complete before rank 0 pushed it again)
         h = bps.push_pull_async(data(r, 0, "bias"), name="dup.t")
         if r == 0:
             try:
