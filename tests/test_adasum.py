@@ -166,3 +166,10 @@ def test_tensorflow_refusals():
                                  op=hvd.Adasum)
     with pytest.raises(ValueError, match="rule 'adasum-tape'"):
         hvd.DistributedGradientTape(tf.GradientTape(), algorithm=algorithms.Adasum())
+    with pytest.raises(ValueError, match="rule 'adasum-compression'"):
+        hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum,
+                                    compression=hvd.Compression.fp16)
+    with pytest.raises(ValueError, match="op=Adasum is the Adasum algorithm, and "
+                                         "algorithm=SyncPS is another"):
+        hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum,
+                                    algorithm=algorithms.SyncPS())

@@ -33,7 +33,7 @@ def resolve(algorithm, settings, op=None):
     if algorithm.plugin_gradients:
         return None
     what = f"{algorithm.describe()} with a Keras optimizer"
-    if type(algorithm).reduce_gradients is not _algorithms.Algorithm.reduce_gradients:
+    if _algorithms.wants(algorithm, "reduce_gradients"):
         raise core.BytePSError(f"{what}: algorithms that combine gradients "
                                f"(reduce_gradients) are not available in byteps.keras; "
                                f"combine parameters in after_step instead")

@@ -36,6 +36,8 @@ import queue
 import threading
 import time
 
+from byteps.core.timeline import _lanes
+
 log = logging.getLogger("byteps.timeline")
 
 # (kind, name) of the collective whose exchanges the current thread starts
@@ -146,10 +148,8 @@ class HorovodTimeline:
             evs += [self._x(f"NEGOTIATE_{rec.kind}", pid, 0, rec.t0, first), tick,
                     self._x(rec.kind, pid, 0, first, end, args)]
         parts = sorted(rec.parts, key=lambda p: p[3])
-        free: list[float] = []              # end of each lane's last partition
-        for part, server, nbytes, sent, result in parts:
-            lane = next((i for i, e in enumerate(free) if e <= sent), len(free))
-            free[lane:lane + 1] = [result]
+        for (part, server, nbytes, sent, result), lane in zip(
+                parts, _lanes([(p[3], p[4]) for p in parts])):
             acked = min(max(rec.acks.get(part, sent), sent), result)
             a = {"part": part, "server": server, "bytes": nbytes}
             evs += [self._x("push", pid, 1 + lane, sent, acked, a),

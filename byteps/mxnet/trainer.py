@@ -78,8 +78,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         # a core algorithm other than SyncPS (BYTEPS_ENABLE_ASYNC=1: AsyncPS, every plugin's
         # rule; Decentralized, AsyncModelAverage...; docs/algorithms.md) runs after the step
         alg = _algorithms.resolve(algorithm, "DistributedTrainer")
-        if not alg.plugin_gradients and type(alg).reduce_gradients \
-                is not _algorithms.Algorithm.reduce_gradients:
+        if not alg.plugin_gradients and _algorithms.wants(alg, "reduce_gradients"):
             raise core.BytePSError(f"DistributedTrainer: {alg.describe()} combines gradients "
                                    f"(reduce_gradients), which DistributedTrainer does not "
                                    f"call; combine parameters in after_step instead")

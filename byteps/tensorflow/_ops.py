@@ -18,7 +18,7 @@ from byteps.core.collective.rules import sum_or_average
 from byteps.tensorflow import _exchange
 from byteps.tensorflow._plumbing import from_wire, graph_fn, to_wire
 
-Average, Sum = "Average", "Sum"
+Average, Sum, Adasum = "Average", "Sum", "Adasum"
 
 
 def resolve_op(op, average, kind: str = "DistributedOptimizer") -> str:

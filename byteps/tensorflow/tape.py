@@ -189,7 +189,7 @@ class _DistributedGradientTape(tf.GradientTape):
 
     def _reduce(self, flat: list, srcs: list) -> list:
         dd, ds, comp, sad, op = self._bps
-        if op == "Adasum":                        # Horovod's tape: the gradients' Adasum
+        if op == _ops.Adasum:                     # Horovod's tape: the gradients' Adasum
             reduced = _adasum_grads(flat, srcs, self._bps_process_set)
         elif self._bps_alg is not None:
             reduced = self._algorithm_step(flat, srcs)
@@ -214,8 +214,7 @@ class _DistributedGradientTape(tf.GradientTape):
         run = _RUNS.get(key)
         if run is None:
             run = _RUNS[key] = _TapeRun(self._bps_alg, list(key), [s for _, s in pairs])
-        reduce = type(run.algorithm).reduce_gradients is not \
-            _algorithms.Algorithm.reduce_gradients
+        reduce = _algorithms.wants(run.algorithm, "reduce_gradients")
         dense = [i for i, g in enumerate(grads) if g is not None and not
                  isinstance(g, tf.IndexedSlices)]
         if tf.executing_eagerly():
@@ -277,22 +276,21 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     check_gradient_grouping("DistributedGradientTape", gradient_predivide_factor, num_groups,
                             groups, op == _ops.Average)
     compression = with_params(compression, compression_params)
-    alg = _algorithm(algorithm, compression)
+    if adasum and algorithm is not None:     # the core's rule: op=Adasum is that algorithm
+        algorithm = _algorithms.resolve(algorithm, "DistributedGradientTape", _ops.Adasum)
+    alg = None if adasum and algorithm is None else _algorithm(algorithm, compression)
+    from byteps.core import compat
     if isinstance(alg, _algorithms.Adasum):
-        from byteps.core import compat
         compat.refuse("adasum-tape", "DistributedGradientTape")
     if adasum:
-        if alg is not None or getattr(compression, "core_params", None):
-            raise ValueError("DistributedGradientTape(op=Adasum) combines the gradients "
-                             "itself: give no algorithm and no compression with it")
-        op = "Adasum"
+        if getattr(compression, "core_params", None):
+            compat.refuse("adasum-compression", "DistributedGradientTape(op=Adasum)")
+        op = _ops.Adasum
     ps = _ops.gradient_process_set(process_set)
     if alg is not None and ps is not None:
-        from byteps.core import compat
         compat.refuse("process-set-algorithm", f"DistributedGradientTape(process_set={ps!r}, "
                                                f"algorithm={alg.describe()})")
     if alg is not None and hasattr(optimizer, "_bps_exchange"):
-        from byteps.core import compat
         compat.refuse("qadam-algorithm", f"DistributedGradientTape with "
                                          f"{alg.describe()} and {type(optimizer).__name__}")
     cls = type(gradtape.__class__.__name__, (_DistributedGradientTape, gradtape.__class__), {})
