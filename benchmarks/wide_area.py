@@ -127,6 +127,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--outer-momentum", type=float, default=0.4,
                     help="DiLoCo's outer_momentum (Nesterov)")
     ap.add_argument("--lr", type=float, default=1.2e-2, help="AdamW's (inner) lr")
+    ap.add_argument("--diloco-lr", type=float, default=None,
+                    help="the DiLoCo methods' inner AdamW lr (default: --lr), for a batch "
+                         "at which the methods' best lrs differ")
     ap.add_argument("--warmup", type=int, default=50, help="lr warm-up steps (every method)")
     ap.add_argument("--min-lr", type=float, default=0.1,
                     help="cosine lr decay to this fraction (every method; 1: constant)")
@@ -143,13 +146,18 @@ def steps_of(a, algo: str) -> int:
     return round(a.steps * a.long_factor) if algo == LONG else a.steps
 
 
+def lr_of(a, algo: str) -> float:
+    diloco = algo.startswith("diloco") or algo == "streaming"
+    return a.diloco_lr if diloco and a.diloco_lr is not None else a.lr
+
+
 def worker_argv(a, algo: str) -> list[str]:
     return [sys.executable, str(HERE / "wide_area_worker.py"), "--algo", algo, "--steps",
             str(steps_of(a, algo)), "--inner-steps", str(a.inner_steps), "--fragments",
             str(a.fragments), "--overlap", str(a.overlap), "--dim", str(a.dim),
             "--eval-every", str(a.eval_every),
             "--batch", str(a.batch), "--outer-lr", str(a.outer_lr), "--outer-momentum",
-            str(a.outer_momentum), "--lr", str(a.lr), "--warmup", str(a.warmup),
+            str(a.outer_momentum), "--lr", str(lr_of(a, algo)), "--warmup", str(a.warmup),
             "--min-lr", str(a.min_lr)]
 
 

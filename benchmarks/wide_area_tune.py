@@ -50,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--k", type=float, default=None, help="the compressor's k")
     ap.add_argument("--overlap-steps", type=int, default=0,
                     help="model overlap=True: merge a round's answer D steps later")
+    ap.add_argument("--outer-reduce", choices=("mean", "adasum"), default="mean",
+                    help="combine the workers' outer gradients by their mean (DiLoCo) or "
+                         "by Horovod's Adasum tree, per parameter tensor")
     return ap.parse_args(argv)
 
 
@@ -123,8 +126,11 @@ def main(argv=None) -> int:
                 fn = [n for n in names if frag[n] == f]
                 snaps = [{n: p[n].detach().clone() for n in fn} for p in ps]
                 for n in fn:
-                    g = sum(outer_grad(r, n, glob[n] - p[n], rnd)
-                            for r, p in enumerate(ps)) / a.workers
+                    gs = [outer_grad(r, n, glob[n] - p[n], rnd) for r, p in enumerate(ps)]
+                    if a.outer_reduce == "adasum":
+                        g = torch.from_numpy(adasum_tree([x.numpy() for x in gs]))
+                    else:
+                        g = sum(gs) / a.workers
                     mom[n].mul_(a.outer_momentum).add_(g)
                     glob[n] -= a.outer_lr * (g + a.outer_momentum * mom[n])
                 new = {n: glob[n].clone() for n in fn}
@@ -164,6 +170,11 @@ def main(argv=None) -> int:
                       "pushed": pushed, "sync_over": round(sync_bytes / pushed, 1),
                       "seconds": round(time.monotonic() - t0, 1)}), flush=True)
     return 0
+
+
+def adasum_tree(rows: list) -> np.ndarray:
+    from byteps.core.collective.adasum import tree
+    return tree(rows)
 
 
 def outer_pipelines(a, sizes: dict) -> list | None:
