@@ -38,6 +38,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from wide_area_worker import CharLM, add_training_args, batch, lr_factor, text  # noqa: E402
 
+from byteps.core.collective import adasum  # noqa: E402
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="benchmarks.wide_area_tune", description=__doc__,
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
                 for n in fn:
                     gs = [outer_grad(r, n, glob[n] - p[n], rnd) for r, p in enumerate(ps)]
                     if a.outer_reduce == "adasum":
-                        g = torch.from_numpy(adasum_tree([x.numpy() for x in gs]))
+                        g = torch.from_numpy(adasum.tree([x.numpy() for x in gs]))
                     else:
                         g = sum(gs) / a.workers
                     mom[n].mul_(a.outer_momentum).add_(g)
@@ -170,11 +172,6 @@ def main(argv=None) -> int:
                       "pushed": pushed, "sync_over": round(sync_bytes / pushed, 1),
                       "seconds": round(time.monotonic() - t0, 1)}), flush=True)
     return 0
-
-
-def adasum_tree(rows: list) -> np.ndarray:
-    from byteps.core.collective.adasum import tree
-    return tree(rows)
 
 
 def outer_pipelines(a, sizes: dict) -> list | None:
