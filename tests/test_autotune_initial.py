@@ -93,12 +93,15 @@ def _probe_sums(nservers, bw_per_server, rtt, ranks=4):
 
 def test_the_probe_picks_the_models_size_and_its_window():
     cfg = Config.from_env({})
-    # 4 servers at 1 Gbit/s per worker link (31 MB/s each): 1 MB partitions (the size the
-    # emulated cluster's autotune picks), the window of 1 MB partitions
+    # 4 servers at 1 Gbit/s per worker link (31 MB/s each): 512 KB partitions (the
+    # emulated cluster's fastest: the servers' lag grows with the full partition), the
+    # window of 512 KB partitions; 2 servers lag half as much: 1 MB
     sums = _probe_sums(4, 125e6 / 4, 1e-3)
     part, credit = initial.choose(sums, 4, cfg, cfg.partition_size())
     bw_s, rtt_s = autotune.rates(sums, 4)
-    assert part == 1 << 20 and credit == autotune.window(part, bw_s, rtt_s)
+    assert part == 512 << 10 and credit == autotune.window(part, bw_s, rtt_s)
+    assert initial.choose(_probe_sums(2, 125e6 / 2, 1e-3), 2, cfg, cfg.partition_size())[0] \
+        == 1 << 20
     # a slower link: smaller partitions; the same sums give the same answer (pure)
     slow = initial.choose(_probe_sums(4, 25e6 / 4, 1e-3), 4, cfg, cfg.partition_size())
     assert slow[0] < part
