@@ -292,15 +292,17 @@ class Engine:
                 continue
             self.comp.count(tn.name, t.src.nbytes, t.src.nbytes, 0)
             flags = PUSH | PULL | getattr(tn, "wire_flags", 0)
-            if t.handle.average and self.size > 1 and not flags & ASYNC and \
-                    t.src.dtype.kind == "f":
-                flags |= AVG          # the server may divide the sum (wire.average)
             seg = self.links.push_segment(t, server) if self.links.shm_ok[server] else None
             if seg is not None:
                 np.copyto(seg, t.src)
+                # no AVG: this worker copies the result out of shared memory anyway, and
+                # divides as it copies at no cost; the server's division would be a pass
                 entries.append(Entry(tn.key, t.part, t.round, flags | SHM, tn.dtype_code,
                                      t.length))
             else:
+                if t.handle.average and self.size > 1 and not flags & ASYNC and \
+                        t.src.dtype.kind == "f":
+                    flags |= AVG      # the server may divide the sum (wire.average)
                 entries.append(Entry(tn.key, t.part, t.round, flags, tn.dtype_code, t.length))
                 payload.append(self.links.push_frame(t))
             t.sent_at = now
