@@ -4,6 +4,14 @@
 
 Prints one table per (W, S) and writes JSON.  Limits measured in the same run:
 raw ``np.add`` (summation) and a raw pyzmq loopback send loop (bytes moved).
+
+Each size is its own byteps job, as a user whose model has that size runs it: one
+warm-up push_pull, the **first steps** (the next ``iters``, while autotune still measures
+and tries settings), then up to ``SETTLE`` more until autotune is done, then the
+**steady state** (``iters`` more).  One job for every size would let autotune tune on the
+smallest tensors and time the large ones during its trials.  gloo has no tuning: its
+first and steady iterations are the ``iters`` after one warm-up and the ``iters`` after
+those, in one job.
 """
 from __future__ import annotations
 
@@ -23,20 +31,32 @@ WORKER = r'''
 import json, sys, time, numpy as np
 import byteps.numpy as bps
 from byteps.core import api
-sizes, iters, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+sizes, iters, out, settle = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 bps.init()
 res = {}
+
+
+def timed(x, name, n):
+    bps.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        api.push_pull(x, name, out=x, average=True)
+    # seconds per op; CPU seconds (every thread of this worker) per GB moved (push + pull)
+    return (time.perf_counter() - t0) / n, (time.process_time() - c0) / (2 * x.nbytes * n / 1e9)
+
+
 for nbytes in sizes:
     x = np.ones(nbytes // 4, np.float32)
     n = max(2, min(iters, int(4e9 // max(nbytes, 1) // 8)))
     bps.push_pull(x, name=f"b{nbytes}")              # warm-up (declares, allocates)
-    bps.barrier()
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(n):
+    res[f"first{nbytes}"], res[f"firstcpu{nbytes}"] = timed(x, f"b{nbytes}", n)
+    tu, k = api._STATE.tuner, 0
+    while tu is not None and tu.state != "done" and k < settle:
+        k += 1      # autotune's steps are the repeated name's (inferred): the same on every rank
         api.push_pull(x, f"b{nbytes}", out=x, average=True)
-    res[str(nbytes)] = (time.perf_counter() - t0) / n
-    # CPU seconds (every thread of this worker) per GB it moved (pushed + pulled)
-    res[f"cpu{nbytes}"] = (time.process_time() - c0) / (2 * nbytes * n / 1e9)
+    res[str(nbytes)], res[f"cpu{nbytes}"] = timed(x, f"b{nbytes}", n)
+    res[f"settle{nbytes}"] = k
+    res[f"partition{nbytes}"] = api.get_config().partition_bytes
 # 200 small tensors submitted together
 small = [np.ones(4096, np.float32) for _ in range(200)]
 for rep in range(2):
@@ -58,13 +78,15 @@ res = {}
 for nbytes in sizes:
     x = torch.ones(nbytes // 4)
     n = max(2, min(iters, int(4e9 // max(nbytes, 1) // 8)))
-    dist.all_reduce(x); dist.barrier()
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(n):
-        dist.all_reduce(x)
-    res[str(nbytes)] = (time.perf_counter() - t0) / n
-    w = dist.get_world_size()     # a ring sends and receives 2(w-1)/w of the tensor each
-    res[f"cpu{nbytes}"] = (time.process_time() - c0) / (4 * (w - 1) / w * nbytes * n / 1e9)
+    dist.all_reduce(x)
+    for key in ("first", ""):
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            dist.all_reduce(x)
+        res[f"{key}{nbytes}"] = (time.perf_counter() - t0) / n
+        w = dist.get_world_size()     # a ring sends and receives 2(w-1)/w of the tensor each
+        res[f"{key}cpu{nbytes}"] = (time.process_time() - c0) / (4 * (w - 1) / w * nbytes * n / 1e9)
 small = [torch.ones(4096) for _ in range(200)]
 for rep in range(2):
     dist.barrier()
@@ -86,15 +108,22 @@ def env() -> dict:
     return e
 
 
+SETTLE = 60    # at most this many push_pulls for autotune to finish (it takes about 30)
+
+
 def run_byteps(w: int, s: int, sizes, iters, tmp: Path) -> dict:
-    out = tmp / f"bps_{w}_{s}.json"
+    """One job per size (module docstring); the last one also times 200 small tensors."""
     script = tmp / "bps_worker.py"
     script.write_text(WORKER)
-    cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", str(w), "--hosts", str(w),
-           "-s", str(s),
-           sys.executable, str(script), json.dumps(sizes), str(iters), str(out)]
-    subprocess.run(cmd, env=env(), check=True, timeout=1800)
-    return json.loads(out.read_text())
+    res: dict = {}
+    for nbytes in sizes:
+        out = tmp / f"bps_{w}_{s}_{nbytes}.json"
+        cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", str(w),
+               "--hosts", str(w), "-s", str(s), sys.executable, str(script),
+               json.dumps([nbytes]), str(iters), str(out), str(SETTLE)]
+        subprocess.run(cmd, env=env(), check=True, timeout=1800)
+        res.update(json.loads(out.read_text()))
+    return res
 
 
 def run_gloo(w: int, sizes, iters, tmp: Path) -> dict:
@@ -197,17 +226,22 @@ def main() -> None:
             bps = run_byteps(w, s, sizes, iters, tmp)
             gloo = run_gloo(w, sizes, iters, tmp)
             results["configs"][cfg] = {"byteps": bps, "gloo": gloo}
-            print(f"\nW={w} S={s}  (time per op; ratio > 1 means byteps is faster)")
+            print(f"\nW={w} S={s}  (time per op, steady state; ratio > 1 means byteps is "
+                  "faster; first: the first steps, autotune still trying settings)")
             print(f"{'size':>8} {'byteps ms':>10} {'gloo ms':>9} {'gloo/bps':>9} "
+                  f"{'first bps':>10} {'gloo':>7} {'ratio':>6} "
                   f"{'zmq 1-way ms':>13} {'np.add ms':>10} {'srv sum/np.add':>15} "
-                  f"{'CPU s/GB bps':>13} {'gloo':>6}")
+                  f"{'CPU s/GB bps':>13} {'gloo':>6} {'partition':>10}")
             for n in sizes:
                 lim = results["limits"][str(n)]
                 b, g = bps[str(n)], gloo[str(n)]
+                fb, fg = bps[f"first{n}"], gloo[f"first{n}"]
                 print(f"{fmt_size(n):>8} {b * 1e3:10.2f} {g * 1e3:9.2f} {g / b:9.2f} "
+                      f"{fb * 1e3:10.2f} {fg * 1e3:7.2f} {fg / fb:6.2f} "
                       f"{lim['zmq_s'] * 1e3:13.2f} {lim['np_add_s'] * 1e3:10.2f} "
                       f"{lim['np_add_s'] / lim['server_sum_s']:15.2f} "
-                      f"{bps[f'cpu{n}']:13.2f} {gloo[f'cpu{n}']:6.2f}")
+                      f"{bps[f'cpu{n}']:13.2f} {gloo[f'cpu{n}']:6.2f} "
+                      f"{fmt_size(bps[f'partition{n}']):>10}")
             b, g = bps["small200"], gloo["small200"]
             print(f"{'200x16KB':>8} {b * 1e3:10.2f} {g * 1e3:9.2f} {g / b:9.2f}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
