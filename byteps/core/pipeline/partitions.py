@@ -12,7 +12,10 @@ So a tensor long enough (at least :data:`GRADUATE_MIN` x S partitions) is cut fi
 its two ends: its first 2·S and its last S partitions are a quarter of the size (each rank
 starts at a different server's partition, the first S, and goes round, so every rank's
 first and last pushes fall there).  The middle keeps the full size, so the number of
-messages grows by ~2.25·S per operation.  Measured in docs/scaling.md.
+messages grows by ~2.25·S per operation.  Measured in docs/scaling.md.  The edges bring
+the first results sooner, but results still trail the pushes by one full partition per
+server once the middle starts, so autotune's cost model charges that lag for the full
+size (``byteps.core.autotune.predict``; docs/speed_log.md, eighteenth pass).
 """
 from __future__ import annotations
 
