@@ -275,6 +275,32 @@ def test_shared_memory_partitions_take_no_credit(tmp_path, monkeypatch):
         seg.close()
 
 
+def test_shared_memory_pushes_leave_the_division_to_the_worker(tmp_path, monkeypatch):
+    """An averaging push through shared memory asks the server for no division (no AVG):
+    its worker copies the result out of the segment anyway and divides as it copies; a
+    push over a socket still carries AVG."""
+    from byteps.transport import shm
+    monkeypatch.setenv("BYTEPS_SHM_DIR", str(tmp_path))
+    eng, (s0, s1) = make(size=2, fusion_bytes=0)
+    eng.links.shm_ok = [True, False]             # server 0 is colocated, server 1 over TCP
+    h, _ = push(eng, 4, server=0, value=3.0)
+    tcp, _ = push(eng, 4, server=1, value=3.0)
+    step(eng)
+    (entries, _, payload), = s0.messages()
+    assert entries == [Entry(h.tensor.key, 0, 0, PUSH | PULL | wire.SHM, 0, 4)] and not payload
+    (entries, _, _), = s1.messages()
+    assert entries == [Entry(tcp.tensor.key, 0, 0, PUSH | PULL | wire.AVG, 0, 4)]
+    # the server summed into its result segment and answers with a header, without AVG
+    res = shm.Segment(shm.result_path(JOB, 10, h.tensor.key, 0, 0), 16, True)
+    res.array(np.float32, 4)[:] = 6.0
+    s0.answer([Entry(h.tensor.key, 0, 0, PULL | wire.SHM, 0, 4)])
+    eng.on_server(s0)
+    assert h.event.is_set() and h.error is None
+    np.testing.assert_array_equal(h.out, np.full(4, 3.0, np.float32))     # sum / size
+    for seg in list(eng.links.push_segs.values()) + [res]:
+        seg.close()
+
+
 def test_colocated_job_gets_larger_partitions(monkeypatch):
     from byteps.core.engine.servers import COLOCATED_PARTITION_BYTES, colocated_config
     from byteps.transport.shm import machine_id
