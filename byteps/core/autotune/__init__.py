@@ -112,14 +112,9 @@ class Probe:
 def predict(p: int, step_bytes: float, bw: float, nservers: int,
             msg_cost: float = MSG_COST_S) -> float:
     """Predicted seconds of one step's communication with partitions of ``p`` bytes:
-    the bytes at the measured rate, the per-partition CPU cost, and the pipeline's lag,
-    ``2 S p / B`` with ``p`` the *full* partition, not the finer edges of
-    :mod:`byteps.core.pipeline.partitions`.  A server answers a partition only once every
-    worker's copy is in, so its results trail the pushes by one partition per server,
-    and a downlink waiting on that lag idles for it once the partitions have grown to
-    full size, whatever the edges (docs/speed_log.md, fifteenth and eighteenth passes:
-    on the emulated 4 + 4 cluster, 100 MB took 64 ms over its steady rate with 1 MB
-    partitions, 34 ms with 512 KB)."""
+    the bytes at the measured rate, the per-partition CPU cost, and the servers' lag,
+    ``2 S p / B`` with ``p`` the *full* partition whatever the finer edges (a server
+    answers once every worker's copy is in; docs/speed_log.md, eighteenth pass)."""
     if step_bytes <= 0:
         return 0.0
     cut = partitions.lengths(int(step_bytes), p, nservers)     # as one tensor, edges finer
