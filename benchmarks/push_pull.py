@@ -32,6 +32,7 @@ import json, sys, time, numpy as np
 import byteps.numpy as bps
 from byteps.core import api
 sizes, iters, out, settle = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+small_too = sys.argv[5] == "1"
 bps.init()
 res = {}
 
@@ -51,15 +52,17 @@ for nbytes in sizes:
     bps.push_pull(x, name=f"b{nbytes}")              # warm-up (declares, allocates)
     res[f"first{nbytes}"], res[f"firstcpu{nbytes}"] = timed(x, f"b{nbytes}", n)
     tu, k = api._STATE.tuner, 0
-    while tu is not None and tu.state != "done" and k < settle:
-        k += 1      # autotune's steps are the repeated name's (inferred): the same on every rank
+    # until autotune is done on every rank (agreed in a one-element sum, as cpu_per_byte.py)
+    while k < settle and api.push_pull(np.array([0.0 if tu is None or tu.state == "done"
+                                                 else 1.0]), "pp.tuning", average=False)[0]:
+        k += 1
         api.push_pull(x, f"b{nbytes}", out=x, average=True)
     res[str(nbytes)], res[f"cpu{nbytes}"] = timed(x, f"b{nbytes}", n)
     res[f"settle{nbytes}"] = k
     res[f"partition{nbytes}"] = api.get_config().partition_bytes
-# 200 small tensors submitted together
+# 200 small tensors submitted together (in one job of the run)
 small = [np.ones(4096, np.float32) for _ in range(200)]
-for rep in range(2):
+for rep in range(2 if small_too else 0):
     bps.barrier()
     t0 = time.perf_counter()
     hs = [api.push_pull_async(a, f"s{i}", out=a) for i, a in enumerate(small)]
@@ -120,7 +123,8 @@ def run_byteps(w: int, s: int, sizes, iters, tmp: Path) -> dict:
         out = tmp / f"bps_{w}_{s}_{nbytes}.json"
         cmd = [sys.executable, "-m", "byteps.launcher", "--standalone", "-n", str(w),
                "--hosts", str(w), "-s", str(s), sys.executable, str(script),
-               json.dumps([nbytes]), str(iters), str(out), str(SETTLE)]
+               json.dumps([nbytes]), str(iters), str(out), str(SETTLE),
+               "1" if nbytes == sizes[-1] else "0"]
         subprocess.run(cmd, env=env(), check=True, timeout=1800)
         res.update(json.loads(out.read_text()))
     return res
